@@ -1,0 +1,1 @@
+"""Adapters: attention backends (torch reference, Triton, FlashAttention)."""

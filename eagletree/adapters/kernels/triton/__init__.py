@@ -1,0 +1,1 @@
+"""Triton kernels, one family per module (`_name_kernel` + `name()` launcher)."""

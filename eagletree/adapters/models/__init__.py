@@ -1,0 +1,1 @@
+"""Adapters: target and draft models, checkpoint loading."""

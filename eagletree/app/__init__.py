@@ -1,0 +1,1 @@
+"""Application: workers, scheduler, engine, the composition root and the command line."""

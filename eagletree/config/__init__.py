@@ -1,0 +1,1 @@
+"""Configuration: typed settings and the eagle-family resolution rules."""

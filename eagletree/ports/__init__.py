@@ -1,0 +1,1 @@
+"""Ports: typing.Protocol contracts between the application and its adapters."""
