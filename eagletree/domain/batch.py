@@ -1,0 +1,134 @@
+"""Per-forward value objects: the forward modes and the request data one forward pass needs.
+
+A `ForwardBatch` carries request data only. The KV pool, the req_to_token pool and the attention
+backend belong to the runner that executes the batch, so a batch built for one runner cannot make
+another runner read the wrong pool.
+
+Length convention (the same in every mode): `seq_lens[b]` is the number of tokens of request b
+whose KV is already in the pool *before* this forward (the committed prefix, `L_b`); the tokens of
+this forward are not counted. Queries of this forward attend to `[0, L_b)` through the request's
+req_to_token row, and to the new tokens as the mode says:
+
+| mode          | new tokens per request        | what query i of request b attends to            |
+|---------------|-------------------------------|-------------------------------------------------|
+| EXTEND        | `extend_lens[b]` (ragged)      | prefix + new tokens 0..i (causal)               |
+| DECODE        | 1                             | prefix + itself                                 |
+| TARGET_VERIFY | N (tree nodes, node order)    | prefix + its tree ancestors + itself (tree mask) |
+| DRAFT_DECODE  | k (beam branches)             | prefix + its ancestors' draft slots + itself    |
+| DRAFT_EXTEND  | N (fixed width)               | prefix + new tokens 0..i (causal)               |
+| IDLE          | 0 (bs == 0)                   | nothing                                         |
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from eagletree.domain.tree import TreeMaskMode
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"
+    DECODE = "decode"
+    TARGET_VERIFY = "target_verify"
+    DRAFT_DECODE = "draft_decode"
+    DRAFT_EXTEND = "draft_extend"
+    IDLE = "idle"
+
+    def is_tree_verify(self) -> bool:
+        return self is ForwardMode.TARGET_VERIFY
+
+    def has_fixed_width(self) -> bool:
+        """Every request brings the same number of tokens (all modes but EXTEND)."""
+        return self is not ForwardMode.EXTEND
+
+
+@dataclass(frozen=True, slots=True)
+class TargetVerifySpec:
+    """Tree verification: N nodes per request under the tree mask of `domain.tree.build_tree`."""
+
+    num_draft_tokens: int
+    # FULL_MASK: Σ_b N·(L_b + N) bools, request blocks concatenated, rows of length L_b + N.
+    # QLEN_ONLY: bs·N·N bools (the prefix columns are all true and left out).
+    tree_mask: torch.Tensor
+    mask_mode: TreeMaskMode
+    # (bs + 1,) int64 offsets of each request's block in `tree_mask` (cumsum of N·(L_b + N) or
+    # of N·N); computed on the device so that no host sync is needed.
+    mask_indptr: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DraftDecodeSpec:
+    """One draft step over k beam branches per request (`topk` queries per request)."""
+
+    topk: int
+    # (bs·k, depth) int64: the draft KV slots of each branch's true ancestors along its beam
+    # path, oldest first, written by earlier draft steps; the branch's own slot is
+    # `out_cache_loc` and is not listed. depth == 0 at the first draft forward.
+    ancestor_slots: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class DraftExtendSpec:
+    """Draft-extend over a fixed width of N rows per request, causal."""
+
+    num_tokens_per_request: int
+
+
+SpecInfo = TargetVerifySpec | DraftDecodeSpec | DraftExtendSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardBatch:
+    """The request data of one forward pass; see the module docstring for the conventions."""
+
+    mode: ForwardMode
+    input_ids: torch.Tensor  # (num_tokens,) int64
+    positions: torch.Tensor  # (num_tokens,) int64 rotary positions
+    seq_lens: torch.Tensor  # (bs,) int64 committed prefix lengths L_b (new tokens excluded)
+    req_pool_indices: torch.Tensor  # (bs,) int64 rows of the runner's req_to_token table
+    out_cache_loc: torch.Tensor  # (num_tokens,) int64 KV slot of each new token
+    extend_lens: torch.Tensor | None = None  # (bs,) int64, EXTEND only: new tokens per request
+    seq_lens_cpu: torch.Tensor | None = None  # host copy of seq_lens; None for a GPU-only batch
+    seq_lens_sum: int | None = None  # Σ seq_lens; None for a GPU-only batch
+    extend_lens_cpu: torch.Tensor | None = None  # host copy of extend_lens, EXTEND only
+    spec: SpecInfo | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def tokens_per_request(self) -> int:
+        """New tokens per request for the fixed-width modes (EXTEND has no fixed width)."""
+        if self.mode is ForwardMode.DECODE:
+            return 1
+        if isinstance(self.spec, TargetVerifySpec):
+            return self.spec.num_draft_tokens
+        if isinstance(self.spec, DraftDecodeSpec):
+            return self.spec.topk
+        if isinstance(self.spec, DraftExtendSpec):
+            return self.spec.num_tokens_per_request
+        if self.mode is ForwardMode.IDLE:
+            return 0
+        raise ValueError(f"{self.mode.name} batch has no fixed width (spec={self.spec!r})")
+
+    @staticmethod
+    def idle(device: torch.device | str = "cpu") -> ForwardBatch:
+        """An empty batch (bs == 0), e.g. for a data-parallel rank with no requests."""
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return ForwardBatch(
+            mode=ForwardMode.IDLE,
+            input_ids=empty,
+            positions=empty,
+            seq_lens=empty,
+            req_pool_indices=empty,
+            out_cache_loc=empty,
+            seq_lens_cpu=torch.empty(0, dtype=torch.int64),
+            seq_lens_sum=0,
+        )

@@ -1,0 +1,41 @@
+"""Port: attention over a runner's KV pool, for every forward mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagletree.domain.attention_layer import AttentionLayer
+    from eagletree.domain.batch import ForwardBatch
+
+
+class AttentionBackend(Protocol):
+    """Computes attention for one layer of one forward; owned by one runner with its pools.
+
+    Contract (tests/contracts/test_attention.py, every adapter against the torch reference):
+      * ``init_forward_metadata(batch)`` is called once per forward, before the layers; it may
+        only fill preallocated buffers (so that the engine can capture CUDA graphs) and, when
+        ``batch.seq_lens_sum is None`` (a GPU-only batch), must not synchronise with the host.
+      * ``forward(q, k, v, layer, batch, save_kv)``: with ``save_kv`` the new tokens' k and v
+        are first written to the pool at ``batch.out_cache_loc``; then every query attends as
+        the batch's mode says (``domain.batch``). Returns o: (num_tokens, num_q_heads·v_head_dim).
+      * Shapes (MHA): q (num_tokens, num_q_heads, head_dim), k (num_tokens, kv_heads, head_dim),
+        v (num_tokens, kv_heads, v_head_dim). MLA (absorbed form): q (num_tokens, num_q_heads,
+        kv_lora_rank + qk_rope_head_dim), k (num_tokens, 1, kv_lora_rank + qk_rope_head_dim) is
+        the new latent + rope row, v is unused (may be None) because values are the latent.
+      * An IDLE batch (bs == 0) returns an empty output and needs no tree indices.
+    """
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None: ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor | None,
+        layer: AttentionLayer,
+        batch: ForwardBatch,
+        save_kv: bool = True,
+    ) -> torch.Tensor: ...

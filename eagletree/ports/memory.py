@@ -1,0 +1,130 @@
+"""Port: KV memory — the token slot allocator, the req_to_token table and the KV pools.
+
+Slot ids index the first dimension of every KV buffer. Slot 0 is every pool's reserved dummy row:
+the allocator never hands it out, padding writes and padding moves (0 -> 0) land there.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class TokenSlotAllocator(Protocol):
+    """Owns the free KV slots ``1..size`` shared by every pool of one engine (target and draft).
+
+    Contract (tests/contracts/test_allocator.py):
+      * ``alloc(n)`` returns n distinct free slots, int64, on the allocator's device, or None when
+        fewer than n are free, in which case nothing is taken. ``alloc(0)`` returns an empty tensor.
+      * ``free(slots)`` returns slots; freeing a slot that is already free raises ``DoubleFree``
+        when the allocator checks (always on CPU, in debug mode on GPU: the check synchronises).
+      * ``available_size()`` is answered from host state and never waits for the device.
+    """
+
+    @property
+    def size(self) -> int: ...
+
+    def alloc(self, n: int) -> torch.Tensor | None: ...
+
+    def free(self, slots: torch.Tensor) -> None: ...
+
+    def available_size(self) -> int: ...
+
+
+class ReqToTokenPool(Protocol):
+    """Maps (request row, token position) to a KV slot.
+
+    ``req_to_token`` is an int32 device tensor of shape (max_requests, max_context_len + headroom).
+    ``alloc(n)`` returns n free row indices or None (nothing taken); ``free(rows)`` returns them.
+    """
+
+    @property
+    def req_to_token(self) -> torch.Tensor: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def alloc(self, n: int) -> list[int] | None: ...
+
+    def free(self, rows: list[int]) -> None: ...
+
+    def available_size(self) -> int: ...
+
+
+class KVPool(Protocol):
+    """Slot-indexed KV storage of one model's attention layers.
+
+    Every buffer has ``size + page_size`` rows (row 0 is the dummy). ``move_kv_cache(tgt, src)``
+    sets ``buf[tgt[i]] = buf[src[i]]`` for every buffer in ``buffers()``, reading every source
+    before writing any target (the semantics of ``domain.kv_move.move_rows_reference``); targets
+    are distinct except (0, 0) padding pairs. A zero-layer pool returns at once. With bounds
+    checking on (always on CPU, behind a debug flag on GPU) an out-of-range slot raises
+    ``IndexError`` naming the value and the valid range.
+    """
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
+    def layer_num(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def buffers(self) -> list[torch.Tensor]: ...
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None: ...
+
+
+class MHAKVCache(KVPool, Protocol):
+    """KV pool of multi-head / grouped-query attention: per layer a K and a V buffer.
+
+    ``get_key_buffer(layer)``: (size + page_size, kv_heads, head_dim) in the storage dtype;
+    ``get_value_buffer(layer)``: (size + page_size, kv_heads, v_head_dim). With an fp8 storage
+    dtype the caller converts gathered rows to ``dtype``; ``set_kv_buffer`` converts on write.
+    """
+
+    @property
+    def store_dtype(self) -> torch.dtype: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def v_head_dim(self) -> int: ...
+
+    def get_key_buffer(self, layer: int) -> torch.Tensor: ...
+
+    def get_value_buffer(self, layer: int) -> torch.Tensor: ...
+
+    def set_kv_buffer(
+        self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None: ...
+
+
+class MLAKVCache(KVPool, Protocol):
+    """KV pool of multi-head latent attention: per layer one buffer of latent + rope key.
+
+    ``get_kv_buffer(layer)``: (size + page_size, 1, kv_lora_rank + qk_rope_head_dim).
+    ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last).
+    """
+
+    @property
+    def kv_lora_rank(self) -> int: ...
+
+    @property
+    def qk_rope_head_dim(self) -> int: ...
+
+    def get_kv_buffer(self, layer: int) -> torch.Tensor: ...
+
+    def set_kv_buffer(self, layer: int, loc: torch.Tensor, kv: torch.Tensor) -> None: ...
