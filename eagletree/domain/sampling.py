@@ -1,0 +1,58 @@
+"""Reference semantics of sampling: logits → probabilities (temperature, top-k, top-p) → tokens.
+
+Coins are inputs, so every function here is deterministic given them and free of host syncs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def probs_from_logits(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-row sampling distribution → (rows, V) float32.
+
+    ``temperature`` (rows,): 0 means greedy (a one-hot on the argmax). ``top_k`` (rows,) int:
+    keep the k most likely tokens (0 or >= V keeps all). ``top_p`` (rows,) float: keep the
+    smallest set of most likely tokens whose probability reaches p (1.0 keeps all).
+    """
+    # logits: (rows, V)
+    logits = logits.float()
+    vocab = logits.shape[1]
+    greedy = temperature <= 0
+    safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
+    probs = torch.softmax(logits / safe_t.unsqueeze(1), dim=1)
+    if top_k is not None or top_p is not None:
+        sorted_p, order = torch.sort(probs, dim=1, descending=True, stable=True)
+        keep = torch.ones_like(sorted_p, dtype=torch.bool)
+        rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        if top_k is not None:
+            k = torch.where(top_k <= 0, vocab, top_k).unsqueeze(1)
+            keep &= rank < k
+        if top_p is not None:
+            mass_before = torch.cumsum(sorted_p, dim=1) - sorted_p
+            keep &= (mass_before < top_p.unsqueeze(1).float()) | (rank == 0)
+        kept = torch.zeros_like(probs).scatter_(1, order, keep.to(probs.dtype))
+        probs = probs * kept
+        probs = probs / probs.sum(dim=1, keepdim=True)
+    one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
+    return torch.where(greedy.unsqueeze(1), one_hot, probs)
+
+
+def sample_from_probs(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling: the first token whose cumulative probability exceeds coin·total.
+
+    ``probs`` (rows, V) non-negative, not necessarily normalised; ``coins`` (rows,) in [0, 1).
+    A zero-probability token is never returned (unless a row is all zero: then token 0).
+    """
+    cdf = torch.cumsum(probs.float(), dim=1)  # (rows, V)
+    threshold = coins.float().unsqueeze(1) * cdf[:, -1:]
+    index = torch.searchsorted(cdf, threshold, right=True).squeeze(1)
+    # rounding can push the threshold past the last step of the CDF: clamp to a real token
+    vocab = torch.arange(probs.shape[1], device=probs.device)
+    last_nonzero = torch.where(probs > 0, vocab, 0).amax(dim=1) if probs.shape[1] else index
+    return torch.minimum(index, last_nonzero)
