@@ -1,0 +1,23 @@
+"""What a model forward returns to the workers: logits and the hidden states EAGLE needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """Logits of the requested rows and hidden states of every token of the forward.
+
+    ``logits``: (num_logit_rows, V) float32, one row per index of the forward's ``logits_rows``
+    (every token when it was None). ``hidden_states``: (num_tokens, H) the last layer's output
+    before the final norm — what an EAGLE draft consumes; for a draft model, its own output
+    hidden state fed to the next draft step. ``aux_hidden_states``: (num_tokens, n·H) the
+    concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
+    """
+
+    logits: torch.Tensor
+    hidden_states: torch.Tensor
+    aux_hidden_states: torch.Tensor | None = None
