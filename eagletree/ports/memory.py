@@ -6,6 +6,7 @@ the allocator never hands it out, padding writes and padding moves (0 -> 0) land
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -50,6 +51,22 @@ class ReqToTokenPool(Protocol):
     def free(self, rows: list[int]) -> None: ...
 
     def available_size(self) -> int: ...
+
+
+class RowMover(Protocol):
+    """Moves rows between slots of several slot-indexed buffers (the engine of ``move_kv_cache``).
+
+    Contract (tests/contracts/test_kv_pool.py): ``move(buffers, tgt, src)`` equals
+    ``domain.kv_move.move_rows_reference`` bit for bit for any (tgt, src) with distinct targets
+    (except (0, 0) padding), including chains where a target is another pair's source; any dtype
+    (rows are copied as raw bytes); an empty move does nothing and launches nothing. ``tgt`` and
+    ``src`` are 1-D integer tensors on the buffers' device; slots are trusted (pools check them).
+    The buffers must not overlap in memory, and each buffer's rows must be contiguous.
+    """
+
+    def move(
+        self, buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor
+    ) -> None: ...
 
 
 class KVPool(Protocol):
