@@ -1,0 +1,148 @@
+"""Tests of the `eagletree` command line through its entry point."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagletree.app.cli import main, to_toml
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in os.environ:
+        if name.startswith("EAGLETREE_"):
+            monkeypatch.delenv(name)
+
+
+def show(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["config", "show", *args]) == 0
+    return tomllib.loads(capsys.readouterr().out)
+
+
+def test_show_prints_the_defaults_as_parseable_toml(capsys: pytest.CaptureFixture[str]) -> None:
+    shown = show(capsys)
+    assert shown["speculative"]["algorithm"] == "none"
+    assert shown["speculative"]["resolved"]["worker"] == "none"
+    assert shown["memory"]["page_size"] == 1
+    assert shown["target"]["architecture"] == "LlamaForCausalLM"
+    assert "version" not in shown["speculative"]["resolved"]  # unset: a comment, not a value
+
+
+def test_show_prints_the_v1_fallback_and_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "--settings", str(EXAMPLES / "paged-v1.toml")]) == 0
+    captured = capsys.readouterr()
+    resolved = tomllib.loads(captured.out)["speculative"]["resolved"]
+    assert resolved["version"] == "v1"
+    assert resolved["worker"] == "eagle_v1"
+    assert resolved["fallback_reason"].startswith(
+        "speculative.eagle_topk = 4 with memory.page_size = 4"
+    )
+    assert "[speculative.resolved]" in captured.out
+    assert any("falls back to v1" in warning for warning in resolved["warnings"])
+
+
+def test_show_resolves_a_tree_on_v2(capsys: pytest.CaptureFixture[str]) -> None:
+    resolved = show(capsys, "--settings", str(EXAMPLES / "tiny-tree.yaml"))["speculative"][
+        "resolved"
+    ]
+    assert (resolved["num_steps"], resolved["topk"], resolved["num_draft_tokens"]) == (3, 4, 8)
+    assert (resolved["version"], resolved["worker"]) == ("v2", "eagle_v2")
+    assert "fallback_reason" not in resolved
+
+
+def test_show_takes_the_target_architecture(capsys: pytest.CaptureFixture[str]) -> None:
+    shown = show(
+        capsys, "--settings", str(EXAMPLES / "mtp.toml"), "--target-arch", "DeepseekV3ForCausalLM"
+    )
+    assert shown["target"]["attention_kind"] == "mla"
+    assert shown["speculative"]["resolved"]["draft_path"] == shown["model"]["target_path"]
+
+
+def test_show_takes_an_attention_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    assert show(capsys, "--attention-kind", "dsa")["target"]["attention_kind"] == "dsa"
+
+
+def test_show_includes_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLETREE_MEMORY__PAGE_SIZE", "2")
+    assert show(capsys, "--settings", str(EXAMPLES / "chain.toml"))["memory"]["page_size"] == 2
+
+
+def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
+    for path in sorted(EXAMPLES.glob("*.[ty]*ml")):
+        arch = "DeepseekV3ForCausalLM" if path.name == "mtp.toml" else "LlamaForCausalLM"
+        assert main(["config", "validate", str(path), "--target-arch", arch]) == 0, path
+        assert capsys.readouterr().out == "ok\n"
+
+
+def test_validate_rejects_a_typo_with_exit_status_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('[backend]\nkv_move = "cuda"\n')
+    assert main(["config", "validate", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "backend.kv_move (EAGLETREE_BACKEND__KV_MOVE) = 'cuda': allowed values are" in (
+        captured.err
+    )
+
+
+def test_validate_rejects_a_contradiction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "v2-paged.toml"
+    text = (EXAMPLES / "paged-v1.toml").read_text().replace('version = "auto"', 'version = "v2"')
+    path.write_text(text)
+    assert main(["config", "validate", str(path)]) == 1
+    assert "speculative.version = 'v2' cannot run this configuration" in capsys.readouterr().err
+
+
+def test_validate_rejects_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["config", "validate", str(tmp_path / "nope.toml")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_show_with_a_bad_environment_fails_cleanly(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EAGLETREE_SPECULATIVE__ALGORITHM", "medusa")
+    assert main(["config", "show"]) == 1
+    assert "speculative.algorithm (EAGLETREE_SPECULATIVE__ALGORITHM) = 'medusa'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_missing_subcommand_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["config"])
+    assert raised.value.code == 2
+
+
+def test_demo_runs_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    assert "one decode step" in capsys.readouterr().out
+
+
+def test_the_toml_writer_round_trips_nested_tables() -> None:
+    table = {
+        "a": {"s": 'quote " and \\ and é', "n": 3, "f": 0.5, "b": True, "none": None},
+        "b": {"list": ["x", "y"], "c": {"deep": 1}},
+    }
+    parsed = tomllib.loads(to_toml(table))
+    expected = {
+        "a": {"s": 'quote " and \\ and é', "n": 3, "f": 0.5, "b": True},
+        "b": {"list": ["x", "y"], "c": {"deep": 1}},
+    }
+    assert parsed == expected
