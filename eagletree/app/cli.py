@@ -17,11 +17,12 @@ from eagletree.domain.errors import ConfigurationError
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 bad configuration)."""
-    args = _parser().parse_args(argv)
-    if args.command == "demo":
-        from eagletree.app import demo  # imported here: the demo is not needed by `config`
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # the demo parses its own options, --help included
+        from eagletree.app import demo  # imported here: `config` does not need it
 
-        return demo.main(list(args.demo_args))
+        return demo.main(argv[1:])
+    args = _parser().parse_args(argv)
     # Warnings reach stderr through logging's last-resort handler unless the embedding
     # application configured logging; `config show` also prints them in [speculative.resolved].
     try:
@@ -67,8 +68,7 @@ def _parser() -> argparse.ArgumentParser:
             "--attention-kind", choices=ATTENTION_KINDS, help="override the architecture's kind"
         )
 
-    demo = commands.add_parser("demo", help="one tree decode step on fixed numbers, phase by phase")
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    commands.add_parser("demo", help="one tree decode step on fixed numbers, phase by phase")
     return parser
 
 

@@ -146,3 +146,10 @@ def test_the_toml_writer_round_trips_nested_tables() -> None:
         "b": {"list": ["x", "y"], "c": {"deep": 1}},
     }
     assert parsed == expected
+
+
+def test_demo_options_reach_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["demo", "--help"])
+    assert raised.value.code == 0
+    assert "one tree decode step on fixed numbers" in capsys.readouterr().out
