@@ -134,13 +134,16 @@ class TreeBatch:
 
 
 @st.composite
-def tree_batches(draw: st.DrawFn, max_nodes: int = 24) -> TreeBatch:
-    bs = draw(st.integers(0, 5))
+def tree_batches(draw: st.DrawFn, min_bs: int = 0, max_nodes: int = 24) -> TreeBatch:
+    """Random trees; some are deeper than S (build_tree never makes those, but the verifiers
+    take any links and must stop after S accepted drafts)."""
+    bs = draw(st.integers(min_bs, 5))
     steps = draw(st.integers(1, 6))
     n = draw(st.integers(2, max_nodes))
     shuffle = draw(st.booleans())
+    max_depth = steps + draw(st.sampled_from([0, 0, 1, 2]))
     rng = random.Random(draw(st.integers(0, 2**31 - 1)))
-    parents = [random_parents(n, steps, rng) for _ in range(bs)]
+    parents = [random_parents(n, max_depth, rng) for _ in range(bs)]
     links = [
         shuffled_links(p, rng) if shuffle else links_from_child_lists(child_lists(p))
         for p in parents
