@@ -1,0 +1,447 @@
+"""Every KV pool × row mover × storage dtype must move every buffer it owns exactly like the
+reference (``domain.kv_move.move_rows_reference``), bit for bit. Triton movers run under
+``TRITON_INTERPRET=1`` on CPU (small shapes) and natively on CUDA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eagletree.adapters.memory.dsa_pool import DSAKVPool
+from eagletree.adapters.memory.mha_pool import MHAKVPool
+from eagletree.adapters.memory.mla_pool import MLAKVPool
+from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
+from eagletree.adapters.memory.swa_pool import SWAHybridKVPool
+from eagletree.domain.kv_move import move_rows_reference
+from eagletree.ports.memory import KVPool, RowMover
+from tests.conftest import requires_triton
+
+SIZE = 23  # slots 1..23; row 0 is the dummy
+FP8 = torch.float8_e4m3fn
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": FP8}
+MOVERS: dict[str, Callable[[], RowMover]] = {
+    "torch": TorchRowMover,
+    "triton": TritonRowMover,
+    # Tiny caps force the large-move path (hazard check, chunked pass, scratch fallback).
+    "triton_chunked": lambda: TritonRowMover(
+        max_staged_moves=4, chunk_moves=4, register_words=64, scratch_bytes=512
+    ),
+}
+POOLS = ["mha", "mla", "dsa", "swa"]
+FAST = settings(
+    max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def make_pool(
+    kind: str,
+    mover: RowMover,
+    dtype_name: str,
+    device: torch.device,
+    layers: int = 2,
+    page_size: int = 1,
+) -> KVPool:
+    """A small pool; "fp8" means fp8 storage (MHA: store_dtype, MLA/DSA: the buffer dtype)."""
+    dtype = DTYPES[dtype_name]
+    compute = torch.bfloat16 if dtype == FP8 else dtype
+    store = FP8 if dtype == FP8 else None
+    checks, page = True, page_size
+    if kind == "mha":
+        return MHAKVPool(SIZE, layers, 2, 4, 3, compute, device, mover, store, page, checks)
+    if kind == "mla":
+        return MLAKVPool(SIZE, layers, 8, 4, dtype, device, mover, page, checks)
+    if kind == "dsa":
+        return DSAKVPool(SIZE, layers, 8, 4, dtype, device, mover, 16, page, checks)
+    assert kind == "swa"
+    full = MHAKVPool(SIZE, 1, 1, 4, 4, compute, device, mover, store, page, checks)
+    swa = MHAKVPool(SIZE + 5, layers - 1, 2, 2, 2, compute, device, mover, store, page, checks)
+    gen = torch.Generator().manual_seed(7)
+    full_to_swa = torch.zeros(full.num_rows, dtype=torch.int64)
+    full_to_swa[1:] = torch.randperm(SIZE + 5, generator=gen)[: full.num_rows - 1] + 1
+    return SWAHybridKVPool(full, swa, full_to_swa.to(device))
+
+
+def raw(buf: torch.Tensor) -> torch.Tensor:
+    """The buffer's bytes, (num_rows, row_bytes), so that comparisons are bit-exact."""
+    return buf.reshape(buf.shape[0], -1).view(torch.uint8)
+
+
+def fill_random(pool: KVPool, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for buf in pool.buffers():
+        view = raw(buf)
+        view.copy_(torch.randint(0, 256, view.shape, generator=gen, dtype=torch.uint8))
+
+
+def fill_slot_ids(pool: KVPool) -> None:
+    """Every byte of row r of buffer b is (r + 31·b) mod 256: a row names its slot."""
+    for b, buf in enumerate(pool.buffers()):
+        ids = (torch.arange(buf.shape[0], device=buf.device) + 31 * b) % 256
+        raw(buf).copy_(ids.to(torch.uint8)[:, None].expand_as(raw(buf)))
+
+
+def reference_move(pool: KVPool, tgt: torch.Tensor, src: torch.Tensor) -> list[torch.Tensor]:
+    """Byte copies of the pool's buffers after the reference move (SWA: translated slots)."""
+    after = [raw(buf).clone() for buf in pool.buffers()]
+    if pool.layer_num == 0:
+        return after
+    if isinstance(pool, SWAHybridKVPool):
+        num_full = len(pool.full.buffers())
+        move_rows_reference(after[:num_full], tgt, src)
+        swa_tgt = pool.translate_loc_from_full_to_swa(tgt)
+        swa_src = torch.where(swa_tgt == 0, 0, pool.translate_loc_from_full_to_swa(src))
+        move_rows_reference(after[num_full:], swa_tgt, swa_src)
+    else:
+        move_rows_reference(after, tgt, src)
+    return after
+
+
+def assert_bytes_equal(pool: KVPool, expected: Sequence[torch.Tensor]) -> None:
+    actual = pool.buffers()
+    assert len(actual) == len(expected)
+    for i, (buf, want) in enumerate(zip(actual, expected, strict=True)):
+        assert torch.equal(raw(buf), want), f"buffer {i} of {len(actual)} differs"
+
+
+@st.composite
+def move_sets(draw: st.DrawFn, num_rows: int = SIZE + 1) -> tuple[list[int], list[int]]:
+    """Distinct targets, sources anywhere (often another pair's target: chains and cycles),
+    plus a few (0, 0) padding pairs, in any order."""
+    targets = draw(st.lists(st.integers(1, num_rows - 1), unique=True, max_size=num_rows - 1))
+    any_slot = st.integers(0, num_rows - 1)
+    source = st.one_of(st.sampled_from(targets), any_slot) if targets else any_slot
+    sources = draw(st.lists(source, min_size=len(targets), max_size=len(targets)))
+    pairs = list(zip(targets, sources, strict=True)) + [(0, 0)] * draw(st.integers(0, 3))
+    pairs = draw(st.permutations(pairs))
+    return [t for t, _ in pairs], [s for _, s in pairs]
+
+
+def slots(
+    values: list[int], device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+pool_matrix = pytest.mark.parametrize(
+    ("pool_kind", "mover_name", "dtype_name"),
+    [(p, m, d) for p in POOLS for m in MOVERS for d in DTYPES],
+)
+
+
+def needs_triton(mover_name: str, device: torch.device) -> None:
+    if mover_name.startswith("triton"):
+        requires_triton(device)
+
+
+@pool_matrix
+@FAST
+@given(moves=move_sets(), seed=st.integers(0, 2**16))
+def test_random_overlapping_moves_match_the_reference_bit_for_bit(
+    pool_kind: str,
+    mover_name: str,
+    dtype_name: str,
+    device: torch.device,
+    moves: tuple[list[int], list[int]],
+    seed: int,
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), dtype_name, device)
+    fill_random(pool, seed)
+    tgt, src = slots(moves[0], device), slots(moves[1], device, torch.int32)
+    expected = reference_move(pool, tgt.long(), src.long())
+    pool.move_kv_cache(tgt, src)
+    assert_bytes_equal(pool, expected)
+
+
+@pool_matrix
+def test_every_buffer_the_pool_owns_receives_its_source_rows(
+    pool_kind: str, mover_name: str, dtype_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), dtype_name, device)
+    fill_slot_ids(pool)
+    # A compaction-shaped move: path [0, 2, 5] in a window, a 3-cycle, a chain and padding.
+    tgt = [4, 5, 6, 10, 11, 12, 20, 21, 0, 0]
+    src = [4, 6, 9, 11, 12, 10, 21, 22, 0, 0]
+    before = [raw(buf).clone() for buf in pool.buffers()]
+    pool.move_kv_cache(slots(tgt, device), slots(src, device))
+    moved = dict(zip(tgt, src, strict=True))
+    full_buffers = len(pool.full.buffers()) if isinstance(pool, SWAHybridKVPool) else None
+    for b, (buf, old) in enumerate(zip(pool.buffers(), before, strict=True)):
+        if full_buffers is not None and b >= full_buffers:
+            assert isinstance(pool, SWAHybridKVPool)
+            to_swa = pool.full_to_swa.tolist()
+            moved_here = {to_swa[t]: to_swa[s] for t, s in moved.items()}
+        else:
+            moved_here = moved
+        for row in range(buf.shape[0]):
+            want = old[moved_here.get(row, row)]
+            assert torch.equal(raw(buf)[row], want), f"buffer {b}, row {row}"
+
+
+@pytest.mark.parametrize("pool_kind", POOLS)
+def test_buffers_lists_every_slot_indexed_tensor(pool_kind: str, device: torch.device) -> None:
+    pool = make_pool(pool_kind, TorchRowMover(), "bf16", device, layers=3)
+    listed = {buf.data_ptr() for buf in pool.buffers()}
+    assert len(listed) == len(pool.buffers())
+    owned: list[torch.Tensor] = []
+    layer_pools: list[KVPool] = (
+        [pool.full, pool.swa] if isinstance(pool, SWAHybridKVPool) else [pool]
+    )
+    for sub in layer_pools:
+        for layer in range(sub.layer_num):
+            if isinstance(sub, MHAKVPool):
+                owned += [sub.get_key_buffer(layer), sub.get_value_buffer(layer)]
+            if isinstance(sub, MLAKVPool | DSAKVPool):
+                owned.append(sub.get_kv_buffer(layer))
+            if isinstance(sub, DSAKVPool):
+                owned += [sub.get_index_k_buffer(layer), sub.get_index_scale_buffer(layer)]
+    assert {buf.data_ptr() for buf in owned} == listed
+
+
+@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("mover_name", list(MOVERS))
+def test_a_page_size_above_one_moves_token_rows(
+    pool_kind: str, mover_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), "fp16", device, page_size=4)
+    fill_random(pool, 3)
+    tgt, src = slots([25, 26, 1, 2], device), slots([26, 1, 3, 25], device)
+    expected = reference_move(pool, tgt, src)
+    pool.move_kv_cache(tgt, src)
+    assert all(buf.shape[0] == SIZE + 4 for buf in pool.buffers())
+    assert_bytes_equal(pool, expected)
+
+
+class RecordingMover:
+    """A RowMover fake that delegates to the torch mover and records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []  # (number of buffers, number of moves)
+
+    def move(self, buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor) -> None:
+        self.calls.append((len(buffers), tgt.numel()))
+        TorchRowMover().move(buffers, tgt, src)
+
+
+@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+def test_one_mover_call_moves_all_buffers(pool_kind: str, device: torch.device) -> None:
+    mover = RecordingMover()
+    pool = make_pool(pool_kind, mover, "fp32", device, layers=3)
+    pool.move_kv_cache(slots([1, 2], device), slots([2, 3], device))
+    assert mover.calls == [(len(pool.buffers()), 2)]
+
+
+@pytest.mark.parametrize("pool_kind", POOLS)
+@pytest.mark.parametrize("mover_name", list(MOVERS))
+def test_an_empty_move_changes_nothing(
+    pool_kind: str, mover_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), "bf16", device)
+    fill_random(pool, 5)
+    before = [raw(buf).clone() for buf in pool.buffers()]
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    pool.move_kv_cache(empty, empty)
+    assert_bytes_equal(pool, before)
+
+
+@pytest.mark.parametrize("pool_kind", POOLS)
+def test_a_zero_layer_pool_returns_at_once(pool_kind: str, device: torch.device) -> None:
+    mover = RecordingMover()
+    if pool_kind == "swa":
+        full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
+        swa = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
+        pool: KVPool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
+    else:
+        pool = make_pool(pool_kind, mover, "fp16", device, layers=0)
+    assert pool.buffers() == []
+    pool.move_kv_cache(slots([10_000], device), slots([-5], device))  # not even checked
+    assert mover.calls == []
+
+
+def test_an_all_swa_model_moves_only_its_swa_layers(device: torch.device) -> None:
+    mover = RecordingMover()
+    full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
+    swa = MHAKVPool(SIZE, 2, 1, 4, 4, torch.float16, device, mover)
+    pool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
+    fill_random(pool, 11)
+    tgt, src = slots([1, 2, 3], device), slots([2, 3, 1], device)
+    expected = reference_move(pool, tgt, src)
+    pool.move_kv_cache(tgt, src)
+    assert_bytes_equal(pool, expected)
+    assert mover.calls == [(4, 3)]
+
+
+def test_swa_pairs_without_a_window_slot_leave_every_real_row_alone(device: torch.device) -> None:
+    full = MHAKVPool(SIZE, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
+    swa = MHAKVPool(8, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
+    full_to_swa = torch.zeros(SIZE + 1, dtype=torch.int64)
+    full_to_swa[16:24] = torch.arange(1, 9)  # only the 8 newest tokens keep an SWA slot
+    pool = SWAHybridKVPool(full, swa, full_to_swa.to(device))
+    fill_slot_ids(pool)
+    before = raw(swa.get_key_buffer(0)).clone()
+    pool.move_kv_cache(slots([3, 17, 18], device), slots([4, 18, 20], device))
+    after = raw(swa.get_key_buffer(0))
+    # full 17←18 is SWA 2←3, full 18←20 is SWA 3←5; 3←4 has no SWA slot and moves nothing.
+    assert torch.equal(after[2], before[3]) and torch.equal(after[3], before[5])
+    assert torch.equal(after[:2], before[:2]) and torch.equal(after[4:], before[4:])
+
+
+@pytest.mark.parametrize("pool_kind", POOLS)
+@pytest.mark.parametrize("which", ["target", "source"])
+@pytest.mark.parametrize("bad", [SIZE + 1, -1])
+def test_an_out_of_range_slot_raises_index_error_naming_value_and_range(
+    pool_kind: str, which: str, bad: int, device: torch.device
+) -> None:
+    pool = make_pool(pool_kind, TorchRowMover(), "fp32", device)
+    fill_random(pool, 1)
+    before = [raw(buf).clone() for buf in pool.buffers()]
+    good = slots([1, 2], device)
+    wrong = slots([3, bad], device)
+    tgt, src = (wrong, good) if which == "target" else (good, wrong)
+    with pytest.raises(IndexError, match=rf"{which} slot {bad} .*\[0, {SIZE + 1}\)"):
+        pool.move_kv_cache(tgt, src)
+    assert_bytes_equal(pool, before)
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16", "fp8"])
+def test_mha_set_kv_buffer_converts_to_the_storage_dtype(
+    dtype_name: str, device: torch.device
+) -> None:
+    pool = make_pool("mha", TorchRowMover(), dtype_name, device)
+    assert isinstance(pool, MHAKVPool)
+    gen = torch.Generator().manual_seed(2)
+    k = torch.randn(3, 2, 4, generator=gen).to(device)
+    v = torch.randn(3, 2, 3, generator=gen).to(device)
+    loc = slots([5, 1, 9], device)
+    pool.set_kv_buffer(1, loc, k, v)
+    stored_k = pool.get_key_buffer(1)[loc]
+    assert stored_k.dtype == pool.store_dtype
+    # Readers convert gathered rows to the compute dtype.
+    torch.testing.assert_close(
+        stored_k.to(pool.dtype), k.to(pool.store_dtype).to(pool.dtype), rtol=0, atol=0
+    )
+    assert torch.equal(raw(pool.get_value_buffer(1)[loc]), raw(v.to(pool.store_dtype)))
+
+
+def test_mla_writes_latent_and_rope_into_one_row(device: torch.device) -> None:
+    pool = make_pool("mla", TorchRowMover(), "bf16", device)
+    assert isinstance(pool, MLAKVPool)
+    gen = torch.Generator().manual_seed(4)
+    latent = torch.randn(2, 1, 8, generator=gen).to(device, torch.bfloat16)
+    rope = torch.randn(2, 1, 4, generator=gen).to(device, torch.bfloat16)
+    loc = slots([7, 3], device)
+    pool.set_mla_kv_buffer(0, loc, latent, rope)
+    assert torch.equal(pool.get_kv_buffer(0)[loc], torch.cat([latent, rope], dim=-1))
+    pool.set_kv_buffer(1, loc, torch.cat([rope, latent], dim=-1))
+    assert torch.equal(pool.get_kv_buffer(1)[loc], torch.cat([rope, latent], dim=-1))
+
+
+def test_dsa_indexer_keys_and_scales_move_in_lockstep_with_the_latent(
+    device: torch.device,
+) -> None:
+    pool = make_pool("dsa", TorchRowMover(), "bf16", device)
+    assert isinstance(pool, DSAKVPool)
+    gen = torch.Generator().manual_seed(6)
+    keys = torch.randn(3, 16, generator=gen).to(device).to(FP8)
+    scales = torch.rand(3, generator=gen).to(device)
+    pool.set_index_k(0, slots([4, 5, 6], device), keys, scales)
+    pool.move_kv_cache(slots([1, 2, 3], device), slots([6, 4, 5], device))
+    moved = slots([2, 3, 1], device)  # where slots 4, 5, 6 went
+    assert torch.equal(raw(pool.get_index_k_buffer(0)[moved]), raw(keys))
+    assert torch.equal(pool.get_index_scale_buffer(0)[moved], scales)
+    with pytest.raises(TypeError, match="float8"):
+        pool.set_index_k(0, slots([1], device), keys.float()[:1], scales[:1])
+
+
+@pytest.mark.parametrize("mover_name", list(MOVERS))
+@FAST
+@given(moves=move_sets(num_rows=30), seed=st.integers(0, 2**16))
+def test_movers_copy_rows_of_any_shape_dtype_and_stride(
+    mover_name: str, device: torch.device, moves: tuple[list[int], list[int]], seed: int
+) -> None:
+    needs_triton(mover_name, device)
+    gen = torch.Generator().manual_seed(seed)
+    padded = torch.randn(30, 6, generator=gen).to(device)
+    buffers = (
+        torch.randint(0, 256, (30, 5), generator=gen, dtype=torch.uint8).to(device),  # odd bytes
+        torch.randn(30, generator=gen).to(device),  # one scalar per slot
+        torch.randn(30, 3, 3, generator=gen).to(device, torch.float16),
+        torch.randn(30, 2, generator=gen).to(device, torch.float64),
+        padded[:, :4],  # rows contiguous, slot stride wider than a row
+    )
+    tgt, src = slots(moves[0], device), slots(moves[1], device)
+    expected = [buf.clone() for buf in buffers]
+    move_rows_reference(expected, tgt, src)
+    MOVERS[mover_name]().move(buffers, tgt, src)
+    for buf, want in zip(buffers, expected, strict=True):
+        assert torch.equal(raw(buf.contiguous()), raw(want.contiguous()))
+
+
+def compaction_plan(
+    num_requests: int, window: int, depth: int, seed: int
+) -> tuple[list[int], list[int]]:
+    """Packed (tgt, src) of accepted paths: request b moves w[path[k]] to w[k], path increasing."""
+    gen = torch.Generator().manual_seed(seed)
+    tgt: list[int] = []
+    src: list[int] = []
+    for b in range(num_requests):
+        start = 1 + b * window
+        accepted = int(torch.randint(1, depth + 2, (1,), generator=gen))
+        path = [
+            0,
+            *sorted(torch.randperm(window - 1, generator=gen)[: accepted - 1].add(1).tolist()),
+        ]
+        tgt += [start + k for k in range(len(path))]
+        src += [start + node for node in path]
+    padding = num_requests * (depth + 1) - len(tgt)
+    return tgt + [0] * padding, src + [0] * padding
+
+
+@pytest.mark.parametrize("mover_name", list(MOVERS))
+def test_compaction_plans_of_many_requests_match_the_reference(
+    mover_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool("mha", MOVERS[mover_name](), "bf16", device)
+    tgt, src = compaction_plan(num_requests=3, window=7, depth=3, seed=1)
+    fill_random(pool, 9)
+    expected = reference_move(pool, slots(tgt, device), slots(src, device))
+    pool.move_kv_cache(slots(tgt, device), slots(src, device))
+    assert_bytes_equal(pool, expected)
+
+
+def has_backward_hazard(tgt: list[int], src: list[int], chunk: int) -> bool:
+    """Python model: some pair reads a row that a real pair of an earlier chunk writes."""
+    writer = {t: j for j, t in enumerate(tgt) if t != src[j]}
+    return any(s in writer and writer[s] // chunk < i // chunk for i, s in enumerate(src))
+
+
+@FAST
+@given(moves=move_sets(), chunk=st.sampled_from([1, 2, 4, 8]), stale=st.booleans())
+def test_the_device_hazard_check_agrees_with_a_python_model(
+    device: torch.device, moves: tuple[list[int], list[int]], chunk: int, stale: bool
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.kv_move import find_backward_hazards
+
+    tgt, src = moves
+    mark = torch.full((SIZE + 1,), -1, dtype=torch.int32, device=device)
+    if stale:  # leftovers of an earlier move must not be mistaken for writers
+        mark = torch.randint(-3, len(tgt) + 3, (SIZE + 1,), dtype=torch.int32).to(device)
+    flag = torch.full((1,), 7, dtype=torch.int32, device=device)
+    if tgt:
+        find_backward_hazards(slots(tgt, device), slots(src, device), mark, flag, chunk)
+        assert int(flag[0]) == int(has_backward_hazard(tgt, src, chunk))
+
+
+def test_compaction_plans_never_need_the_scratch_fallback() -> None:
+    for seed in range(20):
+        tgt, src = compaction_plan(num_requests=40, window=9, depth=5, seed=seed)
+        assert not has_backward_hazard(tgt, src, chunk=4)
