@@ -1,0 +1,44 @@
+"""What a worker is to the engine: one step over a schedule plan, and what that step produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.domain.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """Per request of the step (row i = ``requests[i]``), as device tensors read back once.
+
+    ``tokens`` (bs, max_emitted) int64: the tokens emitted by the step, the first
+    ``num_emitted[i]`` of row i valid (1 without speculation; accept_length + 1 after a
+    verify). ``num_committed`` (bs,) int64: tokens whose KV the step wrote (the whole fill on
+    a prefill, 1 on a plain decode, accept_length + 1 after a verify).
+    """
+
+    requests: list[Request]
+    tokens: torch.Tensor
+    num_emitted: torch.Tensor
+    num_committed: torch.Tensor
+    num_forwards: int  # model forwards the step ran (target and draft)
+
+
+class Worker(Protocol):
+    """Runs one step's device work over a plan from ``Scheduler.schedule``.
+
+    ``reserve_per_step``: slots the scheduler keeps backed past each running request's committed
+    length before every step (1 without speculation; ``2·max(S·k, N)`` for a v2 tree worker).
+    The plan's ``retracted`` and ``released`` requests no longer own rows: a worker drops any
+    device state it keeps for them. ``step`` must not synchronise with the host.
+    """
+
+    @property
+    def reserve_per_step(self) -> int: ...
+
+    def step(self, plan: SchedulePlan) -> StepOutput: ...

@@ -1,0 +1,304 @@
+"""Per-request state: tokens, lengths of the KV window, sampling parameters, finish and stats.
+
+Lengths (page_size 1), all host-side Python ints:
+
+* ``committed_len`` — tokens whose KV is valid in the pools (``L``); the last sampled token is
+  pending (its KV is written by the next forward), so a running request has
+  ``committed_len <= num_tokens - 1`` once prefilled.
+* ``allocated_len`` — columns ``[0, allocated_len)`` of the request's req_to_token row hold KV
+  slots owned by this request. ``[committed_len, allocated_len)`` is the window a step writes
+  into (a decode token, or a draft tree and its verify nodes); a speculative worker keeps it
+  ``>= committed + 2·max(S·k, N)`` so that the host may learn lengths one step late.
+
+Life cycle: WAITING → (admit) RUNNING → (finish/abort) FINISHED, or RUNNING → (retract) WAITING
+with every token kept: a retracted request is prefilled again over prompt + output.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"  # an end-of-sequence token of the model (kept in the output)
+    STOP = "stop"  # one of the request's stop token ids (kept in the output)
+    LENGTH = "length"  # max_new_tokens, or the context length, reached
+    ABORT = "abort"  # aborted by the caller
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    ``temperature`` 0 is greedy (argmax); ``top_k`` None keeps every token; ``top_p`` None keeps
+    the whole distribution; ``seed`` seeds the request's own coin generator, so its samples do
+    not depend on which other requests share its batches (None: a fresh random seed).
+    """
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class RequestTimes:
+    """Wall-clock instants (``time.perf_counter`` seconds) of a request's life."""
+
+    arrival: float
+    first_admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+class Request:
+    """One generation request and the KV window it owns; every transition checks invariants."""
+
+    __slots__ = (
+        "_generator",
+        "allocated_len",
+        "committed_len",
+        "emitted_per_step",
+        "finish_reason",
+        "max_total_len",
+        "num_retractions",
+        "output_ids",
+        "params",
+        "prompt_ids",
+        "request_id",
+        "row",
+        "status",
+        "times",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        max_context_len: int,
+        arrival_time: float = 0.0,
+    ) -> None:
+        if not prompt_ids:
+            raise ValueError(f"request {request_id}: the prompt is empty")
+        if len(prompt_ids) >= max_context_len:
+            raise ValueError(
+                f"request {request_id}: the prompt has {len(prompt_ids)} tokens and the context "
+                f"holds {max_context_len}, which leaves no room for output"
+            )
+        self.request_id = request_id
+        self.prompt_ids: tuple[int, ...] = tuple(prompt_ids)
+        self.params = params
+        # prompt + output never exceeds this: the request finishes with LENGTH when it is reached
+        self.max_total_len = min(len(prompt_ids) + params.max_new_tokens, max_context_len)
+        self.output_ids: list[int] = []
+        self.status = RequestStatus.WAITING
+        self.row: int | None = None
+        self.committed_len = 0
+        self.allocated_len = 0
+        self.finish_reason: FinishReason | None = None
+        self.num_retractions = 0
+        # tokens emitted per speculative verify step (empty without speculation)
+        self.emitted_per_step: list[int] = []
+        self.times = RequestTimes(arrival=arrival_time)
+        self._generator: torch.Generator | None = None
+        self.check_invariants()
+
+    # -- tokens --------------------------------------------------------------------------------
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.output_ids]
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    def fill_ids(self) -> list[int]:
+        """Tokens a (re)prefill computes: the whole sequence (there is no prefix cache)."""
+        return self.all_ids
+
+    @property
+    def is_prefilled(self) -> bool:
+        return self.status is RequestStatus.RUNNING and self.committed_len > 0
+
+    @property
+    def finishing(self) -> bool:
+        """A finish reason is known but the request still holds its row and slots."""
+        return self.finish_reason is not None and self.status is not RequestStatus.FINISHED
+
+    # -- transitions ---------------------------------------------------------------------------
+
+    def admit(self, row: int, now: float) -> None:
+        """WAITING → RUNNING on req_to_token row ``row``, with an empty window."""
+        assert self.status is RequestStatus.WAITING, self
+        self.status = RequestStatus.RUNNING
+        self.row = row
+        if self.times.first_admitted is None:
+            self.times.first_admitted = now
+        self.check_invariants()
+
+    def grow_window(self, new_allocated_len: int) -> None:
+        """Record that slots now back the row up to ``new_allocated_len`` (never shrinks)."""
+        assert self.status is RequestStatus.RUNNING, self
+        assert new_allocated_len >= self.allocated_len, (new_allocated_len, self)
+        self.allocated_len = new_allocated_len
+        self.check_invariants()
+
+    def commit(self, num_tokens: int) -> None:
+        """``num_tokens`` more tokens have their KV written in the pools."""
+        assert num_tokens >= 0
+        self.committed_len += num_tokens
+        self.check_invariants()
+
+    def append_tokens(
+        self, tokens: Sequence[int], eos_token_ids: Collection[int], now: float
+    ) -> int:
+        """Append generated tokens up to the first stop condition; returns how many were kept.
+
+        The EOS or stop token that finishes a request is kept; tokens after it, or past
+        ``max_total_len``, are dropped (a speculative step may emit several at once).
+        """
+        assert self.status is RequestStatus.RUNNING and self.finish_reason is None, self
+        kept = 0
+        for token in tokens:
+            self.output_ids.append(token)
+            kept += 1
+            reason = self._stop_reason(token, eos_token_ids)
+            if reason is not None:
+                self.finish_reason = reason
+                break
+        if kept and self.times.first_token is None:
+            self.times.first_token = now
+        self.check_invariants()
+        return kept
+
+    def _stop_reason(self, token: int, eos_token_ids: Collection[int]) -> FinishReason | None:
+        if token in self.params.stop_token_ids:
+            return FinishReason.STOP
+        if token in eos_token_ids:
+            return FinishReason.EOS
+        if self.num_tokens >= self.max_total_len:
+            return FinishReason.LENGTH
+        return None
+
+    def mark_aborted(self) -> None:
+        """Set the ABORT reason; the scheduler releases the request at its next step."""
+        if self.status is not RequestStatus.FINISHED:
+            self.finish_reason = FinishReason.ABORT
+
+    def release(self) -> tuple[int, int]:
+        """Give up the row and the window; returns (row, allocated_len) for the caller to free.
+
+        The caller frees the slots ``req_to_token[row, :allocated_len]`` exactly once.
+        """
+        assert self.status is RequestStatus.RUNNING and self.row is not None, self
+        row, allocated = self.row, self.allocated_len
+        self.row = None
+        self.committed_len = 0
+        self.allocated_len = 0
+        return row, allocated
+
+    def retract(self) -> None:
+        """RUNNING → WAITING keeping every token, once ``release`` gave the row up."""
+        assert self.status is RequestStatus.RUNNING and self.row is None, self
+        assert self.finish_reason is None, self
+        self.status = RequestStatus.WAITING
+        self.num_retractions += 1
+        self.check_invariants()
+
+    def finish(self, now: float) -> None:
+        """→ FINISHED once a finish reason is set and the row (if any) was released."""
+        assert self.finish_reason is not None and self.row is None, self
+        self.status = RequestStatus.FINISHED
+        self.times.finished = now
+        self.check_invariants()
+
+    # -- sampling coins --------------------------------------------------------------------------
+
+    def draw_coins(self, count: int) -> torch.Tensor:
+        """``count`` uniform coins in [0, 1) from the request's own generator, (count,) f32 CPU.
+
+        One coin per sampled token keeps a request's samples independent of batch composition
+        and of retraction (a retracted request draws no coin for its recomputed tokens).
+        """
+        if self._generator is None:
+            self._generator = torch.Generator()
+            if self.params.seed is None:
+                self._generator.seed()
+            else:
+                self._generator.manual_seed(self.params.seed)
+        return torch.rand(count, generator=self._generator)
+
+    # -- invariants ----------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        assert 0 <= self.committed_len <= self.allocated_len, self
+        assert self.committed_len <= self.num_tokens, self
+        assert self.num_tokens <= self.max_total_len, self
+        if self.status is RequestStatus.RUNNING:
+            assert self.row is not None, self
+        else:
+            assert self.row is None and self.allocated_len == 0, self
+        if self.status is RequestStatus.FINISHED:
+            assert self.finish_reason is not None, self
+        if self.status is RequestStatus.WAITING:
+            assert self.finish_reason in (None, FinishReason.ABORT), self
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id}, {self.status.name}, row={self.row}, "
+            f"tokens={len(self.prompt_ids)}+{len(self.output_ids)}, "
+            f"committed={self.committed_len}, allocated={self.allocated_len}, "
+            f"finish={self.finish_reason})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceStats:
+    """Tokens emitted per speculative verify step: histogram[i] = steps that emitted i tokens."""
+
+    num_steps: int
+    num_emitted: int
+    histogram: tuple[int, ...] = field(default=())
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.num_emitted / self.num_steps if self.num_steps else 0.0
+
+    @staticmethod
+    def from_counts(emitted_per_step: Sequence[int]) -> AcceptanceStats:
+        histogram = [0] * (max(emitted_per_step, default=-1) + 1)
+        for emitted in emitted_per_step:
+            histogram[emitted] += 1
+        return AcceptanceStats(len(emitted_per_step), sum(emitted_per_step), tuple(histogram))
