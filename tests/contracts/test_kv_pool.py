@@ -44,12 +44,13 @@ def make_pool(
     device: torch.device,
     layers: int = 2,
     page_size: int = 1,
+    checks: bool = True,
 ) -> KVPool:
     """A small pool; "fp8" means fp8 storage (MHA: store_dtype, MLA/DSA: the buffer dtype)."""
     dtype = DTYPES[dtype_name]
     compute = torch.bfloat16 if dtype == FP8 else dtype
     store = FP8 if dtype == FP8 else None
-    checks, page = True, page_size
+    page = page_size
     if kind == "mha":
         return MHAKVPool(SIZE, layers, 2, 4, 3, compute, device, mover, store, page, checks)
     if kind == "mla":
@@ -445,3 +446,20 @@ def test_compaction_plans_never_need_the_scratch_fallback() -> None:
     for seed in range(20):
         tgt, src = compaction_plan(num_requests=40, window=9, depth=5, seed=seed)
         assert not has_backward_hazard(tgt, src, chunk=4)
+
+
+@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.device) -> None:
+    if device.type != "cuda":
+        pytest.skip("counts CUDA kernels with the profiler")
+    from torch.profiler import ProfilerActivity, profile
+
+    pool = make_pool(pool_kind, TritonRowMover(), "bf16", device, layers=4, checks=False)
+    tgt, src = slots([1, 2, 3, 4, 5, 0], device), slots([1, 3, 4, 7, 9, 0], device)
+    pool.move_kv_cache(tgt, src)  # compiles and builds the pointer table
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        pool.move_kv_cache(tgt, src)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in prof.events() if event.device_type.name == "CUDA"]
+    assert len(kernels) == 1, kernels
