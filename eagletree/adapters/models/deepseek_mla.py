@@ -1,0 +1,185 @@
+"""Adapter: the DeepSeek-V3-style MLA target (HF ``DeepseekV3ForCausalLM``, dense MLPs only).
+
+Attention runs in the absorbed form over an ``MLAKVPool``: the pool row of a token is its
+normalised latent (``kv_lora_rank``) followed by its rotated rope key (``qk_rope_head_dim``).
+Each head's no-rope query is mapped into latent space through the key half of ``kv_b_proj``,
+so scores are ``q_latent · latent + q_rope · k_rope``; the backend returns the attention-weighted
+latent of each head, which the value half of ``kv_b_proj`` maps to the head's output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.config import MLAConfig
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    RMSNorm,
+    RopeTables,
+    RotaryEmbedding,
+    SwiGLU,
+    yarn_mscale,
+)
+from eagletree.adapters.models.stack import (
+    MLALayout,
+    TargetHidden,
+    check_aux_layer_ids,
+    run_decoder_stack,
+)
+from eagletree.domain.attention_layer import AttentionLayer
+
+
+def mla_softmax_scale(config: MLAConfig) -> float:
+    """1/sqrt(qk_head_dim), times mscale² for scaled rope (transformers' ``yarn_apply_mscale``)."""
+    scale: float = config.qk_head_dim**-0.5
+    rope = config.rope
+    if rope.rope_type != "default" and rope.mscale_all_dim:
+        scale *= yarn_mscale(rope.factor, rope.mscale_all_dim) ** 2
+    return scale
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, config: MLAConfig, layer_id: int) -> None:
+        super().__init__()
+        self.config = config
+        hidden, heads = config.hidden_size, config.num_attention_heads
+        bias = config.attention_bias
+        if config.q_lora_rank is None:
+            self.q_proj: nn.Linear | None = nn.Linear(hidden, heads * config.qk_head_dim, False)
+        else:
+            self.q_proj = None
+            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, heads * config.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(
+            hidden, config.kv_lora_rank + config.qk_rope_head_dim, bias=bias
+        )
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(
+            config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
+        )
+        self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
+        self.layer = AttentionLayer(
+            layer_id=layer_id,
+            num_q_heads=heads,
+            num_kv_heads=1,
+            head_dim=config.kv_lora_rank + config.qk_rope_head_dim,
+            v_head_dim=config.kv_lora_rank,
+            scaling=mla_softmax_scale(config),
+            is_mla=True,
+        )
+
+    def _query(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q_proj is not None:
+            q: torch.Tensor = self.q_proj(x)
+            return q
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        return q
+
+    def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
+        # x: (num_tokens, hidden)
+        cfg = self.config
+        num_tokens, heads = x.shape[0], cfg.num_attention_heads
+        nope, rope_dim, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+        q = self._query(x).view(num_tokens, heads, nope + rope_dim)
+        q_nope, q_rope = torch.split(q, [nope, rope_dim], dim=-1)
+        compressed: torch.Tensor = self.kv_a_proj_with_mqa(x)
+        latent, k_rope = torch.split(compressed, [rank, rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        q_rope = rope.rotate(q_rope)
+        k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
+        # kv_b: (heads, nope + v_head_dim, rank); its rows map a latent to [k_nope; v] per head
+        kv_b = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, rank)
+        # q_latent: (heads, num_tokens, rank) = q_nope · W_uk per head
+        q_latent = torch.bmm(q_nope.transpose(0, 1), kv_b[:, :nope, :])
+        # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
+        q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
+        k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
+        # o_latent: (num_tokens, heads * rank)
+        o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
+        # o: (heads, num_tokens, v_head_dim) = o_latent · W_uv^T per head
+        o = torch.bmm(
+            o_latent.view(num_tokens, heads, rank).transpose(0, 1),
+            kv_b[:, nope:, :].transpose(1, 2),
+        )
+        out: torch.Tensor = self.o_proj(o.transpose(0, 1).reshape(num_tokens, -1))
+        return out
+
+
+class MLADecoderLayer(nn.Module):
+    def __init__(self, config: MLAConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MLAAttention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+
+    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
+        # h: (num_tokens, hidden) residual stream in and out
+        h = h + self.self_attn(self.input_layernorm(h), rope, ctx)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
+    return RotaryEmbedding(config.rope, config.qk_rope_head_dim, interleaved=config.rope_interleave)
+
+
+class DeepseekMLAForCausalLM(nn.Module):
+    """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head."""
+
+    def __init__(self, config: MLAConfig, aux_layer_ids: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.config = config
+        self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            MLADecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = mla_rotary(config)
+        self.tie_weights()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def aux_hidden_size(self) -> int:
+        return len(self.aux_layer_ids) * self.config.hidden_size
+
+    @property
+    def kv_layout(self) -> MLALayout:
+        cfg = self.config
+        return MLALayout(cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> TargetHidden:
+        return run_decoder_stack(
+            self.embed_tokens,
+            self.layers,
+            self.norm,
+            self.rotary,
+            self.aux_layer_ids,
+            input_ids,
+            positions,
+            ctx,
+        )
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, H) final-normed hidden states -> (rows, V) float32 logits."""
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()

@@ -1,0 +1,124 @@
+"""Adapter: the EAGLE-3 draft head (SafeAILab / SpecForge ``LlamaForCausalLMEagle3``).
+
+``fc`` fuses the target's three captured hidden states (3·H_target -> H); the midlayer's q/k/v
+read ``[input_layernorm(embed); hidden_norm(hidden)]`` (2·H); its own ``norm`` and ``lm_head``
+produce logits over a draft vocabulary, which are scattered to target token ids
+(``target = draft + d2t[draft]``) with −inf on every target id outside the draft vocabulary, so
+that callers always see target-vocabulary logits. The embedding is the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.config import LlamaConfig
+from eagletree.adapters.models.eagle import SharedTargetModules
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    RMSNorm,
+    RopeTables,
+    RotaryEmbedding,
+    SwiGLU,
+)
+from eagletree.adapters.models.llama import LlamaAttention
+from eagletree.adapters.models.stack import MHALayout
+
+
+class Eagle3MidLayer(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.self_attn = LlamaAttention(config, layer_id=0, input_size=2 * hidden)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias)
+
+    def forward(
+        self, embeds: torch.Tensor, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext
+    ) -> torch.Tensor:
+        # embeds, h: (num_tokens, H); the residual stream starts at the fused hidden state
+        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), dim=-1)
+        h = h + self.self_attn(x, rope, ctx)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+class Eagle3Draft(nn.Module):
+    """``hidden_states`` are the target's aux states (3·H_target, fused by ``fc``) or this head's
+    own pre-norm output (H) from the previous draft step; the width tells which."""
+
+    d2t: torch.Tensor
+    draft_to_target: torch.Tensor
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        shared: SharedTargetModules,
+        draft_vocab_size: int,
+        target_hidden_size: int,
+    ) -> None:
+        super().__init__()
+        if 3 * target_hidden_size == config.hidden_size:
+            raise ValueError(
+                f"EAGLE-3 head: 3 x target hidden ({target_hidden_size}) equals the draft hidden"
+                f" size ({config.hidden_size}), so fused and draft hidden states cannot be told"
+                " apart"
+            )
+        self.config = config
+        self.shared = shared
+        self.draft_vocab_size = draft_vocab_size
+        self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
+        self.midlayer = Eagle3MidLayer(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, draft_vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        # d2t: (draft_vocab,) int64 offsets as published; draft_to_target: draft id -> target id
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
+        self.register_buffer(
+            "draft_to_target", torch.arange(draft_vocab_size, dtype=torch.int64), persistent=False
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def kv_layout(self) -> MHALayout:
+        cfg = self.config
+        return MHALayout(1, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+
+    def reset_vocab_map(self) -> None:
+        """Recompute ``draft_to_target`` after ``d2t`` was loaded."""
+        with torch.no_grad():
+            ids = torch.arange(self.draft_vocab_size, device=self.d2t.device)
+            self.draft_to_target = ids + self.d2t
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        # input_ids, positions: (num_tokens,); hidden_states: (num_tokens, 3·H_t or H)
+        embeds = self.shared.embed_tokens(input_ids)
+        h = hidden_states.to(embeds.dtype)
+        if h.shape[-1] == self.fc.in_features:
+            h = self.fc(h)
+        rope = self.rotary(positions, h.dtype)
+        out: torch.Tensor = self.midlayer(embeds, h, rope, ctx)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, H) -> (rows, V_target) float32: draft logits at their target ids, −inf else."""
+        draft_logits: torch.Tensor = self.lm_head(self.norm(hidden))
+        logits = draft_logits.new_full(
+            (hidden.shape[0], self.config.vocab_size), float("-inf"), dtype=torch.float32
+        )
+        return logits.index_copy_(1, self.draft_to_target, draft_logits.float())

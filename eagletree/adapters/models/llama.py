@@ -1,0 +1,148 @@
+"""Adapter: the Llama-architecture target (HF ``LlamaForCausalLM``) with attention through the port.
+
+Module and parameter names are those of the HF checkpoint without the ``model.`` prefix, so that
+loading is a rename and a shape check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.config import LlamaConfig
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    RMSNorm,
+    RopeTables,
+    RotaryEmbedding,
+    SwiGLU,
+)
+from eagletree.adapters.models.stack import (
+    MHALayout,
+    TargetHidden,
+    check_aux_layer_ids,
+    run_decoder_stack,
+)
+from eagletree.domain.attention_layer import AttentionLayer
+
+
+class LlamaAttention(nn.Module):
+    """GQA attention; ``input_size`` differs from hidden_size only in EAGLE-3's midlayer (2·H)."""
+
+    def __init__(self, config: LlamaConfig, layer_id: int, input_size: int | None = None) -> None:
+        super().__init__()
+        heads, kv_heads, head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        width = config.hidden_size if input_size is None else input_size
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        self.layer = AttentionLayer(
+            layer_id=layer_id,
+            num_q_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            scaling=head_dim**-0.5,
+        )
+
+    def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
+        # x: (num_tokens, width)
+        layer = self.layer
+        num_tokens = x.shape[0]
+        q = self.q_proj(x).view(num_tokens, layer.num_q_heads, layer.head_dim)
+        k = self.k_proj(x).view(num_tokens, layer.num_kv_heads, layer.head_dim)
+        v = self.v_proj(x).view(num_tokens, layer.num_kv_heads, layer.head_dim)
+        q, k = rope.rotate(q), rope.rotate(k)
+        # o: (num_tokens, num_q_heads * head_dim)
+        o = ctx.backend.forward(q, k, v, layer, ctx.batch)
+        out: torch.Tensor = self.o_proj(o)
+        return out
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and SwiGLU blocks with residuals.
+
+    ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
+    goes straight into attention), as SafeAILab's reference and SGLang do.
+    """
+
+    def __init__(self, config: LlamaConfig, layer_id: int, skip_input_norm: bool = False) -> None:
+        super().__init__()
+        self.input_layernorm = (
+            None if skip_input_norm else RMSNorm(config.hidden_size, config.rms_norm_eps)
+        )
+        self.self_attn = LlamaAttention(config, layer_id)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
+        # h: (num_tokens, hidden) residual stream in and out
+        x = h if self.input_layernorm is None else self.input_layernorm(h)
+        h = h + self.self_attn(x, rope, ctx)
+        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        return out
+
+
+class LlamaForCausalLM(nn.Module):
+    """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured)."""
+
+    def __init__(self, config: LlamaConfig, aux_layer_ids: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.config = config
+        self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.tie_weights()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def aux_hidden_size(self) -> int:
+        return len(self.aux_layer_ids) * self.config.hidden_size
+
+    @property
+    def kv_layout(self) -> MHALayout:
+        cfg = self.config
+        return MHALayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> TargetHidden:
+        return run_decoder_stack(
+            self.embed_tokens,
+            self.layers,
+            self.norm,
+            self.rotary,
+            self.aux_layer_ids,
+            input_ids,
+            positions,
+            ctx,
+        )
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, H) final-normed hidden states -> (rows, V) float32 logits."""
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits.float()

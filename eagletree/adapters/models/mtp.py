@@ -1,0 +1,85 @@
+"""Adapter: one DeepSeek-style multi-token-prediction layer as a draft head.
+
+``h = decoder(eh_proj([enorm(embed(token)); hnorm(hidden)]))`` then ``shared_head.norm``; the
+normed output is both the next layer's hidden input and the lm_head input (SGLang's
+``DeepseekV3ForCausalLMNextN``, transformers' ``MtpLayer`` with its post norm). The decoder layer
+has the target's architecture (MLA for DeepSeek, GQA for Llama); embedding and lm_head are the
+target's. A multi-layer MTP draft is one of these per layer, each with its own runner and pools.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.config import LlamaConfig, MLAConfig
+from eagletree.adapters.models.deepseek_mla import MLADecoderLayer, mla_rotary
+from eagletree.adapters.models.eagle import SharedTargetModules
+from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.llama import LlamaDecoderLayer
+from eagletree.adapters.models.stack import KVLayout, MHALayout, MLALayout
+
+
+class SharedHead(nn.Module):
+    """Holds ``shared_head.norm`` under the checkpoint's name."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.norm = RMSNorm(hidden_size, eps)
+
+
+class MTPLayer(nn.Module):
+    """``hidden_states``: the target's final-normed features or the previous MTP layer's output."""
+
+    def __init__(self, config: LlamaConfig | MLAConfig, shared: SharedTargetModules) -> None:
+        super().__init__()
+        self.config = config
+        self.shared = shared
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = RMSNorm(hidden, eps)
+        self.hnorm = RMSNorm(hidden, eps)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        self.decoder: LlamaDecoderLayer | MLADecoderLayer
+        self.rotary: RotaryEmbedding
+        if isinstance(config, MLAConfig):
+            self.decoder = MLADecoderLayer(config, layer_id=0)
+            self.rotary = mla_rotary(config)
+        else:
+            self.decoder = LlamaDecoderLayer(config, layer_id=0)
+            self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.shared_head = SharedHead(hidden, eps)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        cfg = self.config
+        if isinstance(cfg, MLAConfig):
+            return MLALayout(1, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        return MHALayout(1, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        # input_ids, positions: (num_tokens,); hidden_states: (num_tokens, H) -> (num_tokens, H)
+        embeds = self.shared.embed_tokens(input_ids)
+        fused = torch.cat((self.enorm(embeds), self.hnorm(hidden_states.to(embeds.dtype))), -1)
+        h = self.eh_proj(fused)
+        h = self.decoder(h, self.rotary(positions, h.dtype), ctx)
+        out: torch.Tensor = self.shared_head.norm(h)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, H) normed MTP output -> (rows, V) float32 logits through the target's lm_head."""
+        logits: torch.Tensor = self.shared.lm_head(hidden)
+        return logits.float()

@@ -1,0 +1,192 @@
+"""Adapter: ModelRunner and DraftRunner over a model from this package and the memory it owns.
+
+A runner is given its KV pool, its req_to_token pool and an attention backend built over those
+two; target and draft pools are sized from one slot allocator, so a slot id indexes both.
+``forward`` plans the backend's metadata for the batch, runs the layers (each writes its new
+k/v at ``batch.out_cache_loc`` through the backend) and returns a ``ModelOutput``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from eagletree.adapters.models.layers import AttentionContext
+from eagletree.adapters.models.stack import KVLayout, TargetHidden
+from eagletree.domain.model_output import ModelOutput
+
+if TYPE_CHECKING:
+    from eagletree.domain.batch import ForwardBatch
+    from eagletree.ports.attention import AttentionBackend
+    from eagletree.ports.memory import KVPool, ReqToTokenPool
+
+
+class TargetNetwork(Protocol):
+    """What ``TargetModelRunner`` needs of a target model (Llama, DeepSeek MLA)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def kv_layout(self) -> KVLayout: ...
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> TargetHidden: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+class DraftNetwork(Protocol):
+    """What ``DraftModelRunner`` needs of a draft head (EAGLE, EAGLE-3, one MTP layer)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def kv_layout(self) -> KVLayout: ...
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
+    """Raise ValueError naming every pool dimension that differs from what the model writes."""
+    wrong = [
+        f"{field} = {getattr(pool, field, '<absent>')} (the model needs {value})"
+        for field, value in layout._asdict().items()
+        if getattr(pool, field, None) != value
+    ]
+    if wrong:
+        raise ValueError(
+            f"{what}: the KV pool ({type(pool).__name__}) does not fit the model: "
+            + "; ".join(wrong)
+        )
+
+
+def _logit_rows(hidden: torch.Tensor, logits_rows: torch.Tensor | None) -> torch.Tensor:
+    # hidden: (num_tokens, H); logits_rows: (num_rows,) int64
+    return hidden if logits_rows is None else hidden.index_select(0, logits_rows)
+
+
+class TargetModelRunner:
+    """Runs a target model; ``hidden_states`` of the output are the final-normed lm_head inputs."""
+
+    def __init__(
+        self,
+        model: TargetNetwork,
+        kv_pool: KVPool,
+        req_to_token_pool: ReqToTokenPool,
+        attention_backend: AttentionBackend,
+    ) -> None:
+        check_pool_fits(model.kv_layout, kv_pool, "target runner")
+        self._model = model
+        self._kv_pool = kv_pool
+        self._req_to_token_pool = req_to_token_pool
+        self._attention_backend = attention_backend
+
+    @property
+    def model(self) -> TargetNetwork:
+        return self._model
+
+    @property
+    def kv_pool(self) -> KVPool:
+        return self._kv_pool
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self._req_to_token_pool
+
+    @property
+    def attention_backend(self) -> AttentionBackend:
+        return self._attention_backend
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._model.hidden_size
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, logits_rows: torch.Tensor | None = None) -> ModelOutput:
+        self._attention_backend.init_forward_metadata(batch)
+        ctx = AttentionContext(self._attention_backend, batch)
+        out = self._model(batch.input_ids, batch.positions, ctx)
+        logits = self._model.compute_logits(_logit_rows(out.hidden, logits_rows))
+        return ModelOutput(logits=logits, hidden_states=out.hidden, aux_hidden_states=out.aux)
+
+
+class DraftModelRunner:
+    """Runs one draft head; output ``hidden_states`` are what its next draft step consumes and
+    logits are over the target vocabulary."""
+
+    def __init__(
+        self,
+        model: DraftNetwork,
+        kv_pool: KVPool,
+        req_to_token_pool: ReqToTokenPool,
+        attention_backend: AttentionBackend,
+    ) -> None:
+        check_pool_fits(model.kv_layout, kv_pool, "draft runner")
+        self._model = model
+        self._kv_pool = kv_pool
+        self._req_to_token_pool = req_to_token_pool
+        self._attention_backend = attention_backend
+
+    @property
+    def model(self) -> DraftNetwork:
+        return self._model
+
+    @property
+    def kv_pool(self) -> KVPool:
+        return self._kv_pool
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self._req_to_token_pool
+
+    @property
+    def attention_backend(self) -> AttentionBackend:
+        return self._attention_backend
+
+    @property
+    def vocab_size(self) -> int:
+        return self._model.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self._model.hidden_size
+
+    @torch.no_grad()
+    def forward(
+        self,
+        batch: ForwardBatch,
+        hidden_states: torch.Tensor,
+        logits_rows: torch.Tensor | None = None,
+    ) -> ModelOutput:
+        # hidden_states: (num_tokens, H), or (num_tokens, 3·H) for EAGLE-3 fed by the target
+        if hidden_states.shape[0] != batch.num_tokens:
+            raise ValueError(
+                f"draft forward: {hidden_states.shape[0]} hidden rows for {batch.num_tokens} tokens"
+            )
+        self._attention_backend.init_forward_metadata(batch)
+        ctx = AttentionContext(self._attention_backend, batch)
+        hidden = self._model(batch.input_ids, batch.positions, hidden_states, ctx)
+        logits = self._model.compute_logits(_logit_rows(hidden, logits_rows))
+        return ModelOutput(logits=logits, hidden_states=hidden)

@@ -1,0 +1,83 @@
+"""Adapter: what every decoder-only target shares — the layer loop and the hidden-state capture."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+
+
+class MHALayout(NamedTuple):
+    """What an ``MHAKVPool`` for a model must look like."""
+
+    layer_num: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+
+
+class MLALayout(NamedTuple):
+    """What an ``MLAKVPool`` for a model must look like."""
+
+    layer_num: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+
+KVLayout = MHALayout | MLALayout
+
+
+class TargetHidden(NamedTuple):
+    """What a target's layers produce for the runner.
+
+    ``hidden``: (num_tokens, H) the final norm's output, i.e. the lm_head input — the feature
+    EAGLE-1 heads and MTP layers were trained on. ``aux``: (num_tokens, n·H) the inputs of the
+    capture layers, concatenated in the configured order (EAGLE-3), or None.
+    """
+
+    hidden: torch.Tensor
+    aux: torch.Tensor | None
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's capture layers: the inputs of layers 2, L/2 and L−3 (SafeAILab, SGLang)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def check_aux_layer_ids(aux_layer_ids: Sequence[int], num_layers: int) -> tuple[int, ...]:
+    """The ids as a tuple; each is a layer whose input is captured (``num_layers``: the output)."""
+    ids = tuple(aux_layer_ids)
+    bad = [i for i in ids if not 0 <= i <= num_layers]
+    if bad:
+        raise ValueError(
+            f"aux hidden-state layers {bad} are outside 0..{num_layers} for a {num_layers}-layer"
+            f" target (layer i means the input of layer i; {num_layers} the last layer's output)"
+        )
+    return ids
+
+
+def run_decoder_stack(
+    embed_tokens: nn.Embedding,
+    layers: nn.ModuleList,
+    norm: RMSNorm,
+    rotary: RotaryEmbedding,
+    aux_layer_ids: tuple[int, ...],
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    ctx: AttentionContext,
+) -> TargetHidden:
+    # input_ids, positions: (num_tokens,)
+    h = embed_tokens(input_ids)
+    rope = rotary(positions, h.dtype)
+    captured: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        if i in aux_layer_ids:
+            captured[i] = h
+        h = layer(h, rope, ctx)
+    captured[len(layers)] = h
+    aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
+    return TargetHidden(norm(h), aux)

@@ -1,0 +1,149 @@
+"""Adapter: a checkpoint directory's safetensors (one file or a sharded index) and filling modules.
+
+Errors are ``ConfigurationError``s naming the directory or file, the tensor, and for shapes the
+expected and the found shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from eagletree.domain.errors import ConfigurationError
+
+INDEX_FILE = "model.safetensors.index.json"
+
+# Maps a checkpoint name to a module name, or to None for a tensor the module does not own.
+Rename = Callable[[str], str | None]
+
+
+class TensorFiles:
+    """Which file of a checkpoint directory holds each tensor (headers only; nothing is loaded)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._file_of: dict[str, Path] = {}
+        index = self.path / INDEX_FILE
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as error:
+                raise ConfigurationError(f"{index}: not a safetensors index ({error})") from error
+            for name, file in weight_map.items():
+                self._file_of[name] = self.path / file
+            missing = sorted({f for f in self._file_of.values() if not f.is_file()})
+            if missing:
+                raise ConfigurationError(f"{index}: lists missing shard(s) {missing[:3]}")
+            return
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            others = sorted(p.name for p in self.path.glob("*.bin"))
+            hint = f" (found {others[:2]}: convert them to safetensors)" if others else ""
+            raise ConfigurationError(f"{self.path}: no *.safetensors weights{hint}")
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    self._file_of[name] = file
+
+    def names(self) -> list[str]:
+        return list(self._file_of)
+
+    def file_of(self, name: str) -> Path:
+        return self._file_of[name]
+
+    def shapes(self, names: list[str]) -> dict[str, tuple[int, ...]]:
+        """The shape of each named tensor, read from the file headers (each file opened once)."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for file, file_names in self._group_by_file(names).items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name in file_names:
+                    shapes[name] = tuple(handle.get_slice(name).get_shape())
+        return shapes
+
+    def _group_by_file(self, names: list[str]) -> dict[Path, list[str]]:
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self._file_of[name], []).append(name)
+        return by_file
+
+    def read(self, names: list[str], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor on ``device``), opening each file once."""
+        for file, file_names in self._group_by_file(names).items():
+            with ExitStack() as stack:
+                handle: Any = stack.enter_context(
+                    safe_open(str(file), framework="pt", device=str(device))
+                )
+                for name in file_names:
+                    yield name, handle.get_tensor(name)
+
+
+def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter (tied ones once) and persistent buffer a checkpoint must fill."""
+    tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
+    persistent = module.state_dict(keep_vars=True)
+    for name, buffer in module.named_buffers():
+        if name in persistent:
+            tensors[name] = buffer
+    return tensors
+
+
+def fill_module(
+    module: nn.Module,
+    files: TensorFiles,
+    rename: Rename,
+    what: str,
+    optional: frozenset[str] = frozenset(),
+) -> None:
+    """Copy the checkpoint's tensors into ``module`` (converting dtype), checking every shape.
+
+    Every module tensor must be found exactly once, except ``optional`` ones (which the caller
+    has initialised); a checkpoint tensor that ``rename`` maps to no module tensor is an error
+    (a wrong architecture, usually).
+    """
+    expected = module_tensors(module)
+    device = next(iter(expected.values())).device if expected else torch.device("cpu")
+    source: dict[str, str] = {}
+    unknown: list[str] = []
+    for name in files.names():
+        target = rename(name)
+        if target is None:
+            continue
+        if target not in expected:
+            unknown.append(name)
+            continue
+        if target in source:
+            raise ConfigurationError(
+                f"{files.path}: tensors {source[target]!r} and {name!r} both fill {target!r}"
+            )
+        source[target] = name
+    if unknown:
+        raise ConfigurationError(
+            f"{files.path}: {len(unknown)} tensor(s) the {what} does not have, e.g. "
+            f"{sorted(unknown)[:5]} (is this checkpoint of the right architecture?)"
+        )
+    missing = sorted(set(expected) - set(source) - optional)
+    if missing:
+        raise ConfigurationError(
+            f"{files.path}: the {what} needs tensor(s) the checkpoint lacks: {missing[:8]}"
+            + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        )
+    shapes = files.shapes(list(source.values()))
+    for target, name in source.items():
+        got = shapes[name]
+        want = tuple(expected[target].shape)
+        if got != want:
+            raise ConfigurationError(
+                f"{files.file_of(name)}: tensor {name!r} has shape {list(got)}, the {what}"
+                f" expects {list(want)}"
+            )
+    by_name = {name: target for target, name in source.items()}
+    with torch.no_grad():
+        for name, tensor in files.read(list(by_name), device):
+            expected[by_name[name]].copy_(tensor)
