@@ -78,6 +78,14 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last one is the newest
         self.stats = SchedulerStats()
 
+    @property
+    def allocator(self) -> TokenSlotAllocator:
+        return self._allocator
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self._req_to_token_pool
+
     # -- capacity --------------------------------------------------------------------------------
 
     def slots_needed(self, max_total_len: int) -> int:

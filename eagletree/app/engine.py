@@ -1,0 +1,317 @@
+"""Engine: continuous-batching generation over a worker and the scheduler; `generate`, stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from eagletree.app.scheduler import Scheduler
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.domain.request import (
+    AcceptanceStats,
+    FinishReason,
+    Request,
+    RequestStatus,
+    SamplingParams,
+)
+
+if TYPE_CHECKING:
+    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.workers.step import StepOutput, Worker
+    from eagletree.config.settings import EngineSettings
+    from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
+    from eagletree.ports.model import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """Seconds from a request's arrival: queueing, first token, total; decode throughput."""
+
+    queue_s: float
+    time_to_first_token_s: float
+    latency_s: float
+    decode_tokens_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """What one request produced; ``acceptance`` is None without speculation."""
+
+    request_id: int
+    prompt_ids: tuple[int, ...]
+    output_ids: list[int]
+    finish_reason: FinishReason
+    timings: RequestTimings
+    num_retractions: int = 0
+    acceptance: AcceptanceStats | None = None
+
+    @staticmethod
+    def of(request: Request) -> GenerationResult:
+        times = request.times
+        assert request.finish_reason is not None and times.finished is not None, request
+        admitted = times.first_admitted if times.first_admitted is not None else times.finished
+        first = times.first_token if times.first_token is not None else times.finished
+        decode_s = times.finished - first
+        num_decoded = max(len(request.output_ids) - 1, 0)
+        return GenerationResult(
+            request_id=request.request_id,
+            prompt_ids=request.prompt_ids,
+            output_ids=list(request.output_ids),
+            finish_reason=request.finish_reason,
+            timings=RequestTimings(
+                queue_s=admitted - times.arrival,
+                time_to_first_token_s=first - times.arrival,
+                latency_s=times.finished - times.arrival,
+                decode_tokens_per_s=num_decoded / decode_s if decode_s > 0 else 0.0,
+            ),
+            num_retractions=request.num_retractions,
+            acceptance=(
+                AcceptanceStats.from_counts(request.emitted_per_step)
+                if request.emitted_per_step
+                else None
+            ),
+        )
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters since the engine was built; ``busy_s`` is the time spent inside ``step``."""
+
+    num_steps: int = 0
+    num_forwards: int = 0
+    num_prefill_tokens: int = 0  # prompt tokens computed, recomputation after retract included
+    num_generated_tokens: int = 0
+    num_retracted: int = 0
+    num_aborted: int = 0
+    num_finished: int = 0
+    busy_s: float = 0.0
+    emitted_per_step: list[int] = field(default_factory=list)
+
+    @property
+    def generated_tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.busy_s if self.busy_s > 0 else 0.0
+
+    @property
+    def acceptance(self) -> AcceptanceStats | None:
+        return AcceptanceStats.from_counts(self.emitted_per_step) if self.emitted_per_step else None
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """Progress after one step, for displays: ``generate(..., on_step=...)``."""
+
+    step: int
+    num_running: int
+    num_waiting: int
+    num_generated_tokens: int
+    num_finished: int
+    elapsed_s: float
+
+
+class Engine:
+    """Generates for many requests at once: new requests prefill while running ones decode."""
+
+    def __init__(
+        self,
+        worker: Worker,
+        allocator: TokenSlotAllocator,
+        req_to_token_pool: ReqToTokenPool,
+        *,
+        vocab_size: int,
+        max_context_len: int,
+        max_running_requests: int,
+        eos_token_ids: Collection[int] = (),
+        max_prefill_tokens: int = 16_384,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._worker = worker
+        self._scheduler = Scheduler(
+            allocator,
+            req_to_token_pool,
+            max_running_requests=max_running_requests,
+            reserve_per_step=worker.reserve_per_step,
+            max_prefill_tokens=max_prefill_tokens,
+            clock=clock,
+        )
+        self.vocab_size = vocab_size
+        self.max_context_len = max_context_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._clock = clock
+        self._next_request_id = 0
+        self.stats = EngineStats()
+
+    @staticmethod
+    def non_speculative(
+        runner: ModelRunner,
+        allocator: TokenSlotAllocator,
+        *,
+        max_context_len: int,
+        max_running_requests: int,
+        eos_token_ids: Collection[int] = (),
+        max_prefill_tokens: int = 16_384,
+    ) -> Engine:
+        """An engine that decodes one token per step with ``runner`` (and its pools)."""
+        return Engine(
+            NonSpeculativeWorker(runner),
+            allocator,
+            runner.req_to_token_pool,
+            vocab_size=runner.vocab_size,
+            max_context_len=max_context_len,
+            max_running_requests=max_running_requests,
+            eos_token_ids=eos_token_ids,
+            max_prefill_tokens=max_prefill_tokens,
+        )
+
+    @staticmethod
+    def from_settings(settings: EngineSettings) -> Engine:
+        """Load the target checkpoint named by the settings and wire an engine around it."""
+        from eagletree.app.engine_factory import engine_from_settings
+
+        return engine_from_settings(settings)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self._scheduler
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+        """Queue one request (validated as ``generate`` does); returns its live state."""
+        request_id = self._next_request_id
+        self._validate_prompt(request_id, prompt_ids, params.max_new_tokens)
+        request = Request(request_id, prompt_ids, params, self.max_context_len, self._clock())
+        self._scheduler.add(request)
+        self._next_request_id += 1
+        return request
+
+    def abort(self, request_id: int) -> bool:
+        """Abort a queued or running request; it finishes with ABORT at the next step."""
+        return self._scheduler.abort(request_id)
+
+    def has_work(self) -> bool:
+        return self._scheduler.has_work()
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def step(self) -> list[Request]:
+        """One iteration: schedule, run the worker, commit its tokens, release what finished."""
+        started = self._clock()
+        plan = self._scheduler.schedule()
+        self.stats.num_prefill_tokens += sum(r.num_tokens for r in plan.prefill)
+        if not plan.is_empty:
+            self._commit(self._worker.step(plan))
+        finished = plan.released + self._scheduler.release_finished()
+        self._count(plan, finished, started)
+        return finished
+
+    def _commit(self, output: StepOutput) -> None:
+        """Read the step's tokens back once, append them, apply EOS / stop / length."""
+        columns = [
+            output.tokens,
+            output.num_emitted.unsqueeze(1),
+            output.num_committed.unsqueeze(1),
+        ]
+        # SYNC: the host needs the sampled tokens to check stop conditions; one copy per step
+        rows = torch.cat(columns, dim=1).tolist()
+        now = self._clock()
+        for request, row in zip(output.requests, rows, strict=True):
+            *tokens, num_emitted, num_committed = row
+            if request.finish_reason is None:  # aborted mid-step: the tokens are dropped
+                kept = request.append_tokens(tokens[:num_emitted], self.eos_token_ids, now)
+                self.stats.num_generated_tokens += kept
+            # a path cut at EOS or max_new_tokens commits no KV past the request's last token
+            request.commit(min(num_committed, request.num_tokens - request.committed_len))
+        self.stats.num_forwards += output.num_forwards
+
+    def _count(self, plan: SchedulePlan, finished: list[Request], started: float) -> None:
+        self.stats.num_steps += 1
+        self.stats.num_retracted += len(plan.retracted)
+        self.stats.num_finished += len(finished)
+        self.stats.num_aborted += sum(r.finish_reason is FinishReason.ABORT for r in finished)
+        for request in finished:
+            self.stats.emitted_per_step.extend(request.emitted_per_step)
+        self.stats.busy_s += self._clock() - started
+
+    # -- generate ------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token_ids: Collection[int] | None = None,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate for every prompt; results in prompt order.
+
+        Greedy when ``temperature`` is 0. With ``seed`` request i samples with seed
+        ``seed + i``, so its output does not depend on the other prompts of the call. A request
+        stops at an EOS token of the model, one of ``stop_token_ids`` (both kept in the output),
+        ``max_new_tokens``, or the context length. Raises ValueError naming the first bad
+        request before anything is queued.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        params = [
+            SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=None if seed is None else seed + index,
+                stop_token_ids=frozenset(stop_token_ids or ()),
+            )
+            for index in range(len(prompts))
+        ]
+        for index, prompt in enumerate(prompts):
+            self._validate_prompt(index, prompt, max_new_tokens)
+        requests = [self.submit(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+        started = self._clock()
+        generated_before = self.stats.num_generated_tokens
+        while any(r.status is not RequestStatus.FINISHED for r in requests):
+            self.step()
+            if on_step is not None:
+                on_step(
+                    StepReport(
+                        step=self.stats.num_steps,
+                        num_running=len(self._scheduler.running),
+                        num_waiting=len(self._scheduler.waiting),
+                        num_generated_tokens=self.stats.num_generated_tokens - generated_before,
+                        num_finished=sum(r.status is RequestStatus.FINISHED for r in requests),
+                        elapsed_s=self._clock() - started,
+                    )
+                )
+        return [GenerationResult.of(r) for r in requests]
+
+    def _validate_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
+        if len(prompt) == 0:
+            raise ValueError(f"request {index}: the prompt is empty")
+        if len(prompt) >= self.max_context_len:
+            raise ValueError(
+                f"request {index}: the prompt has {len(prompt)} tokens but the context holds "
+                f"{self.max_context_len} (prompt and output), which leaves no room for output"
+            )
+        for position, token in enumerate(prompt):
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise ValueError(
+                    f"request {index}: token {token!r} at position {position} is not an int"
+                )
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(
+                    f"request {index}: token id {token} at position {position} is outside the "
+                    f"vocabulary [0, {self.vocab_size})"
+                )
+        max_total_len = min(len(prompt) + max_new_tokens, self.max_context_len)
+        problem = self._scheduler.capacity_problem(max_total_len)
+        if problem is not None:
+            raise ValueError(
+                f"request {index}: {problem}; raise memory.max_total_tokens, the context or "
+                "the row width, or lower max_new_tokens"
+            )

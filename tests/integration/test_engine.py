@@ -1,0 +1,301 @@
+"""Engine end to end: greedy parity (fake runner; Llama vs transformers), stop conditions,
+seeded sampling, retract and abort without leaks, and input validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eagletree.app.engine import Engine, GenerationResult, StepReport
+from eagletree.domain.batch import ForwardMode
+from eagletree.domain.request import FinishReason, SamplingParams
+from tests.fakes import FakeRunner, fake_engine_parts
+
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11], [12]]
+
+
+def fake_engine(
+    pool_size: int = 512,
+    max_running: int = 8,
+    context: int = 48,
+    eos_token_ids: tuple[int, ...] = (),
+    seed: int = 0,
+) -> tuple[Engine, FakeRunner]:
+    runner, allocator = fake_engine_parts(pool_size=pool_size, row_width=context + 4, seed=seed)
+    engine = Engine.non_speculative(
+        runner,
+        allocator,
+        max_context_len=context,
+        max_running_requests=max_running,
+        eos_token_ids=eos_token_ids,
+    )
+    return engine, runner
+
+
+def slots_in_use(engine: Engine) -> int:
+    allocator = engine.scheduler.allocator
+    return allocator.size - allocator.available_size()
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
+def test_greedy_output_equals_the_reference_decode_for_ragged_batches(batch_size: int) -> None:
+    engine, runner = fake_engine()
+    prompts = PROMPTS[:batch_size]
+    results = engine.generate(prompts, max_new_tokens=10)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.output_ids == runner.greedy_reference(prompt, 10)
+        assert result.finish_reason is FinishReason.LENGTH
+        assert result.prompt_ids == tuple(prompt)
+    assert slots_in_use(engine) == 0
+    assert engine.stats.num_generated_tokens == 10 * batch_size
+
+
+def test_requests_arriving_later_prefill_while_earlier_ones_decode() -> None:
+    engine, runner = fake_engine()
+    first = engine.submit(PROMPTS[0], _params(6))
+    engine.step()
+    engine.step()
+    second = engine.submit(PROMPTS[1], _params(6))
+    engine.step()
+    assert [r.mode for r in runner.records[-2:]] == [ForwardMode.EXTEND, ForwardMode.DECODE]
+    while engine.has_work():
+        engine.step()
+    assert first.output_ids == runner.greedy_reference(PROMPTS[0], 6)
+    assert second.output_ids == runner.greedy_reference(PROMPTS[1], 6)
+
+
+def test_eos_and_stop_token_ids_end_a_request_and_are_kept() -> None:
+    probe, _ = fake_engine()
+    reference = probe.generate([PROMPTS[2]], max_new_tokens=12)[0].output_ids
+    eos = reference[4]
+    first_eos = reference.index(eos)
+    engine, _ = fake_engine(eos_token_ids=(eos,))
+    [result] = engine.generate([PROMPTS[2]], max_new_tokens=12)
+    assert result.output_ids == reference[: first_eos + 1]
+    assert result.finish_reason is FinishReason.EOS
+    [result] = probe.generate([PROMPTS[2]], max_new_tokens=12, stop_token_ids=[eos])
+    assert result.output_ids == reference[: first_eos + 1]
+    assert result.finish_reason is FinishReason.STOP
+
+
+def test_a_request_stops_at_the_context_length() -> None:
+    engine, runner = fake_engine(context=10)
+    [result] = engine.generate([PROMPTS[2]], max_new_tokens=50)
+    assert len(result.prompt_ids) + len(result.output_ids) == 10
+    assert result.output_ids == runner.greedy_reference(PROMPTS[2], 4)
+    assert result.finish_reason is FinishReason.LENGTH
+
+
+def test_seeded_sampling_does_not_depend_on_the_other_requests_of_the_batch() -> None:
+    engine, _ = fake_engine()
+    together = engine.generate(PROMPTS, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=7)
+    # request 2 of the call samples with seed 7 + 2, whatever shares its batches
+    alone = fake_engine()[0].generate([PROMPTS[2]], 12, temperature=1.0, top_p=0.9, seed=9)
+    assert alone[0].output_ids == together[2].output_ids
+    again = fake_engine()[0].generate(PROMPTS, 12, temperature=1.0, top_p=0.9, seed=7)
+    assert [r.output_ids for r in again] == [r.output_ids for r in together]
+    other = fake_engine()[0].generate(PROMPTS, 12, temperature=1.0, top_p=0.9, seed=8)
+    assert [r.output_ids for r in other] != [r.output_ids for r in together]
+
+
+def test_sampling_with_top_k_1_or_a_tiny_top_p_is_greedy() -> None:
+    engine, runner = fake_engine()
+    for results in (
+        engine.generate(PROMPTS, 8, temperature=2.0, top_k=1, seed=1),
+        engine.generate(PROMPTS, 8, temperature=2.0, top_p=1e-6, seed=1),
+    ):
+        assert [r.output_ids for r in results] == [runner.greedy_reference(p, 8) for p in PROMPTS]
+
+
+def test_sampled_tokens_stay_inside_the_top_k_of_the_reference_distribution() -> None:
+    engine, runner = fake_engine()
+    [result] = engine.generate([PROMPTS[0]], 16, temperature=1.5, top_k=3, seed=3)
+    tokens = list(PROMPTS[0])
+    for token in result.output_ids:
+        allowed = torch.topk(runner.reference_logits(tokens), 3).indices.tolist()
+        assert token in allowed
+        tokens.append(token)
+    assert len(set(result.output_ids)) > 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_retract_with_a_pool_too_small_gives_the_unconstrained_outputs_and_frees_every_slot(
+    temperature: float,
+) -> None:
+    prompts = [[i + 1, i + 2, i + 3, i + 4] for i in range(4)]
+    roomy, _ = fake_engine()
+    expected = roomy.generate(prompts, max_new_tokens=14, temperature=temperature, seed=5)
+    # 4 requests of up to 18 tokens need 72 slots at the end; the pool has 40
+    tight, _ = fake_engine(pool_size=40)
+    free_at_start = tight.scheduler.allocator.available_size()
+    results = tight.generate(prompts, max_new_tokens=14, temperature=temperature, seed=5)
+    assert [r.output_ids for r in results] == [r.output_ids for r in expected]
+    assert tight.stats.num_retracted > 0
+    assert sum(r.num_retractions for r in results) == tight.stats.num_retracted
+    assert tight.scheduler.allocator.available_size() == free_at_start
+    assert tight.scheduler.req_to_token_pool.available_size() == 8
+
+
+def test_abort_from_a_progress_callback_ends_the_request_and_frees_its_slots() -> None:
+    engine, runner = fake_engine()
+    reports: list[StepReport] = []
+
+    def on_step(report: StepReport) -> None:
+        reports.append(report)
+        if report.step == 3:
+            assert engine.abort(1)
+
+    results = engine.generate(PROMPTS[:3], max_new_tokens=10, on_step=on_step)
+    assert results[1].finish_reason is FinishReason.ABORT
+    assert results[1].output_ids == runner.greedy_reference(PROMPTS[1], 3)
+    assert [r.finish_reason for r in (results[0], results[2])] == [FinishReason.LENGTH] * 2
+    assert engine.stats.num_aborted == 1
+    assert slots_in_use(engine) == 0
+    assert reports[-1].num_finished == 3
+    assert [r.step for r in reports] == list(range(1, len(reports) + 1))
+
+
+def test_results_carry_timings_in_order() -> None:
+    engine, _ = fake_engine()
+    [result] = engine.generate([PROMPTS[0]], max_new_tokens=5)
+    timings = result.timings
+    assert 0 <= timings.queue_s <= timings.time_to_first_token_s <= timings.latency_s
+    assert isinstance(result, GenerationResult) and result.acceptance is None
+    assert engine.stats.generated_tokens_per_s > 0
+
+
+@pytest.mark.parametrize(
+    ("prompts", "max_new_tokens", "message"),
+    [
+        ([[1, 2], []], 4, r"request 1: the prompt is empty"),
+        ([[1] * 48], 4, r"request 0: the prompt has 48 tokens but the context holds 48"),
+        ([[1, 2]], 0, r"max_new_tokens must be >= 1, got 0"),
+        ([[1, 2], [3, 32]], 4, r"request 1: token id 32 at position 1 is outside the vocab"),
+        ([[1, -1]], 4, r"request 0: token id -1 at position 1 is outside the vocabulary"),
+        ([[1, 2], [3, 4]], 200, r"request 0: needs up to 48 KV slots .* pool has 40"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_request_and_queues_nothing(
+    prompts: list[list[int]], max_new_tokens: int, message: str
+) -> None:
+    engine, _ = fake_engine(pool_size=40)
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompts, max_new_tokens=max_new_tokens)
+    assert not engine.has_work()
+
+
+def _params(max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens)
+
+
+# -- a Llama target against transformers ------------------------------------------------------
+
+HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "gqa-untied": {"num_attention_heads": 4, "num_key_value_heads": 2, "tie": False},
+    "mha-tied": {"num_attention_heads": 4, "num_key_value_heads": 4, "tie": True},
+}
+
+
+@pytest.fixture(scope="module", params=list(HF_CONFIGS))
+def hf_checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Path]:
+    """A random tiny HF Llama (fp32) saved with save_pretrained, and the HF model itself."""
+    transformers = pytest.importorskip("transformers")
+    shape: dict[str, Any] = HF_CONFIGS[request.param]
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=112,
+        num_hidden_layers=2,
+        num_attention_heads=shape["num_attention_heads"],
+        num_key_value_heads=shape["num_key_value_heads"],
+        max_position_embeddings=128,
+        tie_word_embeddings=shape["tie"],
+        rope_theta=500.0,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    path = tmp_path_factory.mktemp(f"llama-{request.param}")
+    model.save_pretrained(path)
+    return model, path
+
+
+def llama_engine(path: Path, pool_size: int = 512, max_running: int = 4) -> Engine:
+    from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
+    from eagletree.adapters.memory.mha_pool import MHAKVPool
+    from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
+    from eagletree.adapters.memory.row_movers import TorchRowMover
+    from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
+    from eagletree.adapters.models.loading import load_target
+    from eagletree.adapters.models.runner import TargetModelRunner
+    from eagletree.adapters.models.stack import MHALayout
+
+    model = load_target(path, torch.float32, "cpu")
+    layout = model.kv_layout
+    assert isinstance(layout, MHALayout)
+    kv_pool = MHAKVPool(
+        size=pool_size,
+        layer_num=layout.layer_num,
+        kv_heads=layout.kv_heads,
+        head_dim=layout.head_dim,
+        v_head_dim=layout.v_head_dim,
+        dtype=torch.float32,
+        device="cpu",
+        mover=TorchRowMover(),
+    )
+    table = TensorReqToTokenPool(max_running, 128 + 8, "cpu")
+    runner = TargetModelRunner(model, kv_pool, table, TorchAttentionBackend(kv_pool, table))
+    return Engine.non_speculative(
+        runner,
+        DeviceSlotAllocator(pool_size, "cpu"),
+        max_context_len=128,
+        max_running_requests=max_running,
+    )
+
+
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    output = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+    )
+    tokens: list[int] = output[0, len(prompt) :].tolist()
+    return tokens
+
+
+def ragged_prompts(batch_size: int, seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [1, 9, 4, 15][:batch_size]
+    return [torch.randint(0, 96, (n,), generator=generator).tolist() for n in lengths]
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
+def test_engine_greedy_output_equals_transformers_generate(
+    hf_checkpoint: tuple[Any, Path], batch_size: int
+) -> None:
+    hf_model, path = hf_checkpoint
+    prompts = ragged_prompts(batch_size, seed=batch_size)
+    results = llama_engine(path).generate(prompts, max_new_tokens=10)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.output_ids == hf_greedy(hf_model, prompt, 10)
+
+
+@pytest.mark.hf
+def test_llama_retract_under_a_tight_pool_keeps_the_transformers_output(
+    hf_checkpoint: tuple[Any, Path],
+) -> None:
+    hf_model, path = hf_checkpoint
+    prompts = ragged_prompts(4, seed=11)
+    engine = llama_engine(path, pool_size=48)  # 4 requests grow to 1+9+4+15 + 4·10 = 69 tokens
+    results = engine.generate(prompts, max_new_tokens=10)
+    assert engine.stats.num_retracted > 0
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.output_ids == hf_greedy(hf_model, prompt, 10)
+    assert engine.scheduler.allocator.available_size() == 48
