@@ -41,11 +41,13 @@ def accepted_move_plan(
 
 
 def compact_to_front(
-    x: torch.Tensor, accept_index: torch.Tensor, num_draft_tokens: int
+    x: torch.Tensor, accept_index: torch.Tensor, num_draft_tokens: int, *, inplace: bool = False
 ) -> torch.Tensor:
     """Copy of node-indexed ``x`` (bs·N, …) whose rows ``b·N + t`` hold ``x[accept_index[b, t]]``.
 
-    Rows past a request's path keep their own content (never read downstream).
+    Rows past a request's path keep their own content (never read downstream). With
+    ``inplace=True`` the S+1 path rows per request are gathered first and written back into
+    ``x`` itself, which avoids copying all bs·N rows (the hidden states are the large case).
     """
     bs, width = accept_index.shape
     n = num_draft_tokens
@@ -54,8 +56,9 @@ def compact_to_front(
     dst = torch.arange(bs, device=accept_index.device).unsqueeze(1) * n + step  # (bs, rows)
     path = accept_index[:, :rows].long()
     src = torch.where(path >= 0, path, dst)
-    out = x.clone()
-    out[dst.flatten()] = x[src.flatten()]
+    path_rows = x[src.flatten()]  # gathered before any write: sources and targets overlap
+    out = x if inplace else x.clone()
+    out[dst.flatten()] = path_rows
     return out
 
 

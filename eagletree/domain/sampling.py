@@ -27,18 +27,19 @@ def probs_from_logits(
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     probs = torch.softmax(logits / safe_t.unsqueeze(1), dim=1)
     if top_k is not None or top_p is not None:
+        # SGLang's order: keep the top k, renormalise, then keep the top-p nucleus of that
         sorted_p, order = torch.sort(probs, dim=1, descending=True, stable=True)
-        keep = torch.ones_like(sorted_p, dtype=torch.bool)
         rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
         if top_k is not None:
             k = torch.where(top_k <= 0, vocab, top_k).unsqueeze(1)
-            keep &= rank < k
+            sorted_p = torch.where(rank < k, sorted_p, 0.0)
+            sorted_p = sorted_p / sorted_p.sum(dim=1, keepdim=True)
         if top_p is not None:
             mass_before = torch.cumsum(sorted_p, dim=1) - sorted_p
-            keep &= (mass_before < top_p.unsqueeze(1).float()) | (rank == 0)
-        kept = torch.zeros_like(probs).scatter_(1, order, keep.to(probs.dtype))
-        probs = probs * kept
-        probs = probs / probs.sum(dim=1, keepdim=True)
+            in_nucleus = (mass_before < top_p.unsqueeze(1).float()) | (rank == 0)
+            sorted_p = torch.where(in_nucleus, sorted_p, 0.0)
+            sorted_p = sorted_p / sorted_p.sum(dim=1, keepdim=True)
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)
 

@@ -116,7 +116,7 @@ def verify_tree_sampling(
     """
     bs, n = candidates.shape
     device = candidates.device
-    probs = target_probs.reshape(bs, n, -1)  # (bs, N, V)
+    probs = target_probs.reshape(bs, n, target_probs.shape[-1])  # (bs, N, V)
     vocab = probs.shape[2]
     parent, hops = sibling_structure(retrieve_next_token, retrieve_next_sibling)
     tokens = candidates.long().clamp(min=0)

@@ -191,3 +191,21 @@ def test_an_empty_batch_plans_no_moves_and_compacts_nothing(device: str) -> None
     assert compact_to_front(hidden, accept_index, n).shape == (0, 5)
     predict = torch.empty(0, dtype=torch.int32, device=device)
     assert bonus_tokens(predict, accept_index, accept_length).shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=60, deadline=None)
+@given(trees=tree_batches(), seed=st.integers(0, 2**31 - 1))
+def test_inplace_compaction_writes_the_same_path_rows_into_its_input(
+    device: str, trees: TreeBatch, seed: int
+) -> None:
+    bs, n, steps = len(trees.parents), trees.num_draft_tokens, trees.num_steps
+    gen = torch.Generator().manual_seed(seed)
+    accept_index, _ = accept_tensors(trees.paths, n, steps, device)
+    hidden = torch.randn((bs * n, 3), generator=gen).to(device)
+    expected = compact_to_front(hidden, accept_index, num_draft_tokens=n)
+    out = compact_to_front(hidden, accept_index, num_draft_tokens=n, inplace=True)
+    assert out.data_ptr() == hidden.data_ptr()
+    for b, path in enumerate(trees.paths):
+        rows = slice(b * n, b * n + len(path))
+        assert torch.equal(out[rows], expected[rows])
