@@ -72,6 +72,8 @@ class TritonRowMover:
         num_moves = tgt.numel()
         if num_moves == 0 or len(buffers) == 0:
             return
+        if tgt.device.type == "cpu" and not kv_move.can_run_on(tgt.device):
+            raise RuntimeError("TritonRowMover on CPU tensors needs TRITON_INTERPRET=1 at import")
         prepared = self._prepare(buffers)
         table = prepared.table
         tgt, src = tgt.contiguous(), src.contiguous()

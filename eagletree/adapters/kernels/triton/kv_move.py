@@ -209,6 +209,11 @@ def _move_through_scratch_kernel(
         tl.debug_barrier()  # scratch is reused by the next item only after every thread is done
 
 
+def can_run_on(device: torch.device) -> bool:
+    """CUDA always; CPU tensors only when the kernels were defined under TRITON_INTERPRET=1."""
+    return device.type != "cpu" or not isinstance(_move_tiles_kernel, triton.runtime.JITFunction)
+
+
 def _word(table: RowTable) -> tl.dtype:
     return _WORD_DTYPES[table.word_bytes][1]
 
