@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from eagletree.adapters.attention.flash_varlen import VarlenKernel
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
@@ -233,7 +234,10 @@ def make_case(
     seq_lens = torch.tensor(prefix_lens, dtype=torch.int64)
     tree: DraftTree | None = None
     spec: TargetVerifySpec | DraftDecodeSpec | DraftExtendSpec | None = None
-    positions = torch.cat([torch.arange(n) + p for p, n in zip(prefix_lens, new_lens, strict=True)])
+    positions = torch.cat(
+        [torch.arange(n) + p for p, n in zip(prefix_lens, new_lens, strict=True)]
+        + [torch.empty(0, dtype=torch.int64)]
+    )
     if mode is ForwardMode.TARGET_VERIFY and bs:
         tree = random_tree(
             bs, topk, depth + 1, num_draft_tokens, seq_lens.to(device), mask_mode, gen
@@ -312,7 +316,7 @@ def naive_attention(case: AttentionCase) -> torch.Tensor:
                     scale=layer.scaling,
                 ).view(-1)
         token += len(tails)
-    return out.view(batch.num_tokens, -1)
+    return out.view(batch.num_tokens, layer.num_q_heads * layer.v_head_dim)
 
 
 def _tail_lists(case: AttentionCase, b: int, first_token: int) -> list[list[int]]:
@@ -344,3 +348,51 @@ def _tail_lists(case: AttentionCase, b: int, first_token: int) -> list[list[int]
     topk = batch.spec.topk
     ancestors = batch.spec.ancestor_slots.cpu().tolist()
     return [ancestors[b * topk + j] + [slots[first_token + j]] for j in range(topk)]
+
+
+def emulated_flash_varlen(lse_layout: str) -> VarlenKernel:
+    """A torch stand-in for FlashAttention-2's varlen forward (bottom-right causal mask, GQA,
+    +inf LSE on rows without keys), returning the LSE ``"padded"`` (bs, H, max_q) or
+    ``"packed"`` (H, total_q), the two layouts FlashAttention versions use."""
+
+    def run(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_q: torch.Tensor,
+        cu_k: torch.Tensor,
+        max_q: int,
+        max_k: int,
+        scale: float,
+        causal: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
+        assert cu_q.dtype == cu_k.dtype == torch.int32
+        total_q, num_heads, _ = q.shape
+        group = num_heads // k.shape[1]
+        bs = cu_q.numel() - 1
+        o = torch.zeros(total_q, num_heads, v.shape[2], dtype=q.dtype)
+        padded = torch.full((bs, num_heads, max_q), float("inf"))
+        packed = torch.full((num_heads, total_q), float("inf"))
+        starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+        for b in range(bs):
+            q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
+            sq, sk = q1 - q0, k1 - k0
+            assert sq <= max_q and sk <= max_k and k1 <= k.shape[0]
+            if sq == 0:
+                continue
+            keys = k[k0:k1].float().repeat_interleave(group, dim=1)
+            values = v[k0:k1].float().repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), keys) * scale
+            if causal:
+                allowed = torch.arange(sk).view(1, -1) <= torch.arange(sq).view(-1, 1) + sk - sq
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)  # (H, sq)
+            probs = torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, scores.softmax(-1))
+            o[q0:q1] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+            lse = torch.where(torch.isneginf(lse), float("inf"), lse)
+            padded[b, :, :sq] = lse
+            packed[:, q0:q1] = lse
+        return o, padded if lse_layout == "padded" else packed
+
+    return run

@@ -81,6 +81,7 @@ class PlanBuffers:
 
     def _allocate(self, capacity: int) -> None:
         self.capacity = capacity
+        # qo_indptr[0] stays 0: the fills below write only [1:] or whole prefixes starting at 0
         self.qo_indptr = torch.zeros(capacity + 1, dtype=torch.int64, device=self._device)
         self.query_lens = torch.zeros(capacity, dtype=torch.int64, device=self._device)
         self._steps = torch.arange(capacity + 1, dtype=torch.int64, device=self._device)
@@ -99,7 +100,6 @@ class PlanBuffers:
         self._ensure(bs)
         qo_indptr, query_lens = self.qo_indptr[: bs + 1], self.query_lens[:bs]
         query_lens.copy_(lens)
-        qo_indptr[0] = 0
         torch.cumsum(query_lens, dim=0, out=qo_indptr[1:])
         return qo_indptr, query_lens
 

@@ -1,0 +1,342 @@
+"""Contract tests of AttentionBackend: every adapter against the torch reference, in every mode.
+
+CPU: the torch reference everywhere, Triton under ``TRITON_INTERPRET=1`` (fp32/fp16, small
+shapes). CUDA: the same tests natively for torch, Triton and FlashAttention, plus bf16 and a
+host-sync check. The reference itself is checked against a naive per-query SDPA loop.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
+from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
+from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
+from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.tree import TreeMaskMode
+from eagletree.ports.attention import AttentionBackend
+from tests.conftest import requires_cuda, requires_triton
+from tests.contracts.attention_cases import (
+    AttentionCase,
+    Shape,
+    emulated_flash_varlen,
+    make_case,
+    naive_attention,
+)
+
+# "flash-emulated": the FlashAttention backend with a torch stand-in for the FlashAttention call,
+# so that its gather, cascade and merge run on CPU too (both LSE layouts FA versions return)
+BACKENDS = ["torch", "triton", "flash", "flash-emulated"]
+MODES: list[ForwardMode] = [m for m in ForwardMode if m is not ForwardMode.IDLE]
+# (atol, rtol) against the fp32 reference; the kernels round their output to the input dtype
+TOLERANCE = {
+    torch.float32: (2e-5, 2e-5),
+    torch.float16: (3e-3, 3e-3),
+    torch.bfloat16: (2.5e-2, 2.5e-2),
+}
+CPU_SHAPES = {  # head_dim 64 and 128, GQA ratios 1, 4 and 8, and a small MLA (latent 32 + rope 16)
+    "mha-r1-d64": Shape(2, 2, 64, 64),
+    "gqa-r4-d64": Shape(8, 2, 64, 64),
+    "gqa-r8-d128": Shape(8, 1, 128, 128),
+    "mla-32+16": Shape.mla(4, 32, 16),
+}
+GPU_SHAPES = {**CPU_SHAPES, "mla-512+64": Shape.mla(16, 512, 64)}
+
+Factory = Callable[[AttentionCase], AttentionBackend]
+
+
+def backend_factory(name: str, device: torch.device, **options: int) -> Factory:
+    """A constructor of the named backend for ``device``, or a skip when it cannot run there."""
+    if name == "triton":
+        requires_triton(device)
+        return lambda case: TritonAttentionBackend(case.pool, case.req_to_token, **options)
+    if name == "flash":
+        if device.type != "cuda":
+            pytest.skip("FlashAttention runs on CUDA only")
+        return lambda case: FlashAttentionBackend(case.pool, case.req_to_token)
+    if name == "flash-emulated":
+        if device.type != "cpu":
+            pytest.skip("the emulation runs on CPU; CUDA runs the real kernels")
+        requires_triton(device)  # the KV gather is a Triton kernel
+
+        def emulated(case: AttentionCase) -> AttentionBackend:
+            layout = "padded" if case.batch.batch_size % 2 else "packed"
+            kernel = emulated_flash_varlen(layout)
+            return FlashAttentionBackend(case.pool, case.req_to_token, varlen_kernel=kernel)
+
+        return emulated
+    return lambda case: TorchAttentionBackend(case.pool, case.req_to_token)
+
+
+def run(backend: AttentionBackend, case: AttentionCase, save_kv: bool = True) -> torch.Tensor:
+    backend.init_forward_metadata(case.batch)
+    return backend.forward(case.q, case.k, case.v, case.layer, case.batch, save_kv=save_kv)
+
+
+def reference_output(twin: AttentionCase) -> torch.Tensor:
+    """The torch reference's output on ``twin``, an identical copy of the case under test."""
+    return run(TorchAttentionBackend(twin.pool, twin.req_to_token), twin).float()
+
+
+def random_case(
+    mode: ForwardMode,
+    shape: Shape,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    bs: int | None = None,
+    **extra: object,
+) -> AttentionCase:
+    """A random batch: bs 0..5, prefixes 0, 1 or ragged, k in {1, 2, 4}, N 1..16, valid trees."""
+    rng = random.Random(seed)
+    bs = rng.randint(0, 5) if bs is None else bs
+    prefix_lens = [rng.choice([0, 1, rng.randint(2, 45)]) for _ in range(bs)]
+    topk = rng.choice([1, 2, 4])
+    depth = rng.randint(0, 2)
+    num_candidates = topk + depth * topk * topk  # k + (S−1)·k² with S = depth + 1 steps
+    options: dict[str, object] = {
+        "num_draft_tokens": rng.randint(1, min(16, num_candidates + 1)),
+        "topk": topk,
+        "depth": depth,
+        "mask_mode": rng.choice(list(TreeMaskMode)),
+    }
+    if mode is ForwardMode.EXTEND:
+        options["extend_lens"] = [rng.choice([0, 1, rng.randint(2, 9)]) for _ in range(bs)]
+    if mode is ForwardMode.DRAFT_EXTEND:
+        options["num_draft_tokens"] = rng.randint(1, 16)
+    options.update(extra)
+    return make_case(
+        mode,
+        shape,
+        prefix_lens,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def random_twins(*args: object, **kwargs: object) -> tuple[AttentionCase, torch.Tensor]:
+    """A random case and the reference output computed on an identical twin (same seed)."""
+    case = random_case(*args, **kwargs)  # type: ignore[arg-type]
+    twin = random_case(*args, **kwargs)  # type: ignore[arg-type]
+    return case, reference_output(twin)
+
+
+def dtypes_for(device: torch.device, backend: str) -> list[torch.dtype]:
+    if backend == "flash-emulated":
+        return [torch.float16]
+    if backend == "flash":
+        return [torch.float16, torch.bfloat16]
+    if device.type == "cuda":
+        return [torch.float32, torch.float16, torch.bfloat16]
+    return [torch.float32, torch.float16]
+
+
+def assert_pool_holds_new_tokens(case: AttentionCase) -> None:
+    for got, want in zip(case.pool_buffers(), case.expected_buffers(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)  # a write is a copy: bit-exact
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("shape_name", list(CPU_SHAPES))
+def test_reference_matches_a_naive_per_query_loop(
+    mode: ForwardMode, shape_name: str, device: torch.device
+) -> None:
+    for seed in range(3):
+        case = random_case(mode, CPU_SHAPES[shape_name], device, torch.float32, seed, bs=3)
+        out = run(TorchAttentionBackend(case.pool, case.req_to_token), case)
+        torch.testing.assert_close(out.float().cpu(), naive_attention(case), atol=2e-5, rtol=2e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 2**16),
+    gpu_only=st.booleans(),
+)
+def test_reference_matches_the_naive_loop_on_random_batches(
+    mode: ForwardMode, seed: int, gpu_only: bool
+) -> None:
+    case = random_case(
+        mode, Shape(4, 2, 16, 16), torch.device("cpu"), torch.float32, seed, gpu_only=gpu_only
+    )
+    out = run(TorchAttentionBackend(case.pool, case.req_to_token), case)
+    torch.testing.assert_close(out.float(), naive_attention(case), atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_backend_matches_the_reference_and_writes_the_pool(
+    backend: str, mode: ForwardMode, device: torch.device
+) -> None:
+    factory = backend_factory(backend, device)
+    shapes = GPU_SHAPES if device.type == "cuda" else CPU_SHAPES
+    for index, (shape_name, shape) in enumerate(shapes.items()):
+        if backend.startswith("flash") and shape.head_dim > 256:
+            continue  # refused at construction, see test_flash_backend_refuses_what_it_cannot_run
+        for dtype in dtypes_for(device, backend):
+            seed = 100 * index + 7 * list(TOLERANCE).index(dtype) + MODES.index(mode)
+            case, expected = random_twins(mode, shape, device, dtype, seed)
+            out = run(factory(case), case)
+            atol, rtol = TOLERANCE[dtype]
+            assert out.dtype == dtype and out.shape == expected.shape, shape_name
+            torch.testing.assert_close(out.float(), expected, atol=atol, rtol=rtol)
+            assert_pool_holds_new_tokens(case)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_gpu_only_batch_without_host_lengths_matches_the_reference(
+    backend: str, mode: ForwardMode, device: torch.device
+) -> None:
+    factory = backend_factory(backend, device)
+    dtype = torch.float16
+    for shape in (Shape(8, 2, 64, 64), Shape.mla(4, 32, 16)):
+        case, expected = random_twins(mode, shape, device, dtype, 61, bs=4, gpu_only=True)
+        assert case.batch.seq_lens_sum is None and case.batch.extend_lens_cpu is None
+        atol, rtol = TOLERANCE[dtype]
+        torch.testing.assert_close(run(factory(case), case).float(), expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("shape_name", ["gqa-r4-d64", "mla-32+16"])
+def test_triton_split_key_ranges_merge_to_the_reference(
+    mode: ForwardMode, shape_name: str, device: torch.device
+) -> None:
+    # target_programs far above the grid forces several splits of every request's keys
+    factory = backend_factory("triton", device, target_programs=4096, max_kv_splits=3)
+    case, expected = random_twins(mode, CPU_SHAPES[shape_name], device, torch.float32, 11, bs=3)
+    torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", list(ForwardMode), ids=lambda m: m.name)
+def test_empty_batch_returns_an_empty_output_without_tree_indices(
+    backend: str, mode: ForwardMode, device: torch.device
+) -> None:
+    template = make_case(
+        ForwardMode.DECODE, Shape(4, 2, 64, 64), [3], device=device, dtype=torch.float16, seed=0
+    )
+    factory = backend_factory(backend, device)
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    batch = ForwardBatch(mode, empty, empty, empty, empty, empty, extend_lens=empty)
+    q = torch.empty(0, 4, 64, dtype=torch.float16, device=device)
+    kv = torch.empty(0, 2, 64, dtype=torch.float16, device=device)
+    backend_impl = factory(template)
+    backend_impl.init_forward_metadata(batch)
+    out = backend_impl.forward(q, kv, kv, template.layer, batch)
+    assert out.shape == (0, 4 * 64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_save_kv_false_reads_rows_already_in_the_pool(
+    backend: str, mode: ForwardMode, device: torch.device
+) -> None:
+    factory = backend_factory(backend, device)
+    case = random_case(mode, Shape(8, 2, 64, 64), device, torch.float16, 21, bs=2)
+    expected = run(factory(case), case)  # writes the new rows
+    again = run(factory(case), case, save_kv=False)
+    torch.testing.assert_close(again, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY], ids=str)
+def test_fp8_storage_is_converted_to_the_compute_dtype(
+    backend: str, mode: ForwardMode, device: torch.device
+) -> None:
+    factory = backend_factory(backend, device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float16
+    case, expected = random_twins(
+        mode, Shape(8, 2, 64, 64), device, dtype, 31, bs=3, store_dtype=torch.float8_e4m3fn
+    )
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(run(factory(case), case).float(), expected, atol=atol, rtol=rtol)
+    assert_pool_holds_new_tokens(case)
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.TARGET_VERIFY], ids=str)
+def test_triton_caps_logits_like_the_reference(mode: ForwardMode, device: torch.device) -> None:
+    factory = backend_factory("triton", device)
+    shape = Shape(4, 2, 64, 64)
+    case, expected = random_twins(mode, shape, device, torch.float32, 41, bs=3, logit_cap=2.0)
+    _, uncapped = random_twins(mode, shape, device, torch.float32, 41, bs=3)
+    assert not torch.allclose(uncapped, expected, atol=1e-3)  # the cap matters in this case
+    torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_flash_backend_refuses_what_it_cannot_run(device: torch.device) -> None:
+    if device.type != "cuda":
+        case = make_case(
+            ForwardMode.DECODE, Shape(4, 2, 64, 64), [2], device=device, dtype=torch.float16, seed=0
+        )
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            FlashAttentionBackend(case.pool, case.req_to_token)
+        return
+    wide = make_case(
+        ForwardMode.DECODE,
+        GPU_SHAPES["mla-512+64"],
+        [2],
+        device=device,
+        dtype=torch.bfloat16,
+        seed=0,
+    )
+    with pytest.raises(ValueError, match="TritonAttentionBackend"):
+        FlashAttentionBackend(wide.pool, wide.req_to_token)
+    capped = make_case(
+        ForwardMode.DECODE,
+        Shape(4, 2, 64, 64),
+        [2],
+        device=device,
+        dtype=torch.bfloat16,
+        seed=0,
+        logit_cap=5.0,
+    )
+    with pytest.raises(NotImplementedError, match="logit capping"):
+        run(FlashAttentionBackend(capped.pool, capped.req_to_token), capped)
+
+
+def test_forward_without_metadata_for_the_batch_is_an_error(device: torch.device) -> None:
+    case = make_case(
+        ForwardMode.DECODE, Shape(4, 2, 64, 64), [2], device=device, dtype=torch.float32, seed=0
+    )
+    backend = TorchAttentionBackend(case.pool, case.req_to_token)
+    with pytest.raises(RuntimeError, match="init_forward_metadata"):
+        backend.forward(case.q, case.k, case.v, case.layer, case.batch)
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_gpu_only_batch_never_synchronises_with_the_host(backend: str, mode: ForwardMode) -> None:
+    device = torch.device("cuda")
+    factory = backend_factory(backend, device)
+    for shape in (Shape(8, 2, 64, 64), Shape.mla(8, 32, 16)):
+        case = random_case(
+            mode,
+            shape,
+            device,
+            torch.bfloat16,
+            51,
+            bs=4,
+            gpu_only=True,
+            mask_mode=TreeMaskMode.QLEN_ONLY,
+        )
+        assert case.batch.seq_lens_sum is None and case.batch.seq_lens_cpu is None
+        impl = factory(case)
+        expected = run(impl, case)  # compiles the kernels outside the checked region
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = run(impl, case)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.testing.assert_close(out, expected, atol=0, rtol=0)
