@@ -376,6 +376,7 @@ def test_movers_copy_rows_of_any_shape_dtype_and_stride(
         torch.randn(30, 3, 3, generator=gen).to(device, torch.float16),
         torch.randn(30, 2, generator=gen).to(device, torch.float64),
         padded[:, :4],  # rows contiguous, slot stride wider than a row
+        torch.randn(30, 3, generator=gen).to(device)[:, 1],  # one element per slot, strided
     )
     tgt, src = slots(moves[0], device), slots(moves[1], device)
     expected = [buf.clone() for buf in buffers]
@@ -383,6 +384,13 @@ def test_movers_copy_rows_of_any_shape_dtype_and_stride(
     MOVERS[mover_name]().move(buffers, tgt, src)
     for buf, want in zip(buffers, expected, strict=True):
         assert torch.equal(raw(buf.contiguous()), raw(want.contiguous()))
+
+
+def test_the_triton_mover_rejects_buffers_that_share_memory(device: torch.device) -> None:
+    requires_triton(device)
+    kv = torch.zeros(8, 2, 4, device=device)
+    with pytest.raises(ValueError, match="overlap"):
+        TritonRowMover().move((kv, kv[:, 1]), slots([1], device), slots([2], device))
 
 
 def compaction_plan(

@@ -54,7 +54,7 @@ class RowTable(NamedTuple):
 
 
 def build_row_table(buffers: tuple[torch.Tensor, ...]) -> RowTable:
-    """Checks contiguity, one device and no overlap, then uploads the table (a host-device copy)."""
+    """Checks rows, device and disjoint address ranges, then uploads the table (host to device)."""
     # buffers: each (num_slots, *row_shape) with contiguous rows
     if not buffers:
         raise ValueError("a row table needs at least one buffer")
@@ -65,11 +65,14 @@ def build_row_table(buffers: tuple[torch.Tensor, ...]) -> RowTable:
             raise ValueError(f"buffers on {device} and {buf.device}; one move is one device")
         if buf.dim() == 0 or not buf[:1].is_contiguous():
             raise ValueError(f"rows must be contiguous, got shape {tuple(buf.shape)}")
+        row_numel = buf[0].numel() if buf.shape[0] else 0
+        if buf.shape[0] > 1 and buf.stride(0) < row_numel:
+            raise ValueError(f"slot stride {buf.stride(0)} < row size {row_numel}: rows overlap")
         size = buf.element_size()
-        row_bytes = buf[0].numel() * size if buf.shape[0] else 0
-        stride_bytes = (buf.stride(0) if buf.dim() > 1 else 1) * size
+        row_bytes, stride_bytes = row_numel * size, buf.stride(0) * size
         rows.append((buf.data_ptr(), row_bytes, stride_bytes))
-        spans.append((buf.data_ptr(), buf.data_ptr() + stride_bytes * max(buf.shape[0], 1)))
+        end = buf.data_ptr() + stride_bytes * max(buf.shape[0] - 1, 0) + row_bytes
+        spans.append((buf.data_ptr(), end))
     spans.sort()
     for (_, end), (start, _) in itertools.pairwise(spans):
         if start < end:
