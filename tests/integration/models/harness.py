@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -13,8 +14,10 @@ from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
+from eagletree.adapters.models.runner import TargetModelRunner
 from eagletree.adapters.models.stack import KVLayout, MHALayout
 from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.model_output import ModelOutput
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool
 from tests.conftest import requires_triton
@@ -142,3 +145,54 @@ def perturb_parameters(module: torch.nn.Module, seed: int, std: float = 0.2) -> 
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
             base = 1.0 if "norm" in name else 0.0
             param.copy_((base + noise).to(param.dtype))
+
+
+def chunked_schedule(vocab: int, seed: int) -> list[tuple[str, list[list[int]]]]:
+    """Two requests: ragged prefill, a chunk on top of a prefix, then three decode steps."""
+    prompts = random_prompts(vocab, [5, 3], seed=seed)
+    more = random_prompts(vocab, [5, 4], seed=seed + 1)
+    return [
+        ("extend", prompts),
+        ("extend", [more[0][:2], more[1][:1]]),
+        *[("decode", [[more[0][2 + i]], [more[1][1 + i]]]) for i in range(3)],
+    ]
+
+
+def run_against_reference(
+    runner: TargetModelRunner,
+    memory: Memory,
+    reference: Callable[[list[int]], Any],
+    schedule: list[tuple[str, list[list[int]]]],
+    tolerance: float,
+) -> list[tuple[ModelOutput, Any, list[slice], list[slice]]]:
+    """Drive ``runner`` through ``schedule``; assert every logit row equals ``reference``'s
+    (a transformers model called on a request's whole sequence) within ``tolerance``.
+
+    Returns, per step, (our output, the reference outputs, our row slices, the reference's
+    position slices) for further checks.
+    """
+    requests = Requests(memory, len(schedule[0][1]))
+    sequences: list[list[int]] = [[] for _ in requests.rows]
+    steps = []
+    for mode, chunks in schedule:
+        starts = [len(s) for s in sequences]
+        if mode == "extend":
+            batch = requests.extend(chunks)
+        else:
+            batch = requests.decode([c[0] for c in chunks])
+        out = runner.forward(batch)
+        assert out.logits.dtype == torch.float32
+        assert out.logits.shape == (batch.num_tokens, runner.vocab_size)
+        references, ours, theirs, row = [], [], [], 0
+        for i, chunk in enumerate(chunks):
+            sequences[i] += chunk
+            hf = reference(sequences[i])
+            new = slice(starts[i], starts[i] + len(chunk))
+            rows = slice(row, row + len(chunk))
+            assert relative_error(out.logits[rows], hf.logits[0, new]) <= tolerance, (mode, i)
+            references.append(hf)
+            ours.append(rows)
+            theirs.append(new)
+            row += len(chunk)
+        steps.append((out, references, ours, theirs))
+    return steps

@@ -14,9 +14,11 @@ from tests.integration.models.harness import (
     BACKENDS,
     Memory,
     Requests,
+    chunked_schedule,
     perturb_parameters,
     random_prompts,
     relative_error,
+    run_against_reference,
     skip_unless_backend_runs,
 )
 
@@ -72,43 +74,23 @@ def test_prefill_chunked_extend_and_decode_logits_match_transformers(
     memory = Memory(device)
     runner = TargetModelRunner(model, *memory.runner_parts(model.kv_layout, backend, torch.float32))
 
-    # ragged prefill, then a chunk on top of a prefix, then token-by-token decode
-    prompts = random_prompts(61, [5, 3], seed=2)
-    continuation = random_prompts(61, [2 + 3, 1 + 3], seed=3)
-    schedule = [
-        ("extend", [prompts[0], prompts[1]]),
-        ("extend", [continuation[0][:2], continuation[1][:1]]),
-        *[("decode", [[continuation[0][2 + i]], [continuation[1][1 + i]]]) for i in range(3)],
-    ]
-    requests = Requests(memory, 2)
-    sequences: list[list[int]] = [[], []]
-    for mode, chunks in schedule:
-        starts = [len(s) for s in sequences]
-        batch = (
-            requests.extend(chunks) if mode == "extend" else requests.decode([c[0] for c in chunks])
-        )
-        out = runner.forward(batch)
-        row = 0
-        for i, chunk in enumerate(chunks):
-            sequences[i] += chunk
-            with torch.no_grad():
-                ids = torch.tensor([sequences[i]])
-                hf = reference(ids, output_hidden_states=True)
-            new = slice(starts[i], starts[i] + len(chunk))
-            rows = slice(row, row + len(chunk))
-            assert relative_error(out.logits[rows], hf.logits[0, new]) <= TOLERANCE
+    def hf_forward(ids: list[int]) -> Any:
+        with torch.no_grad():
+            return reference(torch.tensor([ids]), output_hidden_states=True)
+
+    steps = run_against_reference(runner, memory, hf_forward, chunked_schedule(61, 2), TOLERANCE)
+    for out, references, ours, theirs in steps:
+        for hf, rows, new in zip(references, ours, theirs, strict=True):
             # hidden_states are the final-normed lm_head inputs
             assert (
                 relative_error(out.hidden_states[rows], hf.hidden_states[-1][0, new]) <= TOLERANCE
             )
-            # aux: inputs of layers 0 and 2, then the last layer's output before the final norm
+            # aux: the inputs of layers 0 and 2, then the last layer's output before the final norm
             assert out.aux_hidden_states is not None
-            aux = out.aux_hidden_states[rows].view(len(chunk), 3, 64)
+            aux = out.aux_hidden_states[rows].view(rows.stop - rows.start, 3, 64)
             assert relative_error(aux[:, 0], hf.hidden_states[0][0, new]) <= TOLERANCE
             assert relative_error(aux[:, 1], hf.hidden_states[2][0, new]) <= TOLERANCE
-            row += len(chunk)
-        assert out.logits.dtype == torch.float32
-        assert out.logits.shape == (batch.num_tokens, 61)
+            assert relative_error(model.norm(aux[:, 2]), out.hidden_states[rows]) <= TOLERANCE
 
 
 def test_logits_rows_select_the_rows_of_a_full_forward(tmp_path: Path) -> None:
