@@ -128,6 +128,16 @@ def check_exact(
     )
 
 
+def make_movers() -> dict[str, RowMover]:
+    return {
+        "torch": TorchRowMover(),
+        "triton": TritonRowMover(),
+        # Tuning aids: the same kernels with the staged/chunked threshold moved either way.
+        "staged<=2048": TritonRowMover(max_staged_moves=2048, register_words=16384),
+        "chunked>48": TritonRowMover(max_staged_moves=48),
+    }
+
+
 def run(args: argparse.Namespace) -> str:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
@@ -135,13 +145,6 @@ def run(args: argparse.Namespace) -> str:
     sizes = (1, 8) if args.smoke else BATCH_SIZES
     big = 600 if args.smoke else BIG_MOVE  # the smoke run still crosses the staged cap
     copy_gbs = copy_bandwidth_gbs(device, (1 << 20) if args.smoke else (1 << 30))
-    movers: dict[str, RowMover] = {
-        "torch": TorchRowMover(),
-        "triton": TritonRowMover(),
-        # Tuning aids: the same kernels with the staged/chunked threshold moved either way.
-        "staged<=2048": TritonRowMover(max_staged_moves=2048, register_words=16384),
-        "chunked>48": TritonRowMover(max_staged_moves=48),
-    }
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     lines = [
         f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s"
@@ -155,6 +158,7 @@ def run(args: argparse.Namespace) -> str:
     for layout in args.layouts.split(","):
         num_rows = -(-big // STEPS_PLUS_ONE) * WINDOW + 1
         buffers = layout_buffers(layout, num_rows, device, layers)
+        movers = make_movers()  # fresh per layout: a mover's table cache holds its buffers
         slot_bytes = sum(buf[0].numel() * buf.element_size() for buf in buffers)
         cases = [(f"bs={bs}", bs * STEPS_PLUS_ONE) for bs in sizes] + [(f"{big}", big)]
         for label, pairs in [*cases, (f"{big} reversed", big)]:
@@ -179,7 +183,7 @@ def run(args: argparse.Namespace) -> str:
                 f"| {us['chunked>48']:.1f} | {'yes' if exact else 'NO'} |"
             )
             print(lines[-1], flush=True)
-        del buffers
+        del buffers, movers
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return "\n".join(lines)

@@ -40,8 +40,9 @@ class TritonRowMover:
     or, only if some pair reads a row an earlier chunk wrote, a two-pass fallback through at most
     ``scratch_bytes`` of scratch (the kernel module's docstring has the correctness argument).
     The device table of each buffer sequence is built once and cached (the ``max_cached``
-    most recent sequences); pass the same tuple every time, as the pools do. The workspace is
-    per mover: issue one mover's moves on one stream.
+    most recent sequences, which it keeps alive); pass the same tuple every time, as the pools do,
+    and let a mover live as long as its pools. The workspace is per mover: issue one mover's
+    moves on one stream.
     """
 
     def __init__(
