@@ -299,3 +299,24 @@ def test_llama_retract_under_a_tight_pool_keeps_the_transformers_output(
     for prompt, result in zip(prompts, results, strict=True):
         assert result.output_ids == hf_greedy(hf_model, prompt, 10)
     assert engine.scheduler.allocator.available_size() == 48
+
+
+@pytest.mark.hf
+def test_from_settings_wires_the_checkpoint_through_the_container(
+    hf_checkpoint: tuple[Any, Path],
+) -> None:
+    from eagletree.config.settings import EngineSettings
+
+    hf_model, path = hf_checkpoint
+    settings = EngineSettings(
+        model={"target_path": str(path), "device": "cpu", "dtype": "float32"},
+        backend={"attention": "torch", "kv_move": "torch"},
+        memory={"max_total_tokens": 256, "max_running_requests": 2},
+    )
+    engine = Engine.from_settings(settings)
+    assert engine.max_context_len == 128  # the checkpoint's max_position_embeddings
+    assert engine.eos_token_ids == frozenset()
+    prompts = ragged_prompts(3, seed=5)
+    results = engine.generate(prompts, max_new_tokens=6)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.output_ids == hf_greedy(hf_model, prompt, 6)

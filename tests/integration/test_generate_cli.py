@@ -1,0 +1,140 @@
+"""`eagletree generate`: the embedded default checkpoint, token ids and text in, tokens out."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagletree.app import generate_cli
+from eagletree.app.default_checkpoint import default_checkpoint_dir, ensure_default_checkpoint
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="eagletree")
+    generate_cli.add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["generate", *argv])
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = generate_cli.run(parse(argv), out=out, err=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def cpu_defaults(cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user cache in a temporary directory and settings that run on the CPU."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    monkeypatch.setenv("EAGLETREE_MODEL__DEVICE", "cpu")
+    monkeypatch.setenv("EAGLETREE_MODEL__DTYPE", "float32")
+    monkeypatch.setenv("EAGLETREE_BACKEND__ATTENTION", "torch")
+    monkeypatch.setenv("EAGLETREE_BACKEND__KV_MOVE", "torch")
+    monkeypatch.setenv("EAGLETREE_MEMORY__MAX_TOTAL_TOKENS", "2048")
+    return cache_home
+
+
+def test_the_default_checkpoint_is_created_once_in_the_user_cache(tmp_path: Path) -> None:
+    messages: list[str] = []
+    environ = {"XDG_CACHE_HOME": str(tmp_path)}
+    target = ensure_default_checkpoint(notify=messages.append, environ=environ)
+    assert target.parent == default_checkpoint_dir(environ)
+    assert target.is_relative_to(tmp_path / "eagletree")
+    assert (target / "config.json").is_file() and (target.parent / "draft").is_dir()
+    assert len(messages) == 1 and str(target.parent) in messages[0]
+    assert ensure_default_checkpoint(notify=messages.append, environ=environ) == target
+    assert len(messages) == 1
+    assert [p.name for p in tmp_path.joinpath("eagletree").iterdir()] == [target.parent.name]
+
+
+def test_cache_dir_falls_back_to_dot_cache_in_the_home_directory() -> None:
+    assert default_checkpoint_dir({}).parent == Path.home() / ".cache" / "eagletree"
+
+
+def test_generate_prints_one_line_of_ids_per_prompt_and_a_throughput_summary(
+    cpu_defaults: Path,
+) -> None:
+    status, out, err = run(
+        ["--prompt-ids", "1 2 3", "--prompt-ids", "4,5", "--max-new-tokens", "6"]
+    )
+    assert status == 0, err
+    lines = out.splitlines()
+    assert [line.split(" ", 1)[0] for line in lines] == ["[0]", "[1]"]
+    for line in lines:
+        ids = line.split(" ", 1)[1].rsplit("  ", 1)[0].split()
+        assert 1 <= len(ids) <= 6 and all(token.isdigit() for token in ids)
+    assert "tok/s" in err and "generated" in err
+
+
+def test_greedy_generate_is_deterministic_and_matches_the_engine(cpu_defaults: Path) -> None:
+    first = run(["--prompt-ids", "7 8 9", "--max-new-tokens", "5", "--no-progress"])
+    second = run(["--prompt-ids", "7 8 9", "--max-new-tokens", "5", "--no-progress"])
+    assert first[0] == second[0] == 0
+    assert first[1] == second[1]
+    assert "step " not in first[2]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a CPU-only machine")
+def test_without_a_settings_file_or_cuda_generate_falls_back_to_the_cpu(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    monkeypatch.setenv("EAGLETREE_MEMORY__MAX_TOTAL_TOKENS", "2048")
+    status, out, err = run(["--max-new-tokens", "2"])
+    assert status == 0, err
+    assert "no CUDA device: running on the CPU" in err
+    assert 'no prompt given: using --prompt-ids "1 2 3 4"' in err
+    assert out.startswith("[0] ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--prompt-ids", "1 two 3"], "token id 'two'"),
+        (["--prompt-ids", "1 99999"], "request 0: token id 99999"),
+        (["--prompt", "hello"], "--prompt needs the checkpoint's tokenizer.json"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+    ],
+)
+def test_bad_input_exits_1_with_the_reason_on_stderr(
+    cpu_defaults: Path, argv: list[str], message: str
+) -> None:
+    status, out, err = run(argv)
+    assert status == 1
+    assert message in err
+    assert out == ""
+
+
+def test_text_prompts_are_encoded_and_outputs_decoded_with_the_checkpoints_tokenizer(
+    cpu_defaults: Path, tmp_path: Path
+) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    source = ensure_default_checkpoint(notify=lambda _: None)
+    checkpoint = tmp_path / "with-tokenizer"
+    shutil.copytree(source, checkpoint)
+    words = {f"w{i}": i for i in range(512)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="w0"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(checkpoint / "tokenizer.json"))
+    settings = tmp_path / "settings.toml"
+    settings.write_text(
+        f'[model]\ntarget_path = "{checkpoint}"\ndevice = "cpu"\ndtype = "float32"\n'
+        '[backend]\nattention = "torch"\nkv_move = "torch"\n'
+    )
+    status, out, err = run(
+        ["--settings", str(settings), "--prompt", "w5 w6 w7", "--max-new-tokens", "4"]
+    )
+    assert status == 0, err
+    ids_line, text_line = out.splitlines()
+    ids = [int(t) for t in ids_line.split(" ", 1)[1].rsplit("  ", 1)[0].split()]
+    assert text_line == f"[0] text: {json.dumps(tokenizer.decode(ids))}"
