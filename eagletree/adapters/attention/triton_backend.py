@@ -55,7 +55,7 @@ class TritonAttentionBackend:
         req_to_token_pool: ReqToTokenPool,
         *,
         max_batch_size: int = 64,
-        max_kv_splits: int = 16,
+        max_kv_splits: int = 32,
         target_programs: int | None = None,
         block_n: int | None = None,
         num_warps: int = 4,
@@ -160,7 +160,14 @@ class TritonAttentionBackend:
             return QueryTiles(plan.batch_size * tiles_per_req, tiles_per_req)
         tiles = self._tiles.get(block_m * 4096 + group)
         if tiles is None:
-            tiles = ragged_tiles(plan.qo_indptr, plan.query_lens, group, block_m, plan.num_tokens)
+            tiles = ragged_tiles(
+                plan.qo_indptr,
+                plan.query_lens,
+                group,
+                block_m,
+                plan.num_tokens,
+                plan.batch.extend_lens_cpu,
+            )
             self._tiles[block_m * 4096 + group] = tiles
         return tiles
 

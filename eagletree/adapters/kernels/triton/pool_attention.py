@@ -83,11 +83,12 @@ def _pool_attention_kernel(
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # key positions and loop bounds are int32 (context lengths); addresses are int64
     if RAGGED:
         req = tl.load(tile_req_ptr + tile)
         if req < 0:
             return
-        m_block = tl.load(tile_idx_ptr + tile)
+        m_block = tl.load(tile_idx_ptr + tile).to(tl.int32)
         q_start = tl.load(qo_indptr_ptr + req)
         num_q = (tl.load(qo_indptr_ptr + req + 1) - q_start).to(tl.int32)
         tail_len = num_q
@@ -129,15 +130,15 @@ def _pool_attention_kernel(
     total = prefix_len + tail_len
     # the last key any row of this tile can see: tail keys are ordered so that a row never sees
     # a tail key of a later query (tree nodes follow their ancestors, branches are blocks)
-    last_tok = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP, num_q - 1)
+    last_tok = tl.minimum((m_block * BLOCK_M + BLOCK_M - 1) // GROUP, num_q - 1).to(tl.int32)
     if TAIL == 3:
         visible_end = prefix_len + (last_tok + 1) * (depth + 1)
     else:
         visible_end = prefix_len + last_tok + 1
     chunk = tl.cdiv(tl.cdiv(total, num_splits), BLOCK_N) * BLOCK_N
-    chunk = tl.maximum(chunk, min_chunk)
-    start = split * chunk
-    end = tl.minimum(start + chunk, visible_end)
+    chunk = tl.maximum(chunk, min_chunk).to(tl.int32)
+    start = (split * chunk).to(tl.int32)
+    end = tl.minimum(start + chunk, visible_end).to(tl.int32)
 
     if TAIL == 2:
         mask_start = tl.load(mask_indptr_ptr + req)
@@ -328,18 +329,27 @@ class TailKeys:
 
 
 def ragged_tiles(
-    qo_indptr: torch.Tensor, query_lens: torch.Tensor, group: int, block_m: int, num_tokens: int
+    qo_indptr: torch.Tensor,
+    query_lens: torch.Tensor,
+    group: int,
+    block_m: int,
+    num_tokens: int,
+    query_lens_cpu: torch.Tensor | None = None,
 ) -> QueryTiles:
     """Tile table of a ragged batch, built on the device (no host sync).
 
-    The grid size is the host bound ``cdiv(num_tokens·group, block_m) + bs``; tiles past the last
-    real one are marked −1 and return at once.
+    The grid size is exact when the host has the lengths (``query_lens_cpu``), else the bound
+    ``cdiv(num_tokens·group, block_m) + bs``; tiles past the last real one are marked −1 and
+    return at once.
     """
     # qo_indptr: (bs + 1,) int64; query_lens: (bs,) int64
     bs = query_lens.shape[0]
     tiles = (query_lens * group + block_m - 1) // block_m  # (bs,)
     tile_end = torch.cumsum(tiles, dim=0)
-    num_tiles = (num_tokens * group + block_m - 1) // block_m + bs
+    if query_lens_cpu is not None:  # a host tensor: no device sync
+        num_tiles = int(((query_lens_cpu * group + block_m - 1) // block_m).sum())
+    else:
+        num_tiles = (num_tokens * group + block_m - 1) // block_m + bs
     index = torch.arange(num_tiles, dtype=torch.int64, device=query_lens.device)
     req = torch.searchsorted(tile_end, index, right=True)  # (num_tiles,) in [0, bs]
     first_tile = (tile_end - tiles)[req.clamp(max=bs - 1)]
