@@ -17,6 +17,12 @@ req_to_token row, and to the new tokens as the mode says:
 | DRAFT_DECODE  | k (beam branches)             | prefix + its ancestors' draft slots + itself    |
 | DRAFT_EXTEND  | N (fixed width)               | prefix + new tokens 0..i (causal)               |
 | IDLE          | 0 (bs == 0)                   | nothing                                         |
+
+Tokens are request-major: request b owns the tokens ``[Σ_{b'<b} n_b', Σ_{b'<=b} n_b')`` (for the
+fixed-width modes ``[b·W, (b+1)·W)``; in DRAFT_DECODE token ``b·k + j`` is branch j). The new
+tokens' keys are the pool rows at ``out_cache_loc`` (a backend writes them there first unless the
+caller already has: ``save_kv=False``), never ``req_to_token[row, L_b:]``. A batch with bs == 0
+is valid in every mode and needs no spec.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class TargetVerifySpec:
     num_draft_tokens: int
     # FULL_MASK: Σ_b N·(L_b + N) bools, request blocks concatenated, rows of length L_b + N.
     # QLEN_ONLY: bs·N·N bools (the prefix columns are all true and left out).
+    # Preconditions (build_tree meets both): a FULL_MASK's prefix columns are all true (backends
+    # read only the N × N tree part), and row i is true only at tree columns j <= i (a node's
+    # ancestors precede it), so a query never sees a later node.
     tree_mask: torch.Tensor
     mask_mode: TreeMaskMode
     # (bs + 1,) int64 offsets of each request's block in `tree_mask` (cumsum of N·(L_b + N) or
@@ -66,7 +75,8 @@ class DraftDecodeSpec:
     topk: int
     # (bs·k, depth) int64: the draft KV slots of each branch's true ancestors along its beam
     # path, oldest first, written by earlier draft steps; the branch's own slot is
-    # `out_cache_loc` and is not listed. depth == 0 at the first draft forward.
+    # `out_cache_loc` and is not listed. depth == 0 at the first draft forward. Row b·k + j
+    # belongs to branch j of request b (token b·k + j).
     ancestor_slots: torch.Tensor
 
 
@@ -89,7 +99,7 @@ class ForwardBatch:
     positions: torch.Tensor  # (num_tokens,) int64 rotary positions
     seq_lens: torch.Tensor  # (bs,) int64 committed prefix lengths L_b (new tokens excluded)
     req_pool_indices: torch.Tensor  # (bs,) int64 rows of the runner's req_to_token table
-    out_cache_loc: torch.Tensor  # (num_tokens,) int64 KV slot of each new token
+    out_cache_loc: torch.Tensor  # (num_tokens,) int64 KV slot of each new token (its key's row)
     extend_lens: torch.Tensor | None = None  # (bs,) int64, EXTEND only: new tokens per request
     seq_lens_cpu: torch.Tensor | None = None  # host copy of seq_lens; None for a GPU-only batch
     seq_lens_sum: int | None = None  # Σ seq_lens; None for a GPU-only batch
