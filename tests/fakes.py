@@ -197,13 +197,15 @@ def fake_engine_parts(
     row_width: int = 64,
     vocab_size: int = 32,
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> tuple[FakeRunner, DeviceSlotAllocator]:
-    """A FakeRunner and the allocator of its pool (CPU: double frees raise)."""
+    """A FakeRunner and the allocator of its pool (double frees raise: checks are on)."""
     runner = FakeRunner(
         vocab_size=vocab_size,
         max_requests=max_requests,
         row_width=row_width,
         pool_size=pool_size,
         seed=seed,
+        device=device,
     )
-    return runner, DeviceSlotAllocator(pool_size, "cpu")
+    return runner, DeviceSlotAllocator(pool_size, device, debug_checks=True)

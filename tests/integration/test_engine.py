@@ -23,8 +23,11 @@ def fake_engine(
     context: int = 48,
     eos_token_ids: tuple[int, ...] = (),
     seed: int = 0,
+    device: torch.device | str = "cpu",
 ) -> tuple[Engine, FakeRunner]:
-    runner, allocator = fake_engine_parts(pool_size=pool_size, row_width=context + 4, seed=seed)
+    runner, allocator = fake_engine_parts(
+        pool_size=pool_size, row_width=context + 4, seed=seed, device=device
+    )
     engine = Engine.non_speculative(
         runner,
         allocator,
@@ -41,8 +44,10 @@ def slots_in_use(engine: Engine) -> int:
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
-def test_greedy_output_equals_the_reference_decode_for_ragged_batches(batch_size: int) -> None:
-    engine, runner = fake_engine()
+def test_greedy_output_equals_the_reference_decode_for_ragged_batches(
+    batch_size: int, device: torch.device
+) -> None:
+    engine, runner = fake_engine(device=device)
     prompts = PROMPTS[:batch_size]
     results = engine.generate(prompts, max_new_tokens=10)
     for prompt, result in zip(prompts, results, strict=True):
@@ -123,13 +128,13 @@ def test_sampled_tokens_stay_inside_the_top_k_of_the_reference_distribution() ->
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_retract_with_a_pool_too_small_gives_the_unconstrained_outputs_and_frees_every_slot(
-    temperature: float,
+    temperature: float, device: torch.device
 ) -> None:
     prompts = [[i + 1, i + 2, i + 3, i + 4] for i in range(4)]
-    roomy, _ = fake_engine()
+    roomy, _ = fake_engine(device=device)
     expected = roomy.generate(prompts, max_new_tokens=14, temperature=temperature, seed=5)
     # 4 requests of up to 18 tokens need 72 slots at the end; the pool has 40
-    tight, _ = fake_engine(pool_size=40)
+    tight, _ = fake_engine(pool_size=40, device=device)
     free_at_start = tight.scheduler.allocator.available_size()
     results = tight.generate(prompts, max_new_tokens=14, temperature=temperature, seed=5)
     assert [r.output_ids for r in results] == [r.output_ids for r in expected]
@@ -227,7 +232,9 @@ def hf_checkpoint(
     return model, path
 
 
-def llama_engine(path: Path, pool_size: int = 512, max_running: int = 4) -> Engine:
+def llama_engine(
+    path: Path, pool_size: int = 512, max_running: int = 4, device: torch.device | str = "cpu"
+) -> Engine:
     from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
     from eagletree.adapters.memory.mha_pool import MHAKVPool
     from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
@@ -237,7 +244,7 @@ def llama_engine(path: Path, pool_size: int = 512, max_running: int = 4) -> Engi
     from eagletree.adapters.models.runner import TargetModelRunner
     from eagletree.adapters.models.stack import MHALayout
 
-    model = load_target(path, torch.float32, "cpu")
+    model = load_target(path, torch.float32, device)
     layout = model.kv_layout
     assert isinstance(layout, MHALayout)
     kv_pool = MHAKVPool(
@@ -247,14 +254,14 @@ def llama_engine(path: Path, pool_size: int = 512, max_running: int = 4) -> Engi
         head_dim=layout.head_dim,
         v_head_dim=layout.v_head_dim,
         dtype=torch.float32,
-        device="cpu",
+        device=device,
         mover=TorchRowMover(),
     )
-    table = TensorReqToTokenPool(max_running, 128 + 8, "cpu")
+    table = TensorReqToTokenPool(max_running, 128 + 8, device)
     runner = TargetModelRunner(model, kv_pool, table, TorchAttentionBackend(kv_pool, table))
     return Engine.non_speculative(
         runner,
-        DeviceSlotAllocator(pool_size, "cpu"),
+        DeviceSlotAllocator(pool_size, device),
         max_context_len=128,
         max_running_requests=max_running,
     )
@@ -278,11 +285,11 @@ def ragged_prompts(batch_size: int, seed: int) -> list[list[int]]:
 @pytest.mark.hf
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 4])
 def test_engine_greedy_output_equals_transformers_generate(
-    hf_checkpoint: tuple[Any, Path], batch_size: int
+    hf_checkpoint: tuple[Any, Path], batch_size: int, device: torch.device
 ) -> None:
     hf_model, path = hf_checkpoint
     prompts = ragged_prompts(batch_size, seed=batch_size)
-    results = llama_engine(path).generate(prompts, max_new_tokens=10)
+    results = llama_engine(path, device=device).generate(prompts, max_new_tokens=10)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.output_ids == hf_greedy(hf_model, prompt, 10)
 
