@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Run the GPU share of the project on the H200 machine (the `device` tool), logs under $OUT.
+# It carries the wheels that machine lacks in .whl/ (see ../shared/gpu/README.md):
+#   bash ../shared/gpu/fetch-wheels.sh .whl     # once, here
+#   device run: bash scripts/gpu.sh tests tests/unit/domain tests/contracts   (carry .whl)
+#               bash scripts/gpu.sh bench domain_ops --sync-debug
+# Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
+# cases whose id names cuda run here, plus tests marked gpu); `bench NAME ARGS...` runs
+# benchmarks/NAME.py and saves its table as $OUT/NAME.md; `all` does the standard set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/eagletree-gpu-out}
+mkdir -p "$OUT"
+if [ -d .whl ] && [ ! -d /tmp/site ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' \
+    >> "$OUT/gpu.txt"
+cat "$OUT/gpu.txt"
+phase=${1:-all}; shift || true
+case "$phase" in
+tests)
+    python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu" "$@" 2>&1 | tee -a "$OUT/tests.log" \
+        | tail -n 40
+    ;;
+bench)
+    name=$1; shift
+    python3 "benchmarks/$name.py" --out "$OUT/$name.md" "$@" 2>&1 | tee -a "$OUT/bench.log" \
+        | tail -n 60
+    ;;
+*)
+    echo "unknown phase $phase" >&2; exit 2
+    ;;
+esac
