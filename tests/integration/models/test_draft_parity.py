@@ -249,6 +249,8 @@ def test_eagle3_head_matches_its_transformers_reference_over_the_target_vocabula
 def test_deepseek_mtp_layers_match_transformers_mtp_model(
     tmp_path: Path, device: torch.device
 ) -> None:
+    if not hasattr(transformers.modeling_layers, "MtpModel"):
+        pytest.skip("this transformers has no MtpModel")
     config = transformers.DeepseekV3Config(
         vocab_size=VOCAB,
         hidden_size=HIDDEN,
