@@ -218,8 +218,10 @@ class Engine:
         # SYNC: the host needs the sampled tokens to check stop conditions; one copy per step
         rows = torch.cat(columns, dim=1).tolist()
         now = self._clock()
-        for request, row in zip(output.requests, rows, strict=True):
+        for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
             *tokens, num_emitted, num_committed = row
+            if output.speculative and index >= output.num_prefill:
+                request.emitted_per_step.append(num_emitted)
             if request.finish_reason is None:  # aborted mid-step: the tokens are dropped
                 kept = request.append_tokens(tokens[:num_emitted], self.eos_token_ids, now)
                 self.stats.num_generated_tokens += kept

@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 import torch
 
+from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app.engine import Engine, GenerationResult, StepReport
+from eagletree.app.forward_batches import BatchBuilder
+from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.workers.step import StepOutput
 from eagletree.domain.batch import ForwardMode
 from eagletree.domain.request import FinishReason, SamplingParams
+from tests.conftest import requires_cuda
 from tests.fakes import FakeRunner, fake_engine_parts
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11], [12]]
@@ -196,6 +202,73 @@ def _params(max_new_tokens: int) -> SamplingParams:
     return SamplingParams(max_new_tokens=max_new_tokens)
 
 
+class OracleChainWorker:
+    """A stand-in for a speculative worker: each decode step emits 1..max_emit greedy tokens
+    of the fake model (known on the host), committing as many, inside a 2·max_emit window."""
+
+    def __init__(self, runner: FakeRunner, max_emit: int, seed: int) -> None:
+        self._runner = runner
+        self._max_emit = max_emit
+        self._generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def reserve_per_step(self) -> int:
+        return 2 * self._max_emit
+
+    def step(self, plan: SchedulePlan) -> StepOutput:
+        rows, emitted, committed = [], [], []
+        for request in plan.prefill + plan.decode:
+            count = 1
+            if request in plan.decode:
+                count = int(torch.randint(1, self._max_emit + 1, (1,), generator=self._generator))
+                assert request.allocated_len >= request.committed_len + self.reserve_per_step
+            tokens = self._runner.greedy_reference(request.all_ids, count)
+            rows.append(tokens + [0] * (self._max_emit - count))
+            emitted.append(count)
+            committed.append(request.num_tokens - request.committed_len + count - 1)
+        return StepOutput(
+            requests=plan.prefill + plan.decode,
+            tokens=torch.tensor(rows),
+            num_emitted=torch.tensor(emitted),
+            num_committed=torch.tensor(committed),
+            num_forwards=1,
+            num_prefill=len(plan.prefill),
+            speculative=True,
+        )
+
+
+def test_multi_token_steps_are_cut_at_eos_and_max_new_tokens_and_counted_as_acceptance() -> None:
+    probe, _ = fake_engine()
+    expected = probe.generate(PROMPTS, max_new_tokens=11)
+    eos = expected[0].output_ids[6]
+    runner_for_chain, allocator = fake_engine_parts(pool_size=256, row_width=64)
+    engine = Engine(
+        OracleChainWorker(runner_for_chain, max_emit=4, seed=1),
+        allocator,
+        runner_for_chain.req_to_token_pool,
+        vocab_size=32,
+        max_context_len=48,
+        max_running_requests=4,
+        eos_token_ids=(eos,),
+    )
+    results = engine.generate(PROMPTS, max_new_tokens=11)
+    for result, reference in zip(results, expected, strict=True):
+        ids = reference.output_ids
+        cut = ids.index(eos) + 1 if eos in ids else len(ids)
+        assert result.output_ids == ids[:cut]
+        if len(result.output_ids) == 1:  # finished by its prefill: no verify step
+            assert result.acceptance is None
+            continue
+        acceptance = result.acceptance
+        assert acceptance is not None
+        assert all(1 <= n <= 4 for n, steps in enumerate(acceptance.histogram) if steps)
+        # every step's tokens were emitted; only the last step may overshoot the cut
+        overshoot = acceptance.num_emitted - (len(result.output_ids) - 1)
+        assert 0 <= overshoot < 4
+    assert engine.stats.acceptance is not None and engine.stats.acceptance.mean_accept_length > 1
+    assert allocator.available_size() == 256
+
+
 # -- a Llama target against transformers ------------------------------------------------------
 
 HF_CONFIGS: dict[str, dict[str, Any]] = {
@@ -327,3 +400,31 @@ def test_from_settings_wires_the_checkpoint_through_the_container(
     results = engine.generate(prompts, max_new_tokens=6)
     for prompt, result in zip(prompts, results, strict=True):
         assert result.output_ids == hf_greedy(hf_model, prompt, 6)
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_device() -> None:
+    runner, _ = fake_engine_parts(device="cuda")
+    allocator = DeviceSlotAllocator(512, "cuda")  # debug checks off: frees stay on the device
+    engine = Engine.non_speculative(runner, allocator, max_context_len=48, max_running_requests=8)
+    for prompt in PROMPTS[:2]:
+        engine.submit(prompt, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=5, seed=1))
+    engine.step()
+    for prompt in PROMPTS[2:]:
+        engine.submit(prompt, _params(6))
+    batches = BatchBuilder(runner.req_to_token_pool)
+    logits = torch.randn(4, 32, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        plan = engine.scheduler.schedule()  # windows grow for two, two are admitted
+        batches.extend(plan.prefill)
+        batches.decode(plan.decode)
+        sample_next_tokens(logits, plan.prefill + plan.decode)
+        for request in plan.decode:
+            request.mark_aborted()
+        engine.scheduler.release_finished()  # frees rows and slots
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(plan.prefill) == 2 and len(plan.decode) == 2

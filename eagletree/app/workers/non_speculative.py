@@ -42,4 +42,5 @@ class NonSpeculativeWorker:
             num_emitted=torch.ones_like(tokens),
             num_committed=to_device(torch.tensor(committed), tokens.device),
             num_forwards=len(logits),
+            num_prefill=len(plan.prefill),
         )

@@ -22,11 +22,13 @@ class StepOutput:
     a prefill, 1 on a plain decode, accept_length + 1 after a verify).
     """
 
-    requests: list[Request]
+    requests: list[Request]  # the plan's prefill requests first, then its decode requests
     tokens: torch.Tensor
     num_emitted: torch.Tensor
     num_committed: torch.Tensor
     num_forwards: int  # model forwards the step ran (target and draft)
+    num_prefill: int  # rows [0, num_prefill) were prefills
+    speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
 
 
 class Worker(Protocol):
