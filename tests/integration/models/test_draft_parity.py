@@ -9,6 +9,7 @@ EXTEND followed by DECODE steps through the pool.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -249,7 +250,8 @@ def test_eagle3_head_matches_its_transformers_reference_over_the_target_vocabula
 def test_deepseek_mtp_layers_match_transformers_mtp_model(
     tmp_path: Path, device: torch.device
 ) -> None:
-    if not hasattr(transformers.modeling_layers, "MtpModel"):
+    modeling_layers = importlib.import_module("transformers.modeling_layers")
+    if not hasattr(modeling_layers, "MtpModel"):
         pytest.skip("this transformers has no MtpModel")
     config = transformers.DeepseekV3Config(
         vocab_size=VOCAB,
@@ -276,7 +278,7 @@ def test_deepseek_mtp_layers_match_transformers_mtp_model(
     main = transformers.DeepseekV3ForCausalLM(config).eval()
     perturb_parameters(main, seed=41)
     main.save_pretrained(tmp_path / "target")
-    mtp = transformers.modeling_layers.MtpModel(main, 2).eval()
+    mtp = modeling_layers.MtpModel(main, 2).eval()
     for layer in mtp.layers:  # dense MLPs, as the layers we support
         layer.mtp_block.mlp = deepseek_modeling.DeepseekV3MLP(config)
     perturb_parameters(mtp.layers, seed=42)

@@ -28,7 +28,9 @@ pytestmark = pytest.mark.hf
 TOLERANCE = 1e-4  # max |diff| relative to the largest reference logit
 
 
-def tiny_llama(tmp_path: Path, tie: bool, rope: dict[str, Any], seed: int) -> Any:
+def tiny_llama(
+    tmp_path: Path, tie: bool, rope: dict[str, Any], seed: int, bias: bool = False
+) -> Any:
     config = transformers.LlamaConfig(
         vocab_size=61,
         hidden_size=64,
@@ -40,6 +42,8 @@ def tiny_llama(tmp_path: Path, tie: bool, rope: dict[str, Any], seed: int) -> An
         max_position_embeddings=128,
         rope_parameters=rope,
         tie_word_embeddings=tie,
+        attention_bias=bias,
+        mlp_bias=bias,
     )
     model = transformers.LlamaForCausalLM(config).eval()
     perturb_parameters(model, seed)
@@ -62,14 +66,14 @@ DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
     ("backend", "tie", "rope"),
     [
         *[pytest.param(b, False, LLAMA3_ROPE, id=f"{b}-untied-llama3-rope") for b in BACKENDS],
-        pytest.param("torch", True, DEFAULT_ROPE, id="torch-tied-default-rope"),
+        pytest.param("torch", True, DEFAULT_ROPE, id="torch-tied-default-rope-biases"),
     ],
 )
 def test_prefill_chunked_extend_and_decode_logits_match_transformers(
     tmp_path: Path, device: torch.device, backend: str, tie: bool, rope: dict[str, Any]
 ) -> None:
     skip_unless_backend_runs(backend, device)
-    reference = tiny_llama(tmp_path, tie, rope, seed=1)
+    reference = tiny_llama(tmp_path, tie, rope, seed=1, bias=tie)
     model = load_target(tmp_path, torch.float32, device, aux_layer_ids=(0, 2, 3))
     memory = Memory(device)
     runner = TargetModelRunner(model, *memory.runner_parts(model.kv_layout, backend, torch.float32))

@@ -62,7 +62,6 @@ def tiny_deepseek(
         max_position_embeddings=64,
         rope_parameters=rope,
         rope_interleave=interleave,
-        num_mtp_layers=0,
     )
     model = transformers.DeepseekV3ForCausalLM(config).eval()
     perturb_parameters(model, seed)
