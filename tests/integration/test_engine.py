@@ -385,6 +385,8 @@ def test_llama_retract_under_a_tight_pool_keeps_the_transformers_output(
 def test_from_settings_wires_the_checkpoint_through_the_container(
     hf_checkpoint: tuple[Any, Path],
 ) -> None:
+    pytest.importorskip("pydantic_settings")
+    pytest.importorskip("dependency_injector")
     from eagletree.config.settings import EngineSettings
 
     hf_model, path = hf_checkpoint
