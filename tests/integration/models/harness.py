@@ -64,10 +64,16 @@ def make_backend(
 class Memory:
     """One slot allocator and one req_to_token table, shared by every runner of a test."""
 
-    def __init__(self, device: torch.device, num_slots: int = 256, max_requests: int = 8) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        num_slots: int = 256,
+        max_requests: int = 8,
+        row_width: int = 64,
+    ) -> None:
         self.device = device
         self.allocator = DeviceSlotAllocator(num_slots, device)
-        self.req_to_token_pool = TensorReqToTokenPool(max_requests, 64, device)
+        self.req_to_token_pool = TensorReqToTokenPool(max_requests, row_width, device)
 
     def runner_parts(
         self, layout: KVLayout, backend: str, dtype: torch.dtype
