@@ -1,4 +1,4 @@
-"""The `eagletree` command: `config show`, `config validate`, `demo`."""
+"""The `eagletree` command: `generate`, `init-random`, `config show`, `config validate`, `demo`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from eagletree.app import generate_cli
 from eagletree.config.eagle_hook import resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import ATTENTION_KINDS, TargetDescription
@@ -22,7 +23,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from eagletree.app import demo  # imported here: `config` does not need it
 
         return demo.main(argv[1:])
+    if argv[:1] == ["init-random"]:  # imported here: the checkpoint writer pulls in torch
+        from eagletree.app import init_random_cli
+
+        parser = argparse.ArgumentParser(prog="eagletree")
+        init_random_cli.add_parser(parser.add_subparsers(dest="command", required=True))
+        return init_random_cli.run(parser.parse_args(argv))
     args = _parser().parse_args(argv)
+    if args.command == "generate":
+        return generate_cli.run(args)
     # Warnings reach stderr through logging's last-resort handler unless the embedding
     # application configured logging; `config show` also prints them in [speculative.resolved].
     try:
@@ -68,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
             "--attention-kind", choices=ATTENTION_KINDS, help="override the architecture's kind"
         )
 
+    generate_cli.add_parser(commands)
+    commands.add_parser(
+        "init-random", help="write a random target and draft checkpoint", add_help=False
+    )
     commands.add_parser("demo", help="one tree decode step on fixed numbers, phase by phase")
     return parser
 
