@@ -153,3 +153,26 @@ def test_demo_options_reach_the_demo(capsys: pytest.CaptureFixture[str]) -> None
         main(["demo", "--help"])
     assert raised.value.code == 0
     assert "one tree decode step on fixed numbers" in capsys.readouterr().out
+
+
+def test_init_random_through_the_command_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    out = tmp_path / "ckpt"
+    status = main(["init-random", "--arch", "llama", "--draft", "eagle", "--out", str(out)])
+    assert status == 0
+    assert (out / "target" / "config.json").is_file() or (out / "config.json").is_file()
+
+
+def test_generate_through_the_command_prints_the_generated_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("EAGLETREE_MODEL__DEVICE", "cpu")
+    monkeypatch.setenv("EAGLETREE_MODEL__DTYPE", "float32")
+    monkeypatch.setenv("EAGLETREE_BACKEND__ATTENTION", "torch")
+    monkeypatch.setenv("EAGLETREE_BACKEND__KV_MOVE", "torch")
+    monkeypatch.setenv("EAGLETREE_MEMORY__MAX_TOTAL_TOKENS", "1024")
+    status = main(["generate", "--prompt-ids", "5 6 7", "--max-new-tokens", "3", "--no-progress"])
+    assert status == 0
+    printed = capfd.readouterr().out.split()  # the command writes to the real stdout
+    assert printed[0] == "[0]"
+    assert len([token for token in printed if token.isdigit()]) == 3
