@@ -64,9 +64,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``eagletree generate``; returns the exit status (0 ok, 1 bad input or settings)."""
     from eagletree.app.engine import Engine
+
+    # resolved at call time, so that a redirected sys.stdout / sys.stderr is honoured
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
 
     try:
         settings = _settings(args, err)
