@@ -12,9 +12,10 @@ class ModelOutput:
     """Logits of the requested rows and hidden states of every token of the forward.
 
     ``logits``: (num_logit_rows, V) float32, one row per index of the forward's ``logits_rows``
-    (every token when it was None). ``hidden_states``: (num_tokens, H) the last layer's output
-    before the final norm — what an EAGLE draft consumes; for a draft model, its own output
-    hidden state fed to the next draft step. ``aux_hidden_states``: (num_tokens, n·H) the
+    (every token when it was None). ``hidden_states``: (num_tokens, H); for a target, the
+    final-normed last hidden state (the lm_head input) — what an EAGLE draft consumes, as in the
+    EAGLE reference and SGLang; for a draft model, its own output hidden state fed to the next
+    draft step. ``aux_hidden_states``: (num_tokens, n·H) the
     concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
     """
 
