@@ -7,7 +7,8 @@ while rows, slots and the prefill token budget last (not in an iteration that re
 
 Slots are never freed per step: a request's whole row ``[0, allocated)`` — the committed prefix
 and the window tail ``[committed, allocated)`` — goes back to the allocator exactly once, when
-it finishes, is aborted or is retracted. With ``reserve_per_step = 2·max(S·k, N)`` a
+it finishes, is aborted or is retracted. (The v1 worker alone also frees its rejected draft
+slots every step, through ``free_window_tail``.) With ``reserve_per_step = 2·max(S·k, N)`` a
 speculative worker can run a step on device-side lengths the host learns one step later.
 Every runner of one engine shares the req_to_token pool given here (a slot id indexes every
 KV pool; a row id indexes every runner's view of the request).
@@ -234,6 +235,10 @@ class Scheduler:
         for request, target in growing:
             request.grow_window(target)
 
+    def shrink_window(self, request: Request, new_allocated_len: int) -> None:
+        """Free the slots of ``req_to_token[row, new_allocated_len:allocated]`` now (v1 only)."""
+        free_window_tail(request, new_allocated_len, self._allocator, self._req_to_token_pool)
+
     def _free_row(self, request: Request) -> None:
         """Free the request's row and every slot of it, committed prefix and window tail alike."""
         row, allocated = request.release()
@@ -243,3 +248,25 @@ class Scheduler:
             table[row, :allocated] = 0
             self._allocator.free(slots)
         self._req_to_token_pool.free([row])
+
+
+def free_window_tail(
+    request: Request,
+    new_allocated_len: int,
+    allocator: TokenSlotAllocator,
+    req_to_token_pool: ReqToTokenPool,
+) -> None:
+    """Give the slots of ``req_to_token[row, new_allocated_len:allocated]`` back and clear them.
+
+    The per-step free of the v1 worker: after it has moved the accepted slots to the front of
+    the window, the rejected ones form the tail. The committed prefix is never freed this way
+    (``Request.shrink_window`` checks it); the scheduler grows the window again next step.
+    """
+    assert request.row is not None, request
+    start, end = new_allocated_len, request.allocated_len
+    request.shrink_window(new_allocated_len)
+    if end > start:
+        table = req_to_token_pool.req_to_token
+        slots = table[request.row, start:end].to(torch.int64)  # a copy: cleared next
+        table[request.row, start:end] = 0
+        allocator.free(slots)

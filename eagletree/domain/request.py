@@ -175,6 +175,20 @@ class Request:
         self.allocated_len = new_allocated_len
         self.check_invariants()
 
+    def shrink_window(self, new_allocated_len: int) -> None:
+        """Record that the row's slots past ``new_allocated_len`` went back to the allocator.
+
+        Only the v1 worker shrinks a window (it frees rejected draft slots every step); the
+        committed prefix is never given up this way.
+        """
+        assert self.status is RequestStatus.RUNNING, self
+        assert self.committed_len <= new_allocated_len <= self.allocated_len, (
+            new_allocated_len,
+            self,
+        )
+        self.allocated_len = new_allocated_len
+        self.check_invariants()
+
     def commit(self, num_tokens: int) -> None:
         """``num_tokens`` more tokens have their KV written in the pools."""
         assert num_tokens >= 0
