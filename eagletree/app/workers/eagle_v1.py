@@ -1,0 +1,253 @@
+"""EagleWorkerV1: EAGLE tree speculation with host-side bookkeeping — the explicit fallback.
+
+Draft, tree and verify are v2's (``TreeDrafter``, ``TreeVerifier``). Then the host reads the
+accepted paths (the step's one deliberate sync) and keeps only what was accepted:
+
+* page_size 1 — ``req_to_token[row, L : L + a]`` is pointed at the accepted nodes' slots (no
+  KV is copied; the slots left over, rejected nodes and draft scratch, form the window's tail)
+  and the window tail is freed, so a request holds exactly ``L + a + 1`` slots after a step;
+* page_size P > 1 — the row is never rewritten, so every position keeps the slot the scheduler
+  gave it and pages stay dense: the accepted path's target KV is moved to the window's first
+  ``a + 1`` slots (``accepted_move_plan`` → ``move_kv_cache``, k > 1 only) and the window is
+  freed past the page that holds the new committed end;
+* draft-extend — one EXTEND forward of the draft over each request's ``a + 1`` accepted tokens
+  (ragged, lengths known on the host), whose last row proposes the next top-k.
+
+The scheduler grows each window back to ``committed + max(S·k, N)`` before the next step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.scheduler import free_window_tail
+from eagletree.app.workers.draft_extender import DraftExtender
+from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
+from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.tree_drafter import TreeDrafter
+from eagletree.app.workers.verifier import TreeVerifier, Verification
+from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.compaction import accepted_move_plan, compact_to_front
+from eagletree.domain.tree import TreeMaskMode
+
+if TYPE_CHECKING:
+    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.domain.request import Request
+    from eagletree.ports.memory import TokenSlotAllocator
+    from eagletree.ports.model import DraftRunner, ModelRunner
+
+
+class EagleWorkerV1:
+    """Speculative worker that frees rejected slots every step; serves page_size > 1.
+
+    Arguments as ``EagleWorkerV2``'s, plus the ``allocator`` the scheduler hands slots out of
+    (v1 gives the rejected ones back itself). The draft must share the target's req_to_token
+    pool: the pointer rewrite has to be seen by both. The page size is the target pool's.
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: DraftRunner,
+        *,
+        allocator: TokenSlotAllocator,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        draft_hidden_size: int,
+        use_aux_hidden: bool = False,
+        mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+    ) -> None:
+        if draft.req_to_token_pool is not target.req_to_token_pool:
+            raise ValueError(
+                "EagleWorkerV1 rewrites req_to_token rows: the draft runner must share the "
+                "target runner's req_to_token pool"
+            )
+        self._target = target
+        self._allocator = allocator
+        self.num_steps = num_steps
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens
+        self.page_size = target.kv_pool.page_size
+        self._batches = BatchBuilder(target.req_to_token_pool)
+        self._drafter = TreeDrafter(
+            draft,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            mask_mode=mask_mode,
+        )
+        self._verifier = TreeVerifier(
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens
+        )
+        self._extender = DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden)
+        self._state = DraftStateStore(
+            num_rows=target.req_to_token_pool.size,
+            topk=topk,
+            hidden_size=draft_hidden_size,
+            hidden_dtype=draft.kv_pool.dtype,
+            device=self._batches.device,
+        )
+        self.last_verification: Verification | None = None
+
+    @property
+    def reserve_per_step(self) -> int:
+        # the draft writes S·k window slots, verify N; the host knows every length in time
+        return max(self.num_steps * self.topk, self.num_draft_tokens)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
+        return min(self.num_steps + 1, self.num_draft_tokens)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        return len(self._state)
+
+    def step(self, plan: SchedulePlan) -> StepOutput:
+        """Prefill the plan's new requests, run one tree step over its running ones (an idle
+        tree step, bs == 0, when the plan has neither)."""
+        self._state.retain(plan.prefill + plan.decode)
+        parts: list[StepOutput] = []
+        if plan.prefill:
+            parts.append(self._prefill(plan.prefill))
+        if plan.decode or not plan.prefill:
+            parts.append(self._decode(plan.decode))
+        return StepOutput(
+            requests=[r for part in parts for r in part.requests],
+            tokens=torch.cat([part.tokens for part in parts]),
+            num_emitted=torch.cat([part.num_emitted for part in parts]),
+            num_committed=torch.cat([part.num_committed for part in parts]),
+            num_forwards=sum(part.num_forwards for part in parts),
+            num_prefill=len(plan.prefill),
+            speculative=True,
+        )
+
+    def _prefill(self, requests: list[Request]) -> StepOutput:
+        batch, last_rows = self._batches.extend(requests)
+        out = self._target.forward(batch, last_rows)
+        next_tokens = sample_next_tokens(out.logits, requests).to(torch.int64)  # (bs,)
+        self._state.scatter(
+            requests, self._extender.extend_prefill(batch, last_rows, next_tokens, out)
+        )
+        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+        return StepOutput(
+            requests=requests,
+            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.tokens_per_step - 1)),
+            num_emitted=torch.ones_like(next_tokens),
+            num_committed=to_device(committed, next_tokens.device),
+            num_forwards=2,
+            num_prefill=len(requests),
+        )
+
+    def _decode(self, requests: list[Request]) -> StepOutput:
+        n = self.num_draft_tokens
+        window = DecodeWindow.of(requests, self._batches.device)
+        tree = self._drafter.draft(window, self._state.gather(requests))
+        verification = self._verifier.verify(window, tree, requests)
+        result = verification.result
+        # SYNC: v1 keeps its books on the host: which slots to keep or free, extend lengths
+        accept_index: list[list[int]] = result.accept_index.tolist()
+        accept_length: list[int] = result.accept_length.tolist()
+        paths = [row[: a + 1] for row, a in zip(accept_index, accept_length, strict=True)]
+        if self.page_size == 1:
+            self._point_rows_at_accepted_slots(requests, paths)
+        elif self.topk > 1:  # a chain's accepted path already sits at the window's front
+            tgt, src = accepted_move_plan(
+                result.accept_index, result.accept_length, verification.verify_slots, n
+            )
+            self._target.kv_pool.move_kv_cache(tgt, src)
+        for request, path in zip(requests, paths, strict=True):
+            free_window_tail(
+                request,
+                self._kept_window_end(request, len(path)),
+                self._allocator,
+                self._target.req_to_token_pool,
+            )
+        self._state.scatter(requests, self._extend_accepted(window, verification, paths))
+        self.last_verification = verification
+        bs = window.batch_size
+        predict = compact_to_front(result.predict, result.accept_index, n)  # (bs·N,)
+        emitted = result.accept_length.to(torch.int64) + 1
+        return StepOutput(
+            requests=requests,
+            tokens=predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64),
+            num_emitted=emitted,
+            num_committed=emitted,
+            num_forwards=self._drafter.num_forwards + 2,
+            num_prefill=0,
+        )
+
+    def _kept_window_end(self, request: Request, path_len: int) -> int:
+        """Columns of the row the request keeps: its new committed end, up to a page end."""
+        end = request.committed_len + path_len
+        page = self.page_size
+        return min(request.allocated_len, -(-end // page) * page)
+
+    def _point_rows_at_accepted_slots(
+        self, requests: list[Request], paths: list[list[int]]
+    ) -> None:
+        """Permute each verify block's columns so the accepted nodes' slots come first.
+
+        Columns ``[L, L + N)`` of request b's row hold node i's slot at ``L + i``; afterwards
+        ``L + t`` holds node ``path[t]``'s and the other nodes' slots follow in node order,
+        in the tail that ``free_window_tail`` returns. No slot is lost or duplicated.
+        """
+        n = self.num_draft_tokens
+        rows: list[int] = []
+        dst: list[int] = []
+        src: list[int] = []
+        for b, (request, path) in enumerate(zip(requests, paths, strict=True)):
+            assert request.row is not None, request
+            nodes = [node - b * n for node in path]
+            accepted = set(nodes)
+            order = nodes + [i for i in range(n) if i not in accepted]
+            base = request.committed_len
+            rows += [request.row] * n
+            dst += [base + i for i in range(n)]
+            src += [base + node for node in order]
+        if not rows:
+            return
+        table = self._target.req_to_token_pool.req_to_token
+        row_index = to_device(torch.tensor(rows), table.device)
+        table[row_index, to_device(torch.tensor(dst), table.device)] = table[
+            row_index, to_device(torch.tensor(src), table.device)
+        ]  # the right side is gathered before the write
+
+    def _extend_accepted(
+        self, window: DecodeWindow, verification: Verification, paths: list[list[int]]
+    ) -> DraftInput:
+        """Draft EXTEND over the accepted tokens: row t of request b sits at ``L_b + t``, reads
+        node ``path[t]``'s predicted token and target features, and writes its draft KV at
+        ``req_to_token[row, L_b + t]`` (where the target KV of that position now lives)."""
+        device = self._batches.device
+        lens = torch.tensor([len(path) for path in paths], dtype=torch.int64)
+        nodes = torch.tensor([node for path in paths for node in path], dtype=torch.int64)
+        nodes_dev = to_device(nodes, device)
+        first = torch.cumsum(lens, 0) - lens
+        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(first, lens)
+        positions = to_device(torch.repeat_interleave(window.seq_lens_cpu, lens) + offsets, device)
+        token_rows = torch.repeat_interleave(window.req_pool_indices, to_device(lens, device))
+        table = self._target.req_to_token_pool.req_to_token
+        features = self._extender.target_features(
+            verification.hidden_states, verification.aux_hidden_states
+        )
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=verification.result.predict.index_select(0, nodes_dev).to(torch.int64),
+            positions=positions,
+            seq_lens=window.seq_lens,
+            req_pool_indices=window.req_pool_indices,
+            out_cache_loc=table[token_rows, positions].to(torch.int64),
+            extend_lens=to_device(lens, device),
+            seq_lens_cpu=window.seq_lens_cpu,
+            seq_lens_sum=window.seq_lens_sum,
+            extend_lens_cpu=lens,
+        )
+        last_rows = to_device(torch.cumsum(lens, 0) - 1, device)
+        return self._extender.extend_ragged(batch, features.index_select(0, nodes_dev), last_rows)
