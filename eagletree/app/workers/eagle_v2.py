@@ -1,0 +1,186 @@
+"""EagleWorkerV2: EAGLE tree speculation with compaction, fixed shapes and no host sync in a step.
+
+One decode step (docs/speculative.md has the diagram):
+
+1. draft    — S − 1 DRAFT_DECODE forwards over a k-wide beam per request (``TreeDrafter``);
+2. tree     — the N − 1 best candidates under the bonus token as root (``build_tree``);
+3. verify   — one TARGET_VERIFY forward over the N nodes at window slots [L, L + N), then
+              greedy or sampled acceptance (``TreeVerifier``);
+4. compact  — k > 1 only: the accepted path's target KV moved to slots [L, L + a], predict and
+              the target hidden states gathered to rows [0, a] of each N-row block;
+5. extend   — one DRAFT_EXTEND forward of fixed width N per request; row a proposes the next
+              top-k (``DraftExtender``);
+6. output   — tokens = compacted predict rows [0, a], a + 1 of them, and as many committed.
+
+Nothing is allocated or freed here: the scheduler keeps ``2·max(S·k, N)`` slots backed past
+each request's committed length. Per-request device state (bonus token, top-k, draft hidden)
+lives in a ``DraftStateStore`` indexed by req_to_token row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.workers.draft_extender import DraftExtender
+from eagletree.app.workers.draft_state import DecodeWindow, DraftStateStore
+from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.tree_drafter import TreeDrafter
+from eagletree.app.workers.verifier import TreeVerifier, Verification
+from eagletree.domain.compaction import accepted_move_plan, compact_to_front
+from eagletree.domain.tree import DraftTree, TreeMaskMode
+
+if TYPE_CHECKING:
+    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.domain.request import Request
+    from eagletree.ports.model import DraftRunner, ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """One phase's rows of a ``StepOutput``."""
+
+    requests: list[Request]
+    tokens: torch.Tensor  # (rows, width) int64
+    num_emitted: torch.Tensor  # (rows,) int64
+    num_committed: torch.Tensor  # (rows,) int64
+    num_forwards: int
+
+
+class EagleWorkerV2:
+    """Speculative worker: prefill + draft prefill for new requests, a tree step for the rest.
+
+    ``draft_hidden_size`` is the width of the draft's own hidden state (what it feeds its next
+    draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
+    (EAGLE-3). ``last_tree`` / ``last_verification`` keep the latest decode step's device
+    results for inspection (tests, debugging); nothing reads them back on the host.
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: DraftRunner,
+        *,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        draft_hidden_size: int,
+        use_aux_hidden: bool = False,
+        mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+    ) -> None:
+        self._target = target
+        self.num_steps = num_steps
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens
+        self._batches = BatchBuilder(target.req_to_token_pool)
+        self._drafter = TreeDrafter(
+            draft,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            mask_mode=mask_mode,
+        )
+        self._verifier = TreeVerifier(
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens
+        )
+        self._extender = DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden)
+        self._state = DraftStateStore(
+            num_rows=target.req_to_token_pool.size,
+            topk=topk,
+            hidden_size=draft_hidden_size,
+            hidden_dtype=draft.kv_pool.dtype,
+            device=self._batches.device,
+        )
+        self.last_tree: DraftTree | None = None
+        self.last_verification: Verification | None = None
+
+    @property
+    def reserve_per_step(self) -> int:
+        # one step writes max(S·k, N) window slots; twice that lets the host learn lengths late
+        return 2 * max(self.num_steps * self.topk, self.num_draft_tokens)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
+        return min(self.num_steps + 1, self.num_draft_tokens)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        """Requests whose draft state the worker holds (the live ones after a step)."""
+        return len(self._state)
+
+    def step(self, plan: SchedulePlan) -> StepOutput:
+        """Prefill the plan's new requests, run one tree step over its running ones.
+
+        A plan without requests runs an idle tree step (bs == 0) through every phase, as a
+        data-parallel rank without requests must.
+        """
+        self._state.retain(plan.prefill + plan.decode)
+        parts: list[_Rows] = []
+        if plan.prefill:
+            parts.append(self._prefill(plan.prefill))
+        if plan.decode or not plan.prefill:
+            parts.append(self._decode(plan.decode))
+        return StepOutput(
+            requests=[r for part in parts for r in part.requests],
+            tokens=torch.cat([part.tokens for part in parts]),
+            num_emitted=torch.cat([part.num_emitted for part in parts]),
+            num_committed=torch.cat([part.num_committed for part in parts]),
+            num_forwards=sum(part.num_forwards for part in parts),
+            num_prefill=len(plan.prefill),
+            speculative=True,
+        )
+
+    def _prefill(self, requests: list[Request]) -> _Rows:
+        batch, last_rows = self._batches.extend(requests)
+        out = self._target.forward(batch, last_rows)
+        next_tokens = sample_next_tokens(out.logits, requests)  # (bs,)
+        self._state.scatter(
+            requests, self._extender.extend_prefill(batch, last_rows, next_tokens, out)
+        )
+        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+        tokens = F.pad(next_tokens.to(torch.int64).unsqueeze(1), (0, self.tokens_per_step - 1))
+        return _Rows(
+            requests=requests,
+            tokens=tokens,
+            num_emitted=torch.ones_like(next_tokens, dtype=torch.int64),
+            num_committed=to_device(committed, next_tokens.device),
+            num_forwards=2,
+        )
+
+    def _decode(self, requests: list[Request]) -> _Rows:
+        n = self.num_draft_tokens
+        window = DecodeWindow.of(requests, self._batches.device)
+        tree = self._drafter.draft(window, self._state.gather(requests))
+        verification = self._verifier.verify(window, tree, requests)
+        result = verification.result
+        predict = result.predict  # (bs·N,) int32
+        features = self._extender.target_features(
+            verification.hidden_states, verification.aux_hidden_states
+        )
+        if self.topk > 1:  # a chain's accepted path is already at the front of its block
+            tgt, src = accepted_move_plan(
+                result.accept_index, result.accept_length, verification.verify_slots, n
+            )
+            self._target.kv_pool.move_kv_cache(tgt, src)
+            predict = compact_to_front(predict, result.accept_index, n, inplace=True)
+            features = compact_to_front(features, result.accept_index, n, inplace=True)
+        next_state = self._extender.extend_block(
+            window, predict, features, result.accept_length, verification.verify_slots, n
+        )
+        self._state.scatter(requests, next_state)
+        self.last_tree, self.last_verification = tree, verification
+        bs = window.batch_size
+        emitted = result.accept_length.to(torch.int64) + 1
+        return _Rows(
+            requests=requests,
+            tokens=predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64),
+            num_emitted=emitted,
+            num_committed=emitted,
+            num_forwards=self._drafter.num_forwards + 2,
+        )

@@ -1,0 +1,159 @@
+"""The draft phase of a speculative step: a width-k beam over S levels, then the verify tree.
+
+Step 0 needs no forward: the root's children come from the previous draft-extend. Each of the
+S − 1 draft forwards runs the k surviving branches of every request as one DRAFT_DECODE batch.
+Branch j of draft forward i writes its draft KV at window position ``j·S + i`` (slot
+``req_to_token[row, L + j·S + i]``) and attends to the committed prefix, to the slots of its
+*true* ancestors along the beam and to itself. The beam re-ranks at every level, so a branch's
+ancestors are not "branch j's earlier slots": the drafter follows each survivor's parent
+pointer and carries the ancestor slot lists along (SGLang reads branch j's own column instead,
+which after a re-rank belongs to another path — harmless for correctness, worse for
+acceptance).
+
+Positions follow the draft convention (draft row p reads the token at p + 1 and the hidden
+state of position p): draft forward i of a request with committed length L sits at L + i.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from eagletree.domain.batch import DraftDecodeSpec, ForwardBatch, ForwardMode
+from eagletree.domain.tree import (
+    BeamStep,
+    DraftTree,
+    TreeMaskMode,
+    build_tree,
+    organize_draft_results,
+    select_top_k_tokens,
+)
+
+if TYPE_CHECKING:
+    from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
+    from eagletree.ports.model import DraftRunner
+
+
+def draft_topk(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's k most likely next tokens per row → (probabilities, tokens), each (rows, k)."""
+    # logits: (rows, V) float32; −inf entries (outside an EAGLE-3 draft vocabulary) get p = 0
+    probs = torch.softmax(logits.float(), dim=-1)
+    topk_p, topk_index = torch.topk(probs, topk, dim=-1)
+    return topk_p, topk_index
+
+
+class TreeDrafter:
+    """Drafts one tree per request with ``draft``; owns no state between steps.
+
+    ``draft`` reads the req_to_token rows of its own pool (shared with the target), and the
+    window ``[L, L + S·k)`` of each row must be backed (the scheduler's reserve covers it).
+    Free of host synchronisation; for bs == 0 every forward still runs, on empty tensors.
+    """
+
+    def __init__(
+        self,
+        draft: DraftRunner,
+        *,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+    ) -> None:
+        if num_steps < 1 or topk < 1 or num_draft_tokens < 2:
+            raise ValueError(
+                f"num_steps={num_steps} and topk={topk} must be >= 1 and num_draft_tokens="
+                f"{num_draft_tokens} >= 2"
+            )
+        if num_draft_tokens - 1 > topk + (num_steps - 1) * topk * topk:
+            raise ValueError(
+                f"num_draft_tokens={num_draft_tokens} exceeds the {topk}-wide, {num_steps}-deep "
+                "beam's candidates plus the root"
+            )
+        self._draft = draft
+        self.num_steps = num_steps
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens
+        self.mask_mode = mask_mode
+        self.num_forwards = num_steps - 1
+
+    def draft(self, window: DecodeWindow, state: DraftInput) -> DraftTree:
+        """Run the beam and build the verify tree rooted at each request's bonus token."""
+        k, num_steps = self.topk, self.num_steps
+        bs = window.batch_size
+        table = self._draft.req_to_token_pool.req_to_token
+        # branch_slots[b, j, i]: the draft KV slot of branch j at draft forward i
+        branch_slots = window.slots(table, k * num_steps).view(bs, k, num_steps)
+        beam = select_top_k_tokens(0, state.topk_p, state.topk_index, state.hidden_states, None, k)
+        steps = [beam]
+        ancestors = torch.zeros((bs * k, 0), dtype=torch.int64, device=branch_slots.device)
+        for step in range(1, num_steps):
+            own_slots = branch_slots[:, :, step - 1].reshape(bs * k)
+            out = self._draft.forward(
+                self._branch_batch(window, beam, own_slots, ancestors, step - 1),
+                beam.hidden_states,
+            )
+            topk_p, topk_index = draft_topk(out.logits, k)  # (bs·k, k) each
+            beam = select_top_k_tokens(step, topk_p, topk_index, out.hidden_states, beam.scores, k)
+            steps.append(beam)
+            ancestors = _survivor_ancestors(beam, ancestors, own_slots, bs, k, step)
+        score_list = [s.tree_info[0] for s in steps]
+        token_list = [s.tree_info[1] for s in steps]
+        parents_list = [s.tree_info[2] for s in steps]
+        parent_list, top_scores_index, draft_tokens = organize_draft_results(
+            score_list, token_list, parents_list, self.num_draft_tokens
+        )
+        return build_tree(
+            state.bonus_tokens,
+            parent_list,
+            top_scores_index,
+            draft_tokens,
+            window.seq_lens,
+            k,
+            num_steps,
+            self.num_draft_tokens,
+            self.mask_mode,
+            seq_lens_sum=window.seq_lens_sum,
+        )
+
+    def _branch_batch(
+        self,
+        window: DecodeWindow,
+        beam: BeamStep,
+        own_slots: torch.Tensor,
+        ancestors: torch.Tensor,
+        forward_index: int,
+    ) -> ForwardBatch:
+        k = self.topk
+        positions = (window.seq_lens + forward_index).repeat_interleave(k)
+        return ForwardBatch(
+            mode=ForwardMode.DRAFT_DECODE,
+            input_ids=beam.input_ids.to(torch.int64),
+            positions=positions,
+            seq_lens=window.seq_lens,
+            req_pool_indices=window.req_pool_indices,
+            out_cache_loc=own_slots,
+            seq_lens_cpu=window.seq_lens_cpu,
+            seq_lens_sum=window.seq_lens_sum,
+            spec=DraftDecodeSpec(topk=k, ancestor_slots=ancestors),
+        )
+
+
+def _survivor_ancestors(
+    beam: BeamStep,
+    ancestors: torch.Tensor,
+    own_slots: torch.Tensor,
+    bs: int,
+    k: int,
+    step: int,
+) -> torch.Tensor:
+    """Ancestor slots of each new survivor: its parent branch's ancestors, then the parent's
+    own slot of the forward just run → (bs·k, step) int64."""
+    # tree_info[2] holds the survivors' flat candidate ids k + k²(step − 1) + parent·k + child
+    survivor = beam.tree_info[2] - (k * k * (step - 1) + k)  # (bs, k) in [0, k²)
+    parent_branch = survivor // k
+    paths = torch.cat(
+        [ancestors.view(bs, k, step - 1), own_slots.view(bs, k, 1)], dim=2
+    )  # (bs, k, step): every branch's path slots before re-ranking
+    index = parent_branch.unsqueeze(2).expand(bs, k, step)
+    return torch.gather(paths, 1, index).reshape(bs * k, step)
