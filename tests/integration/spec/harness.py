@@ -1,0 +1,185 @@
+"""Speculative test harness: tiny random target + draft checkpoints and engines with and without
+speculation over them (pools, backends and runners built directly from the adapters, so the
+GPU machine needs neither pydantic nor dependency-injector)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
+from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
+from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel, load_models
+from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
+from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
+from eagletree.app.engine import Engine
+from eagletree.app.workers.eagle_v2 import EagleWorkerV2
+from eagletree.domain.tree import TreeMaskMode
+from eagletree.ports.model import DraftRunner
+from tests.integration.models.harness import make_backend, make_pool
+
+# vocab small enough that a random draft's top-k sometimes holds the target's token
+SIZES = ModelSizes(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    draft_vocab_size=64,
+)
+WEIGHT_STD = 0.15  # spreads the target's logits, so that no argmax is a near tie
+CONTEXT_LEN = 96
+
+
+@dataclass(frozen=True, slots=True)
+class SpecModels:
+    """A loaded target and its draft head(s), shared by every engine of a test module."""
+
+    arch: Arch
+    kind: DraftKind
+    target: TargetModel
+    drafts: list[DraftModel]
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_spec_models(
+    root: Path,
+    arch: Arch,
+    kind: DraftKind,
+    device: torch.device,
+    *,
+    sizes: ModelSizes = SIZES,
+    seed: int = 0,
+    std: float = WEIGHT_STD,
+    dtype: torch.dtype = torch.float32,
+) -> SpecModels:
+    target_dir, draft_dir = write_random_checkpoint(
+        root, arch, kind, seed=seed, sizes=sizes, dtype=dtype, std=std
+    )
+    loaded = load_models(target_dir, draft_dir, kind, dtype, device)
+    return SpecModels(arch, kind, loaded.target, list(loaded.drafts), device, dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMemory:
+    allocator: DeviceSlotAllocator
+    req_to_token_pool: TensorReqToTokenPool
+
+
+def _memory(device: torch.device, pool_size: int, max_running: int, row_width: int) -> EngineMemory:
+    return EngineMemory(
+        DeviceSlotAllocator(pool_size, device, debug_checks=True),
+        TensorReqToTokenPool(max_running, row_width, device),
+    )
+
+
+def _target_runner(models: SpecModels, memory: EngineMemory, backend: str) -> TargetModelRunner:
+    pool = make_pool(models.target.kv_layout, memory.allocator.size, models.dtype, models.device)
+    return TargetModelRunner(
+        models.target,
+        pool,
+        memory.req_to_token_pool,
+        make_backend(backend, pool, memory.req_to_token_pool),
+    )
+
+
+def draft_runner(
+    models: SpecModels, memory: EngineMemory, backend: str, index: int = 0
+) -> DraftModelRunner:
+    """A runner of draft head ``index`` over its own pool of the allocator's size."""
+    draft = models.drafts[index]
+    pool = make_pool(draft.kv_layout, memory.allocator.size, models.dtype, models.device)
+    return DraftModelRunner(
+        draft,
+        pool,
+        memory.req_to_token_pool,
+        make_backend(backend, pool, memory.req_to_token_pool),
+    )
+
+
+def plain_engine(
+    models: SpecModels,
+    *,
+    backend: str = "torch",
+    pool_size: int = 2048,
+    max_running: int = 8,
+    context_len: int = CONTEXT_LEN,
+    eos_token_ids: Collection[int] = (),
+) -> Engine:
+    memory = _memory(models.device, pool_size, max_running, context_len + 8)
+    return Engine.non_speculative(
+        _target_runner(models, memory, backend),
+        memory.allocator,
+        max_context_len=context_len,
+        max_running_requests=max_running,
+        eos_token_ids=eos_token_ids,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpecEngine:
+    engine: Engine
+    worker: EagleWorkerV2
+    target: TargetModelRunner
+    draft: DraftRunner
+    memory: EngineMemory
+
+
+def speculative_engine(
+    models: SpecModels,
+    num_steps: int,
+    topk: int,
+    num_draft_tokens: int,
+    *,
+    backend: str = "torch",
+    pool_size: int = 4096,
+    max_running: int = 8,
+    context_len: int = CONTEXT_LEN,
+    eos_token_ids: Collection[int] = (),
+    wrap_draft: Callable[[DraftModelRunner], DraftRunner] | None = None,
+    mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+) -> SpecEngine:
+    """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens)."""
+    reserve = 2 * max(num_steps * topk, num_draft_tokens)
+    memory = _memory(models.device, pool_size, max_running, context_len + reserve + 4)
+    target = _target_runner(models, memory, backend)
+    real_draft = draft_runner(models, memory, backend)
+    draft: DraftRunner = real_draft if wrap_draft is None else wrap_draft(real_draft)
+    worker = EagleWorkerV2(
+        target,
+        draft,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        draft_hidden_size=real_draft.hidden_size,
+        use_aux_hidden=models.kind == "eagle3",
+        mask_mode=mask_mode,
+    )
+    engine = Engine(
+        worker,
+        memory.allocator,
+        memory.req_to_token_pool,
+        vocab_size=target.vocab_size,
+        max_context_len=context_len,
+        max_running_requests=max_running,
+        eos_token_ids=eos_token_ids,
+    )
+    return SpecEngine(engine, worker, target, draft, memory)
+
+
+def ragged_prompts(vocab: int, lengths: Sequence[int], seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+def greedy_outputs(
+    engine: Engine, prompts: Sequence[Sequence[int]], max_new: int
+) -> list[list[int]]:
+    return [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new)]
