@@ -1,31 +1,28 @@
 """Triton: move KV rows between slots of many buffers at once (the fused ``move_kv_cache``).
 
-Every buffer of a pool is described by one row of a device table (base address, row width and
-row stride, in words), so one launch covers every layer. Rows are copied as raw words (int32
-when every address, width and stride allows, else int16 or uint8), which makes the copy
-bit-exact for any dtype, fp8 included, and keeps the interpreter away from bf16 arithmetic.
+Every buffer of a pool is one row of a device table (base address, row width and slot stride in
+words, and whether 16-byte vectors fit), so one launch covers every layer. Rows are copied as raw
+words (int32 when every address, width and stride allows, else int16 or uint8), bit-exact for any
+dtype, fp8 included; buffers whose address, row and stride are multiples of 16 bytes are copied
+with 16-byte vector accesses.
 
-Why the result equals ``domain.kv_move.move_rows_reference`` for ANY (tgt, src) with distinct
-targets (chains and cycles included):
+The pairs are cut into consecutive *segments*. A program owns one segment, one buffer and one
+column tile: it loads the tile of every moving source row of its segment into registers, passes
+a CTA barrier, then stores them at the targets. Why that equals
+``domain.kv_move.move_rows_reference`` (every source read before any target written):
 
-* A program owns one column tile of one buffer, for every pair. Column tiles are disjoint and
-  buffers do not overlap (checked when the table is built), so no two programs touch one byte.
-* Staged launch (``move_rows_staged``, all pairs in one block): the program loads the tile of
-  every source row into registers, passes a CTA barrier, and only then stores. No store can
-  precede a load of the same program, so every source is read before any target is written.
-* Chunked launch (large moves, ``move_rows_chunked``): pairs are processed in blocks of
-  ``CHUNK`` in order, each block staged as above. That is correct unless a pair reads a row
-  that a pair of an EARLIER block wrote ("backward hazard"; a later block's write is ordered
-  after this block's loads by the barriers). ``find_backward_hazards`` decides this on the device
-  (no host sync); the chunked launch runs only when there is none, otherwise the fallback
-  ``move_rows_through_scratch`` does (each launch checks the flag and the other returns at once).
-  Compaction plans (targets packed in request order, a target never after its source within a
-  request window) never have a backward hazard, so they always take the single-pass path.
-* Fallback: one program per SM loops over (buffer, column tile) work items; for each, it copies
-  the tile of every source into its private scratch, passes a barrier, then writes the targets.
-  Two passes over the data, but correct for any pairs with memory bounded by the scratch size.
-* Pairs with ``tgt == src`` (including (0, 0) padding) are skipped: they would rewrite a row with
-  its own bytes.
+* Programs of different buffers or column tiles touch disjoint bytes (buffers never overlap:
+  checked when the table is built).
+* Inside a program, every load precedes every store (the barrier orders the threads).
+* Programs of different segments may run in any order, so the segmentation must keep every
+  *hazard* inside one segment: a pair reading a slot that another moving pair writes. Targets are
+  distinct, so no two programs write one byte; reads of a slot nobody writes can happen any time.
+
+Segmentations used by ``adapters.memory.row_movers.TritonRowMover``: one segment holding every
+pair (small moves), segments of whole caller-declared independent groups (compaction plans), and
+segments planned on the device (``kv_move_plan``, with ``kv_move_scratch`` as the fallback).
+Pairs with ``tgt == src``, (0, 0) padding included, are skipped: they would rewrite a row with its
+own bytes.
 """
 
 from __future__ import annotations
@@ -37,7 +34,10 @@ import torch
 import triton
 import triton.language as tl
 
+VECTOR_BYTES = 16  # one 128-bit access per thread: the widest global load / store
 _WORD_DTYPES = {4: (torch.int32, tl.int32), 2: (torch.int16, tl.int16), 1: (torch.uint8, tl.uint8)}
+_MIN_TILE_BYTES = 128  # narrower tiles than a cache line waste DRAM bursts
+_MIN_PROGRAMS = 512  # about four programs per SM: small moves are latency-bound, spread them
 
 
 class RowTable(NamedTuple):
@@ -46,7 +46,9 @@ class RowTable(NamedTuple):
     base_ptrs: torch.Tensor  # (num_buffers,) int64 byte addresses
     row_words: torch.Tensor  # (num_buffers,) int64 words per row
     stride_words: torch.Tensor  # (num_buffers,) int64 words between consecutive slots
+    vector_aligned: torch.Tensor  # (num_buffers,) int64: 1 when 16-byte vectors fit
     word_bytes: int
+    vector_words: int  # words per 16-byte vector if any buffer is aligned, else 1
     num_buffers: int
     max_row_words: int
     max_rows: int
@@ -78,8 +80,12 @@ def build_row_table(buffers: tuple[torch.Tensor, ...]) -> RowTable:
         if start < end:
             raise ValueError("buffers overlap in memory; a fused move needs disjoint buffers")
     word_bytes = next(w for w in (4, 2, 1) if all(v % w == 0 for row in rows for v in row))
+    aligned = [all(v % VECTOR_BYTES == 0 for v in row) for row in rows]
     table = torch.tensor(
-        [[ptr, row // word_bytes, stride // word_bytes] for ptr, row, stride in rows],
+        [
+            [ptr, row // word_bytes, stride // word_bytes, int(ok)]
+            for (ptr, row, stride), ok in zip(rows, aligned, strict=True)
+        ],
         dtype=torch.int64,
     )
     table = table.t().contiguous().to(device)
@@ -87,7 +93,9 @@ def build_row_table(buffers: tuple[torch.Tensor, ...]) -> RowTable:
         base_ptrs=table[0],
         row_words=table[1],
         stride_words=table[2],
+        vector_aligned=table[3],
         word_bytes=word_bytes,
+        vector_words=VECTOR_BYTES // word_bytes if any(aligned) else 1,
         num_buffers=len(buffers),
         max_row_words=max(row // word_bytes for _, row, _ in rows),
         max_rows=max(buf.shape[0] for buf in buffers),
@@ -95,214 +103,240 @@ def build_row_table(buffers: tuple[torch.Tensor, ...]) -> RowTable:
     )
 
 
+class TileShape(NamedTuple):
+    """How one program's register block is cut: ``lanes`` pairs × ``tile`` words of a row."""
+
+    lanes: int  # power of two >= the longest segment
+    tile: int  # power of two, a multiple of the table's vector width
+    num_tiles: int  # column tiles covering the widest row
+    num_warps: int
+
+
+def tile_shape(
+    table: RowTable,
+    lanes: int,
+    num_segments: int,
+    register_words: int,
+    tile_words: int | None = None,
+    num_warps: int | None = None,
+) -> TileShape:
+    """The widest tile that fits ``register_words`` per program, narrowed while it would mask
+    over 1/8 of the widest row or leave the GPU with fewer than ``_MIN_PROGRAMS`` programs."""
+    width, vec = table.max_row_words, table.vector_words
+    widest = triton.next_power_of_2(width)
+    if tile_words is None:
+        tile = min(_floor_pow2(max(register_words // lanes, 1)), widest)
+        floor = min(widest, max(vec, _MIN_TILE_BYTES // table.word_bytes))
+        while tile > floor and triton.cdiv(width, tile) * tile * 8 > width * 9:
+            tile //= 2
+        while tile > floor and num_segments * table.num_buffers * triton.cdiv(width, tile) < (
+            _MIN_PROGRAMS
+        ):
+            tile //= 2
+        tile = max(tile, vec)
+    else:
+        tile = tile_words
+    if tile & (tile - 1) or tile % vec:
+        raise ValueError(f"tile of {tile} words: need a power of two and a multiple of {vec}")
+    if num_warps is None:  # about 32 words (eight 16-byte vectors) per thread
+        num_warps = min(8, max(2, _floor_pow2(max(lanes * tile // 1024, 1))))
+    return TileShape(lanes, tile, triton.cdiv(width, tile), num_warps)
+
+
+def _floor_pow2(value: int) -> int:
+    return 1 << (value.bit_length() - 1)
+
+
 @triton.jit
-def _move_tiles_kernel(
+def row_tile_pointers(
     base_ptrs,
     row_words,
     stride_words,
-    tgt_ptr,
-    src_ptr,
-    num_moves,
-    hazard_flag_ptr,
+    buf,
+    slots,
+    col0,
     WORD: tl.constexpr,
-    CHUNK: tl.constexpr,
     TILE: tl.constexpr,
-    GATED: tl.constexpr,
+    VEC: tl.constexpr,
 ):
-    """One column tile of one buffer for all pairs; per CHUNK pairs: load, barrier, store."""
-    tile = tl.program_id(0)
-    buf = tl.program_id(1)
-    width = tl.load(row_words + buf)
-    if tile * TILE >= width:
-        return
-    if GATED:  # noqa: SIM102 (a constexpr test; Triton does not mix it with a runtime `and`)
-        if tl.load(hazard_flag_ptr) != 0:
-            return
+    """Pointers to words [col0, col0 + TILE) of rows ``slots`` of buffer ``buf``, and the mask of
+    the columns inside the row. With VEC > 1 the caller vouches for 16-byte alignment; the table
+    entries are loaded here so that the alignment hints stay on this call's own loads."""
     base = tl.load(base_ptrs + buf).to(tl.pointer_type(WORD))
     stride = tl.load(stride_words + buf)
-    cols = tile * TILE + tl.arange(0, TILE)
-    col_mask = cols < width
-    for start in range(0, num_moves, CHUNK):
-        moves = start + tl.arange(0, CHUNK)
-        in_range = moves < num_moves
-        tgt = tl.load(tgt_ptr + moves, mask=in_range, other=0).to(tl.int64)
-        src = tl.load(src_ptr + moves, mask=in_range, other=0).to(tl.int64)
-        mask = (in_range & (tgt != src))[:, None] & col_mask[None, :]
-        rows = tl.load(base + src[:, None] * stride + cols[None, :], mask=mask)
-        tl.debug_barrier()  # every thread's loads are performed before any thread stores
-        tl.store(base + tgt[:, None] * stride + cols[None, :], rows, mask=mask)
+    width = tl.load(row_words + buf)
+    if VEC > 1:
+        base = tl.multiple_of(base, 16)
+        stride = tl.multiple_of(stride, VEC)
+        width = tl.multiple_of(width, VEC)
+    cols = col0 + tl.arange(0, TILE)
+    return base + slots[:, None] * stride + cols[None, :], (cols < width)[None, :]
 
 
 @triton.jit
-def _mark_targets_kernel(tgt_ptr, num_moves, mark_ptr, hazard_flag_ptr, BLOCK: tl.constexpr):
-    """mark[tgt[i]] = i; program 0 also clears the hazard flag for the check that follows."""
-    moves = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_range = moves < num_moves
-    tgt = tl.load(tgt_ptr + moves, mask=in_range, other=0).to(tl.int64)
-    tl.store(mark_ptr + tgt, moves.to(tl.int32), mask=in_range)
-    if tl.program_id(0) == 0:
-        tl.store(hazard_flag_ptr, 0)
-
-
-@triton.jit
-def _find_backward_hazards_kernel(
-    tgt_ptr, src_ptr, num_moves, mark_ptr, hazard_flag_ptr, CHUNK: tl.constexpr, BLOCK: tl.constexpr
-):
-    """Flag a pair whose source is written by a real (tgt != src) pair of an earlier chunk.
-
-    ``mark`` is never cleared: a stale entry j is recognised because ``tgt[j]`` is not the slot.
-    """
-    moves = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    in_range = moves < num_moves
-    src = tl.load(src_ptr + moves, mask=in_range, other=0).to(tl.int64)
-    writer = tl.load(mark_ptr + src, mask=in_range, other=-1).to(tl.int64)
-    known = in_range & (writer >= 0) & (writer < num_moves)
-    writer_tgt = tl.load(tgt_ptr + writer, mask=known, other=-1).to(tl.int64)
-    writer_src = tl.load(src_ptr + writer, mask=known, other=-1).to(tl.int64)
-    hazard = known & (writer_tgt == src) & (writer_src != src) & (writer // CHUNK < moves // CHUNK)
-    found = tl.max(hazard.to(tl.int32), axis=0)
-    if found != 0:
-        tl.atomic_max(hazard_flag_ptr, 1)
-
-
-@triton.jit
-def _move_through_scratch_kernel(
+def _stage_and_store(
     base_ptrs,
     row_words,
     stride_words,
+    buf,
+    tgt,
+    src,
+    moving,
+    col0,
+    WORD: tl.constexpr,
+    TILE: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    src_rows, in_row = row_tile_pointers(
+        base_ptrs, row_words, stride_words, buf, src, col0, WORD, TILE, VEC
+    )
+    tgt_rows, _ = row_tile_pointers(
+        base_ptrs, row_words, stride_words, buf, tgt, col0, WORD, TILE, VEC
+    )
+    mask = moving[:, None] & in_row
+    rows = tl.load(src_rows, mask=mask)
+    tl.debug_barrier()  # every thread's loads are performed before any thread stores
+    tl.store(tgt_rows, rows, mask=mask)
+
+
+@triton.jit
+def stage_rows(
+    base_ptrs,
+    row_words,
+    stride_words,
+    vector_aligned,
+    buf,
+    tgt,
+    src,
+    moving,
+    col0,
+    WORD: tl.constexpr,
+    TILE: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """Copies the column tile of every moving source row to its target, all loads first.
+
+    Aligned buffers take 16-byte vectors over the whole tile. Others take single words in
+    SPLIT column parts, each loaded, fenced and stored on its own (parts are disjoint bytes, so
+    that is still every load of a byte before any store of it): a whole tile of scalar accesses
+    would need a 64-bit address register pair per word and starve the vector path of occupancy.
+    """
+    SPLIT: tl.constexpr = 8 if TILE >= 8 else TILE
+    if VEC > 1:
+        if tl.load(vector_aligned + buf) != 0:
+            _stage_and_store(
+                base_ptrs, row_words, stride_words, buf, tgt, src, moving, col0, WORD, TILE, VEC
+            )
+        else:
+            for part in tl.static_range(SPLIT):
+                _stage_and_store(
+                    base_ptrs, row_words, stride_words, buf, tgt, src, moving,
+                    col0 + part * (TILE // SPLIT), WORD, TILE // SPLIT, 1,
+                )  # fmt: skip
+    else:
+        for part in tl.static_range(SPLIT):
+            _stage_and_store(
+                base_ptrs, row_words, stride_words, buf, tgt, src, moving,
+                col0 + part * (TILE // SPLIT), WORD, TILE // SPLIT, 1,
+            )  # fmt: skip
+
+
+@triton.jit
+def _move_segments_kernel(
+    base_ptrs,
+    row_words,
+    stride_words,
+    vector_aligned,
     tgt_ptr,
     src_ptr,
     num_moves,
-    hazard_flag_ptr,
-    scratch_ptr,
-    num_tiles,
-    num_items,
+    pairs_per_segment,
+    seg_starts_ptr,
+    flag_ptr,
     WORD: tl.constexpr,
-    BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
+    LANES: tl.constexpr,
     TILE: tl.constexpr,
+    PLANNED: tl.constexpr,
 ):
-    """Fallback for moves with a backward hazard: per work item all sources to scratch, then out."""
-    if tl.load(hazard_flag_ptr) == 0:
+    """One segment × buffer × column tile. Fixed segments of ``pairs_per_segment`` pairs, or,
+    with PLANNED, ``[seg_starts[s], seg_starts[s + 1])`` and only when ``flag[0] == 0``."""
+    segment = tl.program_id(0)
+    buf = tl.program_id(1)
+    col0 = tl.program_id(2) * TILE
+    if col0 >= tl.load(row_words + buf):
         return
-    program = tl.program_id(0)
-    scratch = scratch_ptr + program.to(tl.int64) * num_moves * TILE
-    lanes = tl.arange(0, TILE)
-    for item in range(program, num_items, tl.num_programs(0)):
-        buf = item // num_tiles
-        cols = (item % num_tiles) * TILE + lanes
-        width = tl.load(row_words + buf)
-        base = tl.load(base_ptrs + buf).to(tl.pointer_type(WORD))
-        stride = tl.load(stride_words + buf)
-        col_mask = cols < width
-        for start in range(0, num_moves, BLOCK):
-            moves = start + tl.arange(0, BLOCK)
-            in_range = moves < num_moves
-            src = tl.load(src_ptr + moves, mask=in_range, other=0).to(tl.int64)
-            mask = in_range[:, None] & col_mask[None, :]
-            rows = tl.load(base + src[:, None] * stride + cols[None, :], mask=mask)
-            tl.store(scratch + moves.to(tl.int64)[:, None] * TILE + lanes[None, :], rows, mask=mask)
-        tl.debug_barrier()  # the whole tile of every source is in scratch before any write
-        for start in range(0, num_moves, BLOCK):
-            moves = start + tl.arange(0, BLOCK)
-            in_range = moves < num_moves
-            tgt = tl.load(tgt_ptr + moves, mask=in_range, other=0).to(tl.int64)
-            mask = in_range[:, None] & col_mask[None, :]
-            rows = tl.load(scratch + moves.to(tl.int64)[:, None] * TILE + lanes[None, :], mask=mask)
-            tl.store(base + tgt[:, None] * stride + cols[None, :], rows, mask=mask)
-        tl.debug_barrier()  # scratch is reused by the next item only after every thread is done
+    if PLANNED:
+        if tl.load(flag_ptr) != 0:
+            return
+        start = tl.load(seg_starts_ptr + segment)
+        end = tl.load(seg_starts_ptr + segment + 1)
+    else:
+        start = segment * pairs_per_segment
+        end = tl.minimum(start + pairs_per_segment, num_moves)
+    moves = start + tl.arange(0, LANES)
+    in_segment = moves < end
+    tgt = tl.load(tgt_ptr + moves, mask=in_segment, other=0).to(tl.int64)
+    src = tl.load(src_ptr + moves, mask=in_segment, other=0).to(tl.int64)
+    moving = in_segment & (tgt != src)
+    stage_rows(
+        base_ptrs, row_words, stride_words, vector_aligned, buf, tgt, src, moving, col0,
+        WORD, TILE, VEC,
+    )  # fmt: skip
 
 
 def can_run_on(device: torch.device) -> bool:
     """CUDA always; CPU tensors only when the kernels were defined under TRITON_INTERPRET=1."""
-    return device.type != "cpu" or not isinstance(_move_tiles_kernel, triton.runtime.JITFunction)
+    return device.type != "cpu" or not isinstance(_move_segments_kernel, triton.runtime.JITFunction)
 
 
-def _word(table: RowTable) -> tl.dtype:
+def word_type(table: RowTable) -> tl.dtype:
+    """The Triton word type rows are copied as."""
     return _WORD_DTYPES[table.word_bytes][1]
 
 
-def _num_warps(block_words: int) -> int:
-    return 8 if block_words >= 4096 else 4
+def word_dtype(table: RowTable) -> torch.dtype:
+    """The torch twin of ``word_type`` (the dtype of a scratch tensor)."""
+    return _WORD_DTYPES[table.word_bytes][0]
 
 
-def move_rows_staged(
-    table: RowTable, tgt: torch.Tensor, src: torch.Tensor, register_words: int
+def move_rows_in_segments(
+    table: RowTable, tgt: torch.Tensor, src: torch.Tensor, pairs_per_segment: int, shape: TileShape
 ) -> None:
-    """One launch, all pairs in one register block; needs next_pow2(num_moves) <= register_words."""
+    """One launch; pairs ``[s·p, (s+1)·p)`` form segment s (p = ``pairs_per_segment``).
+
+    Precondition: no hazard crosses a segment (always true with one segment of every pair).
+    """
     # tgt, src: (num_moves,) int32/int64 slot ids on the table's device, contiguous
     num_moves = tgt.numel()
     if num_moves == 0:
         return
-    chunk = triton.next_power_of_2(num_moves)
-    assert chunk <= register_words, "staged move: too many pairs for one register block"
-    tile = min(register_words // chunk, triton.next_power_of_2(table.max_row_words))
-    grid = (triton.cdiv(table.max_row_words, tile), table.num_buffers)
-    _move_tiles_kernel[grid](
-        table.base_ptrs, table.row_words, table.stride_words, tgt, src, num_moves, None,
-        WORD=_word(table), CHUNK=chunk, TILE=tile, GATED=False,
-        num_warps=_num_warps(chunk * tile),
+    assert 1 <= pairs_per_segment <= shape.lanes
+    grid = (triton.cdiv(num_moves, pairs_per_segment), table.num_buffers, shape.num_tiles)
+    _move_segments_kernel[grid](
+        table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned, tgt, src,
+        num_moves, pairs_per_segment, tgt, tgt,
+        WORD=word_type(table), VEC=table.vector_words, LANES=shape.lanes, TILE=shape.tile,
+        PLANNED=False, num_warps=shape.num_warps,
     )  # fmt: skip
 
 
-def find_backward_hazards(
-    tgt: torch.Tensor, src: torch.Tensor, mark: torch.Tensor, flag: torch.Tensor, chunk: int
-) -> None:
-    """Sets ``flag[0]`` to 1 iff chunked processing in blocks of ``chunk`` would be wrong."""
-    # mark: (>= max slot + 1,) int32 scratch, any content; flag: (1,) int32
-    num_moves, block = tgt.numel(), 1024
-    grid = (triton.cdiv(num_moves, block),)
-    _mark_targets_kernel[grid](tgt, num_moves, mark, flag, BLOCK=block)
-    _find_backward_hazards_kernel[grid](tgt, src, num_moves, mark, flag, CHUNK=chunk, BLOCK=block)
-
-
-def move_rows_chunked(
+def move_rows_in_planned_segments(
     table: RowTable,
     tgt: torch.Tensor,
     src: torch.Tensor,
+    seg_starts: torch.Tensor,
     flag: torch.Tensor,
-    chunk: int,
-    register_words: int,
+    shape: TileShape,
 ) -> None:
-    """One launch that does the move when ``flag[0] == 0`` (no backward hazard), else nothing."""
-    tile = min(max(register_words // chunk, 1), triton.next_power_of_2(table.max_row_words))
-    grid = (triton.cdiv(table.max_row_words, tile), table.num_buffers)
-    _move_tiles_kernel[grid](
-        table.base_ptrs, table.row_words, table.stride_words, tgt, src, tgt.numel(), flag,
-        WORD=_word(table), CHUNK=chunk, TILE=tile, GATED=True,
-        num_warps=_num_warps(chunk * tile),
-    )  # fmt: skip
-
-
-def scratch_tile_words(table: RowTable, num_moves: int, programs: int, scratch_bytes: int) -> int:
-    """Widest power-of-two tile whose per-program scratch fits the budget (at least one word)."""
-    per_word = programs * num_moves * table.word_bytes
-    tile = 1
-    while tile * 2 * per_word <= scratch_bytes and tile < min(table.max_row_words, 256):
-        tile *= 2
-    return tile
-
-
-def scratch_dtype(table: RowTable) -> torch.dtype:
-    """The dtype a scratch tensor for ``move_rows_through_scratch`` must have (the word type)."""
-    return _WORD_DTYPES[table.word_bytes][0]
-
-
-def move_rows_through_scratch(
-    table: RowTable,
-    tgt: torch.Tensor,
-    src: torch.Tensor,
-    flag: torch.Tensor,
-    scratch: torch.Tensor,
-    programs: int,
-    tile: int,
-) -> None:
-    """One launch that moves when ``flag[0] != 0``; ``scratch`` holds programs·n·tile words."""
-    num_moves = tgt.numel()
-    assert scratch.dtype == scratch_dtype(table) and scratch.numel() >= programs * num_moves * tile
-    num_tiles = triton.cdiv(table.max_row_words, tile)
-    block = max(1, min(triton.next_power_of_2(num_moves), 4096 // tile))
-    _move_through_scratch_kernel[(programs,)](
-        table.base_ptrs, table.row_words, table.stride_words, tgt, src, num_moves, flag, scratch,
-        num_tiles, num_tiles * table.num_buffers,
-        WORD=_word(table), BLOCK=block, TILE=tile, num_warps=_num_warps(block * tile),
+    """One launch that moves segment s = ``[seg_starts[s], seg_starts[s + 1])`` when
+    ``flag[0] == 0`` and does nothing otherwise (``kv_move_plan.plan_segments`` fills both)."""
+    # seg_starts: (num_segments + 1,) int32, segments at most shape.lanes pairs; flag: (1,) int32
+    num_segments = seg_starts.numel() - 1
+    grid = (num_segments, table.num_buffers, shape.num_tiles)
+    _move_segments_kernel[grid](
+        table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned, tgt, src,
+        tgt.numel(), 0, seg_starts, flag,
+        WORD=word_type(table), VEC=table.vector_words, LANES=shape.lanes, TILE=shape.tile,
+        PLANNED=True, num_warps=shape.num_warps,
     )  # fmt: skip

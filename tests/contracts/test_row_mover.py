@@ -1,0 +1,440 @@
+"""RowMovers on their own: the ``independent_groups`` hint (exact when true, refused when false),
+the device segment plan of large Triton moves against a Python model, the scratch fallback, and
+the row table / tile heuristics. Bit-exact against ``domain.kv_move.move_rows_reference``;
+Triton runs under ``TRITON_INTERPRET=1`` on CPU (small shapes) and natively on CUDA."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
+from eagletree.domain.compaction import accepted_move_plan
+from eagletree.domain.kv_move import move_rows_reference
+from tests.conftest import requires_triton
+from tests.contracts.test_kv_pool import move_sets, raw
+
+NUM_SLOTS = 64
+FAST = settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+Mover = TorchRowMover | TritonRowMover
+HINTED_MOVERS: dict[str, Callable[[], Mover]] = {
+    "torch": lambda: TorchRowMover(debug_checks=True),
+    "triton": lambda: TritonRowMover(debug_checks=True),
+    # Two lanes per program: groups wider than a program's lanes, one group per program.
+    "triton_narrow": lambda: TritonRowMover(
+        max_staged_moves=8, group_lanes=2, register_words=64, debug_checks=True
+    ),
+    # Groups above the staged cap: the hint is unusable and the plan path moves instead.
+    "triton_capped": lambda: TritonRowMover(
+        max_staged_moves=2, register_words=64, plan_lanes=8, plan_window=2, debug_checks=True
+    ),
+}
+
+
+def needs_triton(mover_name: str, device: torch.device) -> None:
+    if mover_name.startswith("triton"):
+        requires_triton(device)
+
+
+def random_buffers(num_slots: int, device: torch.device, seed: int) -> tuple[torch.Tensor, ...]:
+    """Rows of several widths, dtypes and alignments (16-byte vectors and single words)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(num_slots, 2, 8, generator=gen).to(device, torch.bfloat16),  # 32 B rows
+        torch.randn(num_slots, 3, generator=gen).to(device),  # 12 B rows: no vectors
+        torch.randint(0, 256, (num_slots, 16), generator=gen, dtype=torch.uint8).to(device),
+    )
+
+
+def assert_moves_like_the_reference(
+    move: Callable[[tuple[torch.Tensor, ...]], None],
+    tgt: torch.Tensor,
+    src: torch.Tensor,
+    device: torch.device,
+    seed: int = 0,
+) -> None:
+    buffers = random_buffers(NUM_SLOTS, device, seed)
+    expected = [buf.clone() for buf in buffers]
+    move_rows_reference(expected, tgt, src)
+    move(buffers)
+    for i, (buf, want) in enumerate(zip(buffers, expected, strict=True)):
+        assert torch.equal(raw(buf), raw(want)), f"buffer {i} differs"
+
+
+@st.composite
+def grouped_moves(draw: st.DrawFn, group_size: int) -> tuple[list[int], list[int]]:
+    """Groups of ``group_size`` consecutive pairs (the last may be short), each with private
+    slots: chains, cycles, self-moves and (0, 0) padding inside a group, in any order, plus
+    reads of slots nobody writes (shared across groups: reads alone are no hazard)."""
+    num_groups = draw(st.integers(1, 5))
+    order = draw(st.permutations(range(1, NUM_SLOTS)))
+    read_only, private = order[:6], order[6:]
+    tgt: list[int] = []
+    src: list[int] = []
+    for g in range(num_groups):
+        own = private[g * (group_size + 3) : (g + 1) * (group_size + 3)]
+        size = draw(st.integers(1, group_size)) if g == num_groups - 1 else group_size
+        targets = own[:size]
+        pairs = []
+        for t in targets:
+            kind = draw(st.sampled_from(["group", "group", "read_only", "self", "padding"]))
+            if kind == "group":
+                pairs.append((t, draw(st.sampled_from(own))))
+            elif kind == "read_only":
+                pairs.append((t, draw(st.sampled_from(read_only))))
+            elif kind == "self":
+                pairs.append((t, t))
+            else:
+                pairs.append((0, 0))
+        pairs = draw(st.permutations(pairs))
+        tgt += [t for t, _ in pairs]
+        src += [s for _, s in pairs]
+    return tgt, src
+
+
+def crossing_hazard(tgt: list[int], src: list[int], group_size: int) -> bool:
+    """Python model: some pair reads a slot that a moving pair of another group writes."""
+    writer = {t: j for j, (t, s) in enumerate(zip(tgt, src, strict=True)) if t != s}
+    return any(
+        t != s and s in writer and writer[s] // group_size != i // group_size
+        for i, (t, s) in enumerate(zip(tgt, src, strict=True))
+    )
+
+
+def slots(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+@pytest.mark.parametrize("mover_name", list(HINTED_MOVERS))
+@FAST
+@given(data=st.data(), group_size=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_a_true_grouping_hint_moves_exactly_like_the_reference(
+    mover_name: str, device: torch.device, data: st.DataObject, group_size: int, seed: int
+) -> None:
+    needs_triton(mover_name, device)
+    tgt, src = data.draw(grouped_moves(group_size))
+    assert not crossing_hazard(tgt, src, group_size)
+    mover = HINTED_MOVERS[mover_name]()
+    assert_moves_like_the_reference(
+        lambda bufs: mover.move(
+            bufs, slots(tgt, device), slots(src, device), independent_groups=group_size
+        ),
+        slots(tgt, device),
+        slots(src, device),
+        device,
+        seed,
+    )
+
+
+@pytest.mark.parametrize("mover_name", list(HINTED_MOVERS))
+@FAST
+@given(moves=move_sets(num_rows=NUM_SLOTS), group_size=st.integers(1, 5))
+def test_any_grouping_hint_is_refused_when_wrong_and_exact_when_right(
+    mover_name: str, device: torch.device, moves: tuple[list[int], list[int]], group_size: int
+) -> None:
+    needs_triton(mover_name, device)
+    tgt, src = moves
+    mover = HINTED_MOVERS[mover_name]()
+    buffers = random_buffers(NUM_SLOTS, device, 1)
+    before = [raw(buf).clone() for buf in buffers]
+    if crossing_hazard(tgt, src, group_size):
+        with pytest.raises(ValueError, match=rf"independent_groups={group_size} is wrong"):
+            mover.move(
+                buffers, slots(tgt, device), slots(src, device), independent_groups=group_size
+            )
+        assert all(torch.equal(raw(b), old) for b, old in zip(buffers, before, strict=True))
+    else:
+        assert_moves_like_the_reference(
+            lambda bufs: mover.move(
+                bufs, slots(tgt, device), slots(src, device), independent_groups=group_size
+            ),
+            slots(tgt, device),
+            slots(src, device),
+            device,
+        )
+
+
+@pytest.mark.parametrize("mover_name", ["torch", "triton"])
+def test_a_hint_off_by_one_pair_names_the_pair_slot_and_groups(
+    mover_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    # groups of 3: [5←6, 6←7, 0←0] [9←10, 10←5, 0←0]: pair 4 reads slot 5, written by pair 0
+    tgt, src = [5, 6, 0, 9, 10, 0], [6, 7, 0, 10, 5, 0]
+    mover = HINTED_MOVERS[mover_name]()
+    message = r"pair 4 \(group 1\) reads slot 5, which a pair of group 0 writes"
+    with pytest.raises(ValueError, match=message):
+        mover.move(random_buffers(16, device, 0), slots(tgt, device), slots(src, device),
+                   independent_groups=3)  # fmt: skip
+    with pytest.raises(ValueError, match="must be >= 1"):
+        mover.move(random_buffers(16, device, 0), slots(tgt, device), slots(src, device),
+                   independent_groups=0)  # fmt: skip
+
+
+def compaction_pairs(
+    gen: torch.Generator, bs: int, num_nodes: int, num_steps: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A real ``accepted_move_plan`` over random accepted paths and scattered verify windows."""
+    rows, lengths = [], []
+    for b in range(bs):
+        length = int(torch.randint(0, num_steps + 1, (1,), generator=gen))
+        nodes = torch.randperm(num_nodes - 1, generator=gen)[:length].add(1).sort().values
+        path = [0, *nodes.tolist()]
+        rows.append([b * num_nodes + node for node in path] + [-1] * (num_steps - length))
+        lengths.append(length)
+    verify_slots = torch.randperm(NUM_SLOTS - 1, generator=gen)[: bs * num_nodes] + 1
+    return accepted_move_plan(
+        torch.tensor(rows, dtype=torch.int32, device=device),
+        torch.tensor(lengths, dtype=torch.int32, device=device),
+        verify_slots.to(device),
+        num_draft_tokens=num_nodes,
+    )
+
+
+@pytest.mark.parametrize("mover_name", list(HINTED_MOVERS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_compaction_plans_keep_the_grouping_promise_with_s_plus_one(
+    mover_name: str, seed: int, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    gen = torch.Generator().manual_seed(seed)
+    bs, num_nodes, num_steps = 7, 8, 4
+    tgt, src = compaction_pairs(gen, bs, num_nodes, num_steps, device)
+    mover = HINTED_MOVERS[mover_name]()
+    assert_moves_like_the_reference(
+        lambda bufs: mover.move(bufs, tgt, src, independent_groups=num_steps + 1),
+        tgt,
+        src,
+        device,
+        seed,
+    )
+
+
+def plan_model(tgt: list[int], src: list[int], pairs: int, window: int) -> list[int] | None:
+    """Python model of ``kv_move_plan``: the segment starts (plus the end), or None on failure."""
+    writer = {t: j for j, (t, s) in enumerate(zip(tgt, src, strict=True)) if t != s}
+    edges = [
+        (min(i, writer[s]), max(i, writer[s]))
+        for i, (t, s) in enumerate(zip(tgt, src, strict=True))
+        if t != s and s in writer
+    ]
+    if any(hi - lo > window for lo, hi in edges):
+        return None
+    starts = []
+    for first in range(0, len(tgt), pairs):
+        usable = [
+            p
+            for p in range(first, first + window)
+            if p <= len(tgt) and not any(lo < p <= hi for lo, hi in edges)
+        ]
+        if not usable:
+            return None
+        starts.append(usable[0])
+    return [*starts, len(tgt)]
+
+
+@st.composite
+def clustered_moves(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """Grouped moves of mixed group sizes in either pair order, sometimes one long-range read."""
+    tgt: list[int] = []
+    src: list[int] = []
+    used = 0
+    while used < 40:
+        part_tgt, part_src = draw(grouped_moves(draw(st.integers(1, 4))))
+        offset = {slot: slot if slot == 0 else slot + used for slot in part_tgt + part_src}
+        tgt += [offset[t] for t in part_tgt]
+        src += [offset[s] for s in part_src]
+        used += NUM_SLOTS
+    if draw(st.booleans()):
+        tgt, src = tgt[::-1], src[::-1]
+    if draw(st.booleans()) and len(tgt) > 2:
+        reader = draw(st.integers(0, len(tgt) - 1))
+        src[reader] = tgt[draw(st.integers(0, len(tgt) - 1))]  # may be long, may be local
+    return tgt, src
+
+
+def run_plan(
+    tgt: list[int], src: list[int], pairs: int, window: int, device: torch.device, stale: bool
+) -> tuple[int, list[int]]:
+    from eagletree.adapters.kernels.triton import kv_move_plan
+
+    num_slots = max(tgt + src) + 1
+    gen = torch.Generator().manual_seed(len(tgt))
+    mark = torch.full((num_slots,), -1, dtype=torch.int32)
+    if stale:  # leftovers of an earlier move must not be mistaken for writers
+        mark = torch.randint(-3, len(tgt) + 3, (num_slots,), generator=gen, dtype=torch.int32)
+    flag = torch.full((1,), 7, dtype=torch.int32, device=device)
+    num_segments = kv_move_plan.num_planned_segments(len(tgt), pairs)
+    starts = torch.full((num_segments + 1,), -9, dtype=torch.int32, device=device)
+    kv_move_plan.plan_segments(
+        slots(tgt, device), slots(src, device), mark.to(device), flag, starts, pairs, window
+    )
+    return int(flag[0]), starts.tolist()
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    moves=st.one_of(clustered_moves(), move_sets(num_rows=NUM_SLOTS)),
+    shape=st.sampled_from([(4, 2), (6, 4), (8, 4), (3, 1)]),
+    stale=st.booleans(),
+)
+def test_the_device_segment_plan_agrees_with_a_python_model(
+    device: torch.device, moves: tuple[list[int], list[int]], shape: tuple[int, int], stale: bool
+) -> None:
+    requires_triton(device)
+    tgt, src = moves
+    if not tgt:
+        return
+    pairs, window = shape
+    flag, starts = run_plan(tgt, src, pairs, window, device, stale)
+    want = plan_model(tgt, src, pairs, window)
+    assert flag == int(want is None)
+    if want is not None:
+        assert starts == want
+
+
+@pytest.mark.parametrize("pairs, window", [(4, 2), (3, 1), (4, 4)])
+def test_the_device_plan_places_every_single_hazard_like_the_python_model(
+    pairs: int, window: int, device: torch.device
+) -> None:
+    requires_triton(device)
+    num_moves = 10
+    for span in range(1, window + 3):
+        for lo in range(num_moves - span):
+            for reader, writer in [(lo, lo + span), (lo + span, lo)]:
+                tgt = list(range(1, num_moves + 1))
+                src = list(range(100, 100 + num_moves))  # read-only slots: no hazard
+                src[reader] = tgt[writer]
+                flag, starts = run_plan(tgt, src, pairs, window, device, stale=False)
+                want = plan_model(tgt, src, pairs, window)
+                assert flag == int(want is None), (span, reader, writer)
+                assert want is None or starts == want, (span, reader, writer)
+
+
+@FAST
+@given(moves=clustered_moves(), shape=st.sampled_from([(4, 2), (6, 4), (12, 4)]))
+def test_a_successful_plan_keeps_every_hazard_inside_one_short_segment(
+    moves: tuple[list[int], list[int]], shape: tuple[int, int]
+) -> None:
+    tgt, src = moves
+    pairs, window = shape
+    starts = plan_model(tgt, src, pairs, window)
+    if starts is None:
+        return
+    segment_of = [sum(1 for start in starts[1:-1] if start <= i) for i in range(len(tgt))]
+    writer = {t: j for j, (t, s) in enumerate(zip(tgt, src, strict=True)) if t != s}
+    for i, (t, s) in enumerate(zip(tgt, src, strict=True)):
+        if t != s and s in writer:
+            assert segment_of[i] == segment_of[writer[s]]
+    assert all(0 < b - a < pairs + window for a, b in itertools.pairwise(starts) if b > a)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_compaction_plans_in_either_order_never_fail_the_plan(
+    reverse: bool, device: torch.device
+) -> None:
+    requires_triton(device)
+    gen = torch.Generator().manual_seed(3)
+    for num_steps in (1, 3, 5, 7):
+        tgt, src = compaction_pairs(gen, bs=6, num_nodes=10, num_steps=num_steps, device=device)
+        if reverse:
+            tgt, src = tgt.flip(0), src.flip(0)
+        flag, _ = run_plan(tgt.tolist(), src.tolist(), 48, 16, device, stale=True)
+        assert flag == 0
+
+
+@pytest.mark.parametrize("scratch_bytes", [1, 256, 1 << 20])
+def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
+    scratch_bytes: int, device: torch.device
+) -> None:
+    requires_triton(device)
+    gen = torch.Generator().manual_seed(5)
+    cycle = (torch.randperm(NUM_SLOTS - 1, generator=gen)[:40] + 1).tolist()
+    tgt, src = cycle, cycle[1:] + cycle[:1]  # one 40-cycle: its closing edge spans every pair
+    mover = TritonRowMover(max_staged_moves=4, scratch_bytes=scratch_bytes)
+    assert_moves_like_the_reference(
+        lambda bufs: mover.move(bufs, slots(tgt, device), slots(src, device)),
+        slots(tgt, device),
+        slots(src, device),
+        device,
+    )
+    flag = next(iter(mover._prepared.values())).flag
+    assert int(flag[0]) == 1
+
+
+def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
+    device: torch.device,
+) -> None:
+    from eagletree.adapters.kernels.triton.kv_move import build_row_table
+
+    padded = torch.zeros(8, 12, device=device)
+    buffers = (
+        torch.zeros(8, 4, device=device),  # 16 B rows and stride
+        torch.zeros(8, device=device),  # 4 B rows
+        padded[:, :4],  # 16 B rows, 48 B stride
+        padded.new_zeros(8, 6)[:, :4],  # 16 B rows, 24 B stride
+        torch.zeros(8, 2, 16, dtype=torch.bfloat16, device=device),
+    )
+    table = build_row_table(buffers)
+    assert table.word_bytes == 4 and table.vector_words == 4
+    assert table.vector_aligned.tolist() == [1, 0, 1, 0, 1]
+    assert table.row_words.tolist() == [4, 1, 4, 4, 16]
+    assert table.stride_words.tolist() == [4, 1, 12, 6, 16]
+    odd = build_row_table((torch.zeros(8, 5, dtype=torch.uint8, device=device),))
+    assert odd.word_bytes == 1 and odd.vector_words == 1 and odd.vector_aligned.tolist() == [0]
+
+
+@given(
+    row_bytes=st.sampled_from([4, 128, 1152, 2048, 4096, 12]),
+    lanes=st.sampled_from([1, 8, 32, 64, 512]),
+    num_segments=st.integers(1, 5000),
+    register_words=st.sampled_from([2048, 8192, 16384]),
+)
+@settings(max_examples=60, deadline=None)
+def test_tile_shapes_are_vector_multiples_that_cover_the_row_within_budget(
+    row_bytes: int, lanes: int, num_segments: int, register_words: int
+) -> None:
+    from eagletree.adapters.kernels.triton.kv_move import build_row_table, tile_shape
+
+    table = build_row_table((torch.zeros(4, row_bytes, dtype=torch.uint8),))
+    shape = tile_shape(table, lanes, num_segments, register_words)
+    vec = table.vector_words
+    assert shape.tile & (shape.tile - 1) == 0 and shape.tile % vec == 0
+    assert shape.num_tiles * shape.tile >= table.max_row_words > (shape.num_tiles - 1) * shape.tile
+    assert lanes * shape.tile <= max(register_words, lanes * vec)
+    assert shape.num_warps in (2, 4, 8)
+
+
+def count_kernels(fn: Callable[[], None]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # compiles and builds the pointer table
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return len([event for event in prof.events() if event.device_type.name == "CUDA"])
+
+
+@pytest.mark.parametrize("bs", [1, 64, 700])
+def test_a_grouped_move_of_any_size_is_one_kernel_launch(bs: int, device: torch.device) -> None:
+    if device.type != "cuda":
+        pytest.skip("counts CUDA kernels with the profiler")
+    num_slots = bs * 8 + 1
+    gen = torch.Generator().manual_seed(bs)
+    windows = (torch.randperm(num_slots - 1, generator=gen) + 1)[: bs * 8].view(bs, 8)
+    tgt = windows[:, :6].reshape(-1).to(device)
+    src = windows[:, 2:].reshape(-1).to(device)  # w[k] ← w[k + 2]: chains inside each window
+    buffers = tuple(torch.zeros(num_slots, 8, 128, dtype=torch.bfloat16, device=device)
+                    for _ in range(4))  # fmt: skip
+    mover = TritonRowMover()
+    assert count_kernels(lambda: mover.move(buffers, tgt, src, independent_groups=6)) == 1
