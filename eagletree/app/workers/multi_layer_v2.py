@@ -1,0 +1,342 @@
+"""MultiLayerEagleWorkerV2: chain speculation with one DraftRunner per MTP layer, no host sync.
+
+MTP layer i predicts the token ``i + 2`` places ahead: its row at position p reads the token at
+``p + i + 1`` with layer ``i − 1``'s output hidden state at p (layer 0: the target's). So a
+chain of S drafts needs no draft forward before verify: the draft-extend after each verify runs
+layer 0, 1, …, S−1 over the same rows, each shifting the tokens one place left and putting the
+token the previous layer just proposed after the request's last true token; the row of the
+bonus token yields draft i + 1 in layer i. Step i always runs runner i, over runner i's own KV
+pool, req_to_token pool and attention backend (upstream bug PR #22954: every step used the
+first runner's token pool).
+
+Boundary rows: at the end of a draft-extend, layer i's last i rows read drafted tokens, not
+true ones. Upstream keeps that KV. Here every draft-extend starts ``min(S − 1, L)`` rows before
+the committed length L, recomputing those rows from tokens the target has since confirmed (the
+target hidden states of the last S − 1 committed positions are kept per request for this), so
+every layer's committed KV equals what that layer computes over the true sequence.
+
+One decode step: chain tree (root = bonus, node i = draft i) → TARGET_VERIFY (``TreeVerifier``)
+→ draft-extend over ``min(S − 1, L) + N`` rows per request (EXTEND, lengths known on the host),
+N = S + 1. No compaction: a chain's accepted path is already at the front of its block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.workers.draft_extender import shift_left
+from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
+from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.verifier import TreeVerifier, Verification
+from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
+
+if TYPE_CHECKING:
+    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.domain.request import Request
+    from eagletree.ports.model import DraftRunner, ModelRunner
+
+
+def token_at(request: Request, position: int) -> int:
+    """The request's token at ``position`` (prompt, then output)."""
+    prompt_len = len(request.prompt_ids)
+    if position < prompt_len:
+        return request.prompt_ids[position]
+    return request.output_ids[position - prompt_len]
+
+
+class MultiLayerEagleWorkerV2:
+    """Speculative worker over S MTP layers (``drafts[i]`` runs draft step i), topk 1.
+
+    Arguments as ``EagleWorkerV2``'s with one runner per MTP layer; ``num_draft_tokens`` must
+    be ``num_steps + 1`` and ``drafts`` must hold at least ``num_steps`` runners. A runner may
+    own a req_to_token pool of its own: the rows of a step's requests are copied into it from
+    the target's (the scheduler's) before that runner runs.
+
+    Per request the worker keeps, in a ``DraftStateStore`` indexed by req_to_token row, the
+    pending bonus token, the S chain drafts (``topk_index`` (S,)) with their draft
+    probabilities (``topk_p``), and as ``hidden_states`` the target hidden states of the last
+    S − 1 committed positions, oldest first, flattened to ((S − 1)·H,).
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        drafts: Sequence[DraftRunner],
+        *,
+        num_steps: int,
+        topk: int = 1,
+        num_draft_tokens: int,
+        draft_hidden_size: int,
+        use_aux_hidden: bool = False,
+        mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+    ) -> None:
+        hidden = target.hidden_size
+        problems = []
+        if topk != 1 or num_draft_tokens != num_steps + 1:
+            problems.append(
+                f"it drafts a chain: topk must be 1 and num_draft_tokens num_steps + 1 "
+                f"(got topk={topk}, num_steps={num_steps}, num_draft_tokens={num_draft_tokens})"
+            )
+        if not 1 <= num_steps <= len(drafts):
+            problems.append(f"num_steps={num_steps} needs 1..{len(drafts)} MTP layer runners")
+        if use_aux_hidden or draft_hidden_size != hidden:
+            problems.append(
+                f"MTP layers read the target's final hidden states (width {hidden}); got "
+                f"draft_hidden_size={draft_hidden_size}, use_aux_hidden={use_aux_hidden}"
+            )
+        if problems:
+            raise ValueError("MultiLayerEagleWorkerV2: " + "; ".join(problems))
+        self._target = target
+        self._drafts = list(drafts[:num_steps])
+        self.num_steps = num_steps
+        self.topk = 1
+        self.num_draft_tokens = num_draft_tokens
+        self.mask_mode = mask_mode
+        self._batches = BatchBuilder(target.req_to_token_pool)
+        self._verifier = TreeVerifier(
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens
+        )
+        self._state = DraftStateStore(
+            num_rows=target.req_to_token_pool.size,
+            topk=num_steps,
+            hidden_size=(num_steps - 1) * hidden,
+            hidden_dtype=self._drafts[0].kv_pool.dtype,
+            device=self._batches.device,
+        )
+        self.last_tree: DraftTree | None = None
+        self.last_verification: Verification | None = None
+
+    @property
+    def reserve_per_step(self) -> int:
+        # verify writes N window slots; twice that lets the host learn lengths one step late
+        return 2 * self.num_draft_tokens
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.num_draft_tokens
+
+    @property
+    def num_tracked_requests(self) -> int:
+        return len(self._state)
+
+    def step(self, plan: SchedulePlan) -> StepOutput:
+        """Prefill the plan's new requests, verify the running ones' chains (an idle step,
+        bs == 0, through every phase when the plan has neither)."""
+        self._state.retain(plan.prefill + plan.decode)
+        parts: list[StepOutput] = []
+        if plan.prefill:
+            parts.append(self._prefill(plan.prefill))
+        if plan.decode or not plan.prefill:
+            parts.append(self._decode(plan.decode))
+        return StepOutput(
+            requests=[r for part in parts for r in part.requests],
+            tokens=torch.cat([part.tokens for part in parts]),
+            num_emitted=torch.cat([part.num_emitted for part in parts]),
+            num_committed=torch.cat([part.num_committed for part in parts]),
+            num_forwards=sum(part.num_forwards for part in parts),
+            num_prefill=len(plan.prefill),
+            speculative=True,
+        )
+
+    # -- prefill ---------------------------------------------------------------------------------
+
+    def _prefill(self, requests: list[Request]) -> StepOutput:
+        batch, last_rows = self._batches.extend(requests)
+        out = self._target.forward(batch, last_rows)
+        next_tokens = sample_next_tokens(out.logits, requests).to(torch.int64)  # (bs,)
+        tokens = shift_left(batch.input_ids, last_rows, next_tokens)
+        drafts, probs = self._run_chain(batch, tokens, out.hidden_states, last_rows)
+        next_state = self._next_state(next_tokens, drafts, probs, out.hidden_states, last_rows)
+        self._state.scatter(requests, next_state)
+        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+        return StepOutput(
+            requests=requests,
+            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.tokens_per_step - 1)),
+            num_emitted=torch.ones_like(next_tokens),
+            num_committed=to_device(committed, next_tokens.device),
+            num_forwards=1 + self.num_steps,
+            num_prefill=len(requests),
+        )
+
+    # -- decode ----------------------------------------------------------------------------------
+
+    def _decode(self, requests: list[Request]) -> StepOutput:
+        window = DecodeWindow.of(requests, self._batches.device)
+        state = self._state.gather(requests)
+        tree = self._chain_tree(window, state)
+        verification = self._verifier.verify(window, tree, requests)
+        result = verification.result
+        batch, hidden, last_rows = self._decode_extend_batch(requests, window, state, verification)
+        drafts, probs = self._run_chain(batch, batch.input_ids, hidden, last_rows)
+        bonus = batch.input_ids.index_select(0, last_rows)
+        self._state.scatter(requests, self._next_state(bonus, drafts, probs, hidden, last_rows))
+        self.last_tree, self.last_verification = tree, verification
+        emitted = result.accept_length.to(torch.int64) + 1
+        return StepOutput(
+            requests=requests,
+            tokens=result.predict.view(window.batch_size, self.num_draft_tokens).to(torch.int64),
+            num_emitted=emitted,
+            num_committed=emitted,
+            num_forwards=1 + self.num_steps,
+            num_prefill=0,
+        )
+
+    def _decode_extend_batch(
+        self,
+        requests: list[Request],
+        window: DecodeWindow,
+        state: DraftInput,
+        verification: Verification,
+    ) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
+        """Layer 0's EXTEND after a verify → (batch, target hidden states, bonus rows (bs,)).
+
+        Request b's rows: ``f_b = min(S − 1, L_b)`` rows before L_b (their tokens are on the
+        host, their target hidden states kept from earlier steps), then its N verify rows
+        (tokens = predict, the token after each node; hidden = the verify's). Every row's
+        input is the token after its position and the target's hidden state at it.
+        """
+        n, keep = self.num_draft_tokens, self.num_steps - 1
+        device = self._batches.device
+        bs = window.batch_size
+        front_cpu = torch.tensor([min(keep, r.committed_len) for r in requests], dtype=torch.int64)
+        lens_cpu = front_cpu + n
+        starts_cpu = torch.cumsum(lens_cpu, 0) - lens_cpu
+        source, front_tokens = self._window_sources(requests, front_cpu.tolist())
+        source_dev = to_device(source, device)
+        predict = verification.result.predict.to(torch.int64).clamp(min=0)  # past a path: unused
+        tokens = torch.cat([to_device(front_tokens, device), predict]).index_select(0, source_dev)
+        kept = state.hidden_states.reshape(bs * keep, self._target.hidden_size)
+        verify_hidden = verification.hidden_states.to(kept.dtype)
+        hidden = torch.cat([kept, verify_hidden]).index_select(0, source_dev)
+        seq_lens_cpu = window.seq_lens_cpu - front_cpu
+        total = int(lens_cpu.sum())
+        positions_cpu = torch.repeat_interleave(seq_lens_cpu, lens_cpu) + (
+            torch.arange(total) - torch.repeat_interleave(starts_cpu, lens_cpu)
+        )
+        positions = to_device(positions_cpu, device)
+        token_rows = torch.repeat_interleave(window.req_pool_indices, to_device(lens_cpu, device))
+        table = self._target.req_to_token_pool.req_to_token
+        batch = ForwardBatch(
+            mode=ForwardMode.EXTEND,
+            input_ids=tokens,
+            positions=positions,
+            seq_lens=to_device(seq_lens_cpu, device),
+            req_pool_indices=window.req_pool_indices,
+            out_cache_loc=table[token_rows, positions].to(torch.int64),
+            extend_lens=to_device(lens_cpu, device),
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_sum=int(seq_lens_cpu.sum()),
+            extend_lens_cpu=lens_cpu,
+        )
+        accept_length = verification.result.accept_length.to(torch.int64)
+        last_rows = to_device(starts_cpu + front_cpu, device) + accept_length
+        return batch, hidden, last_rows
+
+    def _chain_tree(self, window: DecodeWindow, state: DraftInput) -> DraftTree:
+        """The verify tree of each request: the bonus token, then its S drafts as a chain."""
+        bs, num_steps = window.batch_size, self.num_steps
+        device = window.seq_lens.device
+        chain = torch.arange(num_steps, dtype=torch.int64, device=device).expand(bs, num_steps)
+        return build_tree(
+            state.bonus_tokens,
+            torch.zeros((bs, 0), dtype=torch.int64, device=device),  # unused for a chain
+            chain,
+            state.topk_index,
+            window.seq_lens,
+            1,
+            num_steps,
+            self.num_draft_tokens,
+            self.mask_mode,
+            seq_lens_sum=window.seq_lens_sum,
+        )
+
+    def _window_sources(
+        self, requests: list[Request], front: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where each extend row's token and target hidden state come from (host).
+
+        Sources are indexed in ``cat([front table (bs·(S−1)), verify rows (bs·N)])``: front row
+        r of request b is entry ``b·(S−1) + (S−1−f_b) + r`` (the kept hidden states are the
+        last S − 1 positions, oldest first); verify row j is ``bs·(S−1) + b·N + j``. Returns
+        (source (Σ rows,) int64, front tokens (bs·(S−1),) int64: the token after each kept
+        position, which the host knows).
+        """
+        n, keep = self.num_draft_tokens, self.num_steps - 1
+        bs = len(requests)
+        source: list[int] = []
+        front_tokens = [0] * (bs * keep)
+        for b, (request, f) in enumerate(zip(requests, front, strict=True)):
+            base = request.committed_len - f  # position of the first front row
+            for r in range(f):
+                entry = b * keep + keep - f + r
+                front_tokens[entry] = token_at(request, base + r + 1)
+                source.append(entry)
+            source.extend(bs * keep + b * n + j for j in range(n))
+        return torch.tensor(source, dtype=torch.int64), torch.tensor(
+            front_tokens, dtype=torch.int64
+        )
+
+    # -- the layer chain -------------------------------------------------------------------------
+
+    def _run_chain(
+        self,
+        batch: ForwardBatch,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        last_rows: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i over the batch's rows, i = 0..S−1 → drafts (bs, S) int64, probs (bs, S).
+
+        ``tokens`` (num_tokens,) layer 0's inputs (the token after each row's position);
+        ``hidden`` (num_tokens, H) the target's hidden states; ``last_rows`` (bs,) each
+        request's bonus row, whose logits give the drafts.
+        """
+        drafts: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for i, runner in enumerate(self._drafts):
+            self._mirror_rows(runner, batch.req_pool_indices)
+            out = runner.forward(dataclasses.replace(batch, input_ids=tokens), hidden, last_rows)
+            p, token = torch.softmax(out.logits.float(), dim=-1).max(dim=-1)  # (bs,) each
+            drafts.append(token)
+            probs.append(p)
+            if i + 1 < len(self._drafts):
+                tokens = shift_left(tokens, last_rows, token)
+                hidden = out.hidden_states
+        return torch.stack(drafts, dim=1), torch.stack(probs, dim=1)
+
+    def _mirror_rows(self, runner: DraftRunner, rows: torch.Tensor) -> None:
+        """Copy the step's req_to_token rows into a runner that owns a table of its own."""
+        own = runner.req_to_token_pool.req_to_token
+        shared = self._target.req_to_token_pool.req_to_token
+        if own is not shared:
+            own[rows] = shared[rows]
+
+    def _next_state(
+        self,
+        bonus: torch.Tensor,
+        drafts: torch.Tensor,
+        probs: torch.Tensor,
+        target_hidden: torch.Tensor,
+        last_rows: torch.Tensor,
+    ) -> DraftInput:
+        """The state after an extend whose rows ``last_rows`` (bs,) sit at each request's last
+        committed position; keeps the target hidden states of it and the S − 2 rows before."""
+        bs, keep = bonus.shape[0], self.num_steps - 1
+        back = torch.arange(keep - 1, -1, -1, device=last_rows.device)
+        # rows before a short request's first position hold another request's data: never read
+        rows = (last_rows.unsqueeze(1) - back).clamp(min=0)  # (bs, S − 1), oldest first
+        kept = target_hidden.index_select(0, rows.reshape(-1))
+        return DraftInput(
+            bonus_tokens=bonus,
+            topk_p=probs,
+            topk_index=drafts,
+            hidden_states=kept.reshape(bs, keep * self._target.hidden_size),
+        )
