@@ -230,9 +230,12 @@ class EagleWorkerV1:
         nodes = torch.tensor([node for path in paths for node in path], dtype=torch.int64)
         nodes_dev = to_device(nodes, device)
         first = torch.cumsum(lens, 0) - lens
-        offsets = torch.arange(int(lens.sum())) - torch.repeat_interleave(first, lens)
+        total = int(lens.sum())
+        offsets = torch.arange(total) - torch.repeat_interleave(first, lens)
         positions = to_device(torch.repeat_interleave(window.seq_lens_cpu, lens) + offsets, device)
-        token_rows = torch.repeat_interleave(window.req_pool_indices, to_device(lens, device))
+        token_rows = torch.repeat_interleave(
+            window.req_pool_indices, to_device(lens, device), output_size=total
+        )
         table = self._target.req_to_token_pool.req_to_token
         features = self._extender.target_features(
             verification.hidden_states, verification.aux_hidden_states

@@ -222,7 +222,9 @@ class MultiLayerEagleWorkerV2:
             torch.arange(total) - torch.repeat_interleave(starts_cpu, lens_cpu)
         )
         positions = to_device(positions_cpu, device)
-        token_rows = torch.repeat_interleave(window.req_pool_indices, to_device(lens_cpu, device))
+        token_rows = torch.repeat_interleave(
+            window.req_pool_indices, to_device(lens_cpu, device), output_size=total
+        )  # the output size given: no sync
         table = self._target.req_to_token_pool.req_to_token
         batch = ForwardBatch(
             mode=ForwardMode.EXTEND,

@@ -27,6 +27,7 @@ from eagletree.app.workers.step import StepOutput
 from eagletree.domain.request import FinishReason, Request, SamplingParams
 from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner
+from tests.conftest import requires_triton
 from tests.integration.models.harness import Memory, Requests, make_backend
 from tests.integration.spec.harness import (
     CONTEXT_LEN,
@@ -121,6 +122,7 @@ def v1_engine(
     max_running: int = 8,
     eos_token_ids: Sequence[int] = (),
     wrap_draft: Callable[[DraftModelRunner], DraftRunner] | None = None,
+    backend: str = "torch",
 ) -> V1Engine:
     num_steps, topk, n = config
     allocator = DeviceSlotAllocator(pool_size, models.device, debug_checks=True)
@@ -128,15 +130,15 @@ def v1_engine(
     table = TensorReqToTokenPool(max_running, CONTEXT_LEN + reserve + 4, models.device)
     target_pool = make_pool(models.target.kv_layout, pool_size, models, page_size)
     target = TargetModelRunner(
-        models.target, target_pool, table, make_backend("torch", target_pool, table)
+        models.target, target_pool, table, make_backend(backend, target_pool, table)
     )
     head = models.drafts[0]
-    draft_pool = make_pool(head.kv_layout, pool_size, models, page_size)  # type: ignore[arg-type]
+    draft_pool = make_pool(head.kv_layout, pool_size, models, page_size)
     real_draft = DraftModelRunner(
-        head,  # type: ignore[arg-type]
+        head,
         draft_pool,
         table,
-        make_backend("torch", draft_pool, table),
+        make_backend(backend, draft_pool, table),
     )
     draft: DraftRunner = real_draft if wrap_draft is None else wrap_draft(real_draft)
     worker = EagleWorkerV1(
@@ -237,9 +239,12 @@ def committed_target_kv_matches_a_fresh_prefill(v1: V1Engine, models: SpecModels
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "S{}k{}N{}".format(*c))
 @pytest.mark.parametrize("model", [("llama", "eagle"), ("deepseek-mla", "eagle")], ids="-".join)
 def test_v1_v2_and_plain_greedy_emit_the_same_tokens_with_the_same_acceptance(
-    spec_models: ModelCache, model: tuple[str, str], config: tuple[int, int, int]
+    spec_models: ModelCache,
+    model: tuple[str, str],
+    config: tuple[int, int, int],
+    device: torch.device,
 ) -> None:
-    models = spec_models(*model, torch.device("cpu"))
+    models = spec_models(*model, device)
     prompts = prompts_for(4, seed=sum(config))
     v1, expected = oracle_v1_engine(models, config, prompts, MAX_NEW)
     ours = v1.engine.generate(prompts, max_new_tokens=MAX_NEW)
@@ -264,14 +269,26 @@ def test_v1_with_a_random_draft_is_lossless_for_ragged_batches_of_1_to_4(
     assert greedy_outputs(v1.engine, prompts, MAX_NEW) == expected
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_v1_on_the_triton_backend_is_lossless(
+    spec_models: ModelCache, page_size: int, device: torch.device
+) -> None:
+    requires_triton(device)
+    models = spec_models("llama", "eagle", device)
+    prompts = prompts_for(2, seed=4)
+    expected = greedy_outputs(plain_engine(models, backend="triton"), prompts, 6)
+    v1 = v1_engine(models, (3, 2, 6), page_size=page_size, backend="triton")
+    assert greedy_outputs(v1.engine, prompts, 6) == expected
+
+
 # -- bookkeeping: page 1 rewrites rows, page 4 moves KV ---------------------------------------
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_each_step_keeps_only_the_accepted_slots_and_their_kv_is_the_committed_tokens(
-    spec_models: ModelCache, page_size: int, monkeypatch: pytest.MonkeyPatch
+    spec_models: ModelCache, page_size: int, monkeypatch: pytest.MonkeyPatch, device: torch.device
 ) -> None:
-    models = spec_models("llama", "eagle", torch.device("cpu"))
+    models = spec_models("llama", "eagle", device)
     prompts = prompts_for(3, seed=7)
     v1, expected = oracle_v1_engine(models, (5, 4, 8), prompts, 20, page_size=page_size)
     rewritten_columns = 0
@@ -411,9 +428,9 @@ def test_a_draft_with_its_own_req_to_token_pool_is_refused(spec_models: ModelCac
     models = spec_models("llama", "eagle", torch.device("cpu"))
     v1 = v1_engine(models, (3, 1, 4))
     other = TensorReqToTokenPool(2, 8, "cpu")
-    pool = make_pool(models.drafts[0].kv_layout, 16, models, 1)  # type: ignore[arg-type]
+    pool = make_pool(models.drafts[0].kv_layout, 16, models, 1)
     draft = DraftModelRunner(
-        models.drafts[0],  # type: ignore[arg-type]
+        models.drafts[0],
         pool,
         other,
         make_backend("torch", pool, other),

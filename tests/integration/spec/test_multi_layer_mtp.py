@@ -24,6 +24,7 @@ from eagletree.domain.request import FinishReason, SamplingParams
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool, ReqToTokenPool
 from eagletree.ports.model import DraftRunner
+from tests.conftest import requires_cuda, requires_triton
 from tests.integration.models.harness import Memory, Requests, make_backend, make_pool
 from tests.integration.spec.harness import (
     CONTEXT_LEN,
@@ -42,7 +43,7 @@ MAX_NEW = 16
 # rows by an exact 0 (NaN would leak through). No layer computes it by chance.
 POISON = 12345.0
 
-ModelCache = Callable[[str], SpecModels]
+ModelCache = Callable[..., SpecModels]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,14 +57,15 @@ def one_cpu_thread() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def mtp_models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
-    cache: dict[str, SpecModels] = {}
+    cache: dict[tuple[str, str], SpecModels] = {}
 
-    def get(arch: str) -> SpecModels:
-        if arch not in cache:
+    def get(arch: str, device: torch.device | str = "cpu") -> SpecModels:
+        key = (arch, str(device))
+        if key not in cache:
             sizes = sizes_with(SIZES, num_mtp_layers=NUM_LAYERS[arch])
             root = tmp_path_factory.mktemp(f"{arch}-mtp")
-            cache[arch] = load_spec_models(root, arch, "mtp", torch.device("cpu"), sizes=sizes)  # type: ignore[arg-type]
-        return cache[arch]
+            cache[key] = load_spec_models(root, arch, "mtp", torch.device(device), sizes=sizes)  # type: ignore[arg-type]
+        return cache[key]
 
     return get
 
@@ -153,6 +155,7 @@ def mtp_engine(
     first_runners_pool: bool = False,
     pool_size: int = 2048,
     max_running: int = 8,
+    backend: str = "torch",
 ) -> MTPEngine:
     """An engine over ``num_steps`` MTP layers, each runner with its own KV pool (and its own
     req_to_token pool when ``own_tables``). With ``prompts`` the layers are oracles of their
@@ -164,7 +167,7 @@ def mtp_engine(
     table = TensorReqToTokenPool(max_running, width, models.device)
     target_pool = make_pool(models.target.kv_layout, pool_size, models.dtype, models.device)
     target = TargetModelRunner(
-        models.target, target_pool, table, make_backend("torch", target_pool, table)
+        models.target, target_pool, table, make_backend(backend, target_pool, table)
     )
     pools: list[KVPool] = []
     runners: list[DraftModelRunner] = []
@@ -174,10 +177,10 @@ def mtp_engine(
         own = TensorReqToTokenPool(max_running, width, models.device) if own_tables else table
         if first_runners_pool and i > 0:
             pool, own = runners[0].kv_pool, runners[0].req_to_token_pool  # type: ignore[assignment]
-            backend = runners[0].attention_backend
+            attention = runners[0].attention_backend
         else:
-            pool, backend = pools[i], make_backend("torch", pools[i], own)
-        runners.append(DraftModelRunner(layer, pool, own, backend))
+            pool, attention = pools[i], make_backend(backend, pools[i], own)
+        runners.append(DraftModelRunner(layer, pool, own, attention))
     drafts: list[DraftRunner] = list(runners)
     holder: list[Engine] = []
     if prompts:
@@ -222,9 +225,9 @@ def prompts_for(lengths: Sequence[int], seed: int) -> list[list[int]]:
 )
 @pytest.mark.parametrize("oracle", [False, True], ids=["random", "oracle"])
 def test_multi_layer_mtp_emits_the_plain_greedy_tokens(
-    mtp_models: ModelCache, arch: str, num_steps: int, oracle: bool
+    mtp_models: ModelCache, arch: str, num_steps: int, oracle: bool, device: torch.device
 ) -> None:
-    models = mtp_models(arch)
+    models = mtp_models(arch, device)
     prompts = prompts_for([3, 7, 1, 12], seed=num_steps)
     expected = greedy_outputs(plain_engine(models), prompts, MAX_NEW)
     mtp = mtp_engine(models, num_steps, prompts=prompts if oracle else ())
@@ -247,6 +250,17 @@ def test_multi_layer_mtp_is_lossless_for_ragged_batches_of_1_to_4(
     mtp = mtp_engine(models, 3, prompts=prompts, own_tables=False)
     expected = greedy_outputs(plain_engine(models), prompts, MAX_NEW)
     assert greedy_outputs(mtp.engine, prompts, MAX_NEW) == expected
+
+
+def test_multi_layer_mtp_on_the_triton_backend_is_lossless(
+    mtp_models: ModelCache, device: torch.device
+) -> None:
+    requires_triton(device)
+    models = mtp_models("llama", device)
+    prompts = prompts_for([4, 1], seed=4)
+    expected = greedy_outputs(plain_engine(models, backend="triton"), prompts, 6)
+    mtp = mtp_engine(models, 2, prompts=prompts, backend="triton")
+    assert greedy_outputs(mtp.engine, prompts, 6) == expected
 
 
 # -- regression: step i runs runner i over runner i's own pools -------------------------------
@@ -282,7 +296,8 @@ def clean_kv(
 
 def written_slots(pool: KVPool) -> set[int]:
     """Slots whose row no longer holds only the poison in some buffer of ``pool``."""
-    written = torch.zeros(pool.buffers()[0].shape[0], dtype=torch.bool)
+    first = pool.buffers()[0]
+    written = torch.zeros(first.shape[0], dtype=torch.bool, device=first.device)
     for buf in pool.buffers():
         written |= buf.ne(POISON).flatten(1).any(dim=1)
     return set(written.nonzero().flatten().tolist())
@@ -347,10 +362,10 @@ def run_from_poisoned_pools(mtp: MTPEngine, prompts: Sequence[Sequence[int]]) ->
 
 @pytest.mark.parametrize("arch", ["deepseek-mla", "llama"])
 def test_each_mtp_layer_writes_only_its_own_pool_and_its_kv_equals_a_clean_recomputation(
-    mtp_models: ModelCache, arch: str
+    mtp_models: ModelCache, arch: str, device: torch.device
 ) -> None:
     """Upstream PR #22954: every draft step used the first runner's token pool."""
-    models = mtp_models(arch)
+    models = mtp_models(arch, device)
     num_steps = NUM_LAYERS[arch]
     prompts = prompts_for([1, 4, 9], seed=5)  # the 1-token prompt starts shorter than S − 1
     mtp = mtp_engine(models, num_steps, prompts=prompts)
@@ -429,6 +444,32 @@ def test_retract_and_abort_give_the_plain_outputs_and_free_every_slot_and_row(
             assert request.output_ids == reference
     assert mtp.allocator.available_size() == mtp.allocator.size
     assert mtp.table.available_size() == 4 and mtp.table.req_to_token.eq(0).all()
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_multi_layer_step_on_cuda_never_synchronises_with_the_host(
+    mtp_models: ModelCache, backend: str
+) -> None:
+    models = mtp_models("deepseek-mla", "cuda")
+    mtp = mtp_engine(models, 3, backend=backend)
+    prompts = prompts_for([3, 7, 1, 5], seed=60)
+    for i, prompt in enumerate(prompts[:3]):
+        mtp.engine.submit(prompt, SamplingParams(8, temperature=float(i % 2), top_p=0.9, seed=i))
+    mtp.engine.step()  # prefill
+    mtp.engine.step()  # a first chain step
+    mtp.engine.submit(prompts[3], SamplingParams(8, temperature=1.0, seed=9))
+    plan = mtp.engine.scheduler.schedule()  # one prefill and three chain steps in one step
+    assert len(plan.prefill) == 1 and len(plan.decode) == 3
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        output = mtp.worker.step(plan)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert output.tokens.shape == (4, 4)
+    assert bool((output.num_emitted >= 1).all())
 
 
 @pytest.mark.parametrize(
