@@ -269,6 +269,26 @@ def test_v1_with_a_random_draft_is_lossless_for_ragged_batches_of_1_to_4(
     assert greedy_outputs(v1.engine, prompts, MAX_NEW) == expected
 
 
+def test_v1_sampling_is_seeded_and_with_top_k_1_it_is_greedy(spec_models: ModelCache) -> None:
+    models = spec_models("llama", "eagle", torch.device("cpu"))
+    prompts = prompts_for(3, seed=50)
+    expected = greedy_outputs(plain_engine(models), prompts, MAX_NEW)
+    v1 = v1_engine(models, (4, 4, 12))
+    top1 = v1.engine.generate(prompts, MAX_NEW, temperature=1.5, top_k=1, seed=3)
+    assert [r.output_ids for r in top1] == expected
+    sampled = [
+        [
+            r.output_ids
+            for r in v1_engine(models, (4, 4, 12), page_size=page).engine.generate(
+                prompts, MAX_NEW, temperature=1.0, top_p=0.9, seed=5
+            )
+        ]
+        for page in (1, 4, 1)
+    ]
+    assert sampled[0] == sampled[1] == sampled[2] != expected
+    assert v1.allocator.available_size() == v1.allocator.size
+
+
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_v1_on_the_triton_backend_is_lossless(
     spec_models: ModelCache, page_size: int, device: torch.device

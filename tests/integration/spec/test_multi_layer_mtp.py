@@ -252,6 +252,26 @@ def test_multi_layer_mtp_is_lossless_for_ragged_batches_of_1_to_4(
     assert greedy_outputs(mtp.engine, prompts, MAX_NEW) == expected
 
 
+def test_multi_layer_mtp_sampling_is_seeded_and_with_top_k_1_it_is_greedy(
+    mtp_models: ModelCache,
+) -> None:
+    models = mtp_models("deepseek-mla")
+    prompts = prompts_for([3, 7, 1], seed=50)
+    expected = greedy_outputs(plain_engine(models), prompts, MAX_NEW)
+    top1 = mtp_engine(models, 3).engine.generate(prompts, MAX_NEW, temperature=2.0, top_k=1, seed=3)
+    assert [r.output_ids for r in top1] == expected
+    sampled = [
+        [
+            r.output_ids
+            for r in mtp_engine(models, 3).engine.generate(
+                prompts, MAX_NEW, temperature=1.0, top_p=0.9, seed=5
+            )
+        ]
+        for _ in range(2)
+    ]
+    assert sampled[0] == sampled[1] != expected
+
+
 def test_multi_layer_mtp_on_the_triton_backend_is_lossless(
     mtp_models: ModelCache, device: torch.device
 ) -> None:
