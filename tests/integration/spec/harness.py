@@ -18,7 +18,7 @@ from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.app.engine import Engine
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.domain.tree import TreeMaskMode
-from eagletree.ports.model import DraftRunner
+from eagletree.ports.model import DraftRunner, ModelRunner
 from tests.integration.models.harness import make_backend, make_pool
 
 # vocab small enough that a random draft's top-k sometimes holds the target's token
@@ -127,7 +127,7 @@ def plain_engine(
 class SpecEngine:
     engine: Engine
     worker: EagleWorkerV2
-    target: TargetModelRunner
+    target: ModelRunner
     draft: DraftRunner
     memory: EngineMemory
 
@@ -144,12 +144,14 @@ def speculative_engine(
     context_len: int = CONTEXT_LEN,
     eos_token_ids: Collection[int] = (),
     wrap_draft: Callable[[DraftModelRunner], DraftRunner] | None = None,
+    wrap_target: Callable[[TargetModelRunner], ModelRunner] | None = None,
     mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens)."""
     reserve = 2 * max(num_steps * topk, num_draft_tokens)
     memory = _memory(models.device, pool_size, max_running, context_len + reserve + 4)
-    target = _target_runner(models, memory, backend)
+    real_target = _target_runner(models, memory, backend)
+    target: ModelRunner = real_target if wrap_target is None else wrap_target(real_target)
     real_draft = draft_runner(models, memory, backend)
     draft: DraftRunner = real_draft if wrap_draft is None else wrap_draft(real_draft)
     worker = EagleWorkerV2(
