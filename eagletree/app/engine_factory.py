@@ -1,4 +1,4 @@
-"""Builds an Engine from settings: load the target checkpoint, describe it, wire the container."""
+"""Builds an Engine from settings: load the checkpoints, describe the target, wire the container."""
 
 from __future__ import annotations
 
@@ -7,23 +7,36 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dependency_injector import providers
+
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.adapters.models.loading import load_target
-from eagletree.adapters.models.runner import TargetModelRunner
+from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
+from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import MHALayout
 from eagletree.app import factories
-from eagletree.app.container import build_container
+from eagletree.app.container import Container, build_container, container_values
 from eagletree.app.engine import Engine
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from eagletree.adapters.models.loading import TargetModel
+    from collections.abc import Sequence
+
+    from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
+    from eagletree.app.workers.step import Worker
+    from eagletree.config.eagle_hook import ResolvedSpeculative
     from eagletree.config.settings import EngineSettings
+    from eagletree.ports.memory import TokenSlotAllocator
+    from eagletree.ports.model import DraftRunner, ModelRunner
 
 
 def engine_from_settings(settings: EngineSettings) -> Engine:
-    """The engine of ``settings.model.target_path``; ConfigurationError says what to change."""
+    """The engine of ``settings.model.target_path``; ConfigurationError says what to change.
+
+    With speculation the draft head(s) of ``model.draft_path`` (the target checkpoint's MTP
+    layers for ``mtp``) get KV pools of the target pool's size over the same slot allocator and
+    req_to_token table, and the worker is the one ``ResolvedSpeculative.worker`` names.
+    """
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
@@ -31,28 +44,149 @@ def engine_from_settings(settings: EngineSettings) -> Engine:
             "safetensors), e.g. one written by `eagletree init-random`"
         )
     dtype = factories.torch_dtype(settings.model.dtype)
-    model = load_target(target_path, dtype, settings.model.device)
+    model = load_target(
+        target_path, dtype, settings.model.device, _aux_layer_ids(settings, target_path)
+    )
     target = describe_target(target_path, model)
     container = build_container(settings, target)
     resolved = container.speculative()
-    if resolved.enabled:
-        raise ConfigurationError(
-            f"speculative.algorithm = {resolved.algorithm!r}: the speculative workers are not "
-            "wired into the engine yet; set speculative.algorithm = 'none'"
-        )
     runner = TargetModelRunner(
         model,
         kv_pool=container.kv_pool(),
         req_to_token_pool=container.req_to_token_pool(),
         attention_backend=container.attention_backend(),
     )
-    return Engine.non_speculative(
+    max_context_len = settings.model.max_context_len or target.max_position_embeddings
+    if not resolved.enabled:
+        return Engine.non_speculative(
+            runner,
+            container.slot_allocator(),
+            max_context_len=max_context_len,
+            max_running_requests=resolved.max_running_requests,
+            eos_token_ids=eos_token_ids(target_path),
+        )
+    assert resolved.draft_path is not None  # resolve_speculative names one when enabled
+    kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
+    heads = load_draft(resolved.draft_path, kind, model, dtype)
+    drafts = [_draft_runner(head, settings, target, resolved, container) for head in heads]
+    worker = speculative_worker(
+        resolved,
         runner,
+        drafts,
         container.slot_allocator(),
-        max_context_len=settings.model.max_context_len or target.max_position_embeddings,
+        draft_hidden_size=heads[0].hidden_size,
+        use_aux_hidden=kind == "eagle3",
+    )
+    return Engine(
+        worker,
+        container.slot_allocator(),
+        container.req_to_token_pool(),
+        vocab_size=runner.vocab_size,
+        max_context_len=max_context_len,
         max_running_requests=resolved.max_running_requests,
         eos_token_ids=eos_token_ids(target_path),
     )
+
+
+def _aux_layer_ids(settings: EngineSettings, target_path: str) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 draft reads (none for other algorithms)."""
+    draft_path = settings.model.draft_path
+    if settings.speculative.algorithm != "eagle3" or draft_path is None:
+        return ()
+    num_layers = ConfigReader.from_dir(target_path).get_int("num_hidden_layers")
+    return eagle3_aux_layer_ids(draft_path, num_layers)
+
+
+def _draft_runner(
+    head: DraftModel,
+    settings: EngineSettings,
+    target: TargetDescription,
+    resolved: ResolvedSpeculative,
+    container: Container,
+) -> DraftModelRunner:
+    """A runner of ``head`` over a KV pool of its own, built by a container that describes the
+    head's KV layout and shares the target container's allocator and req_to_token table."""
+    layout = head.kv_layout
+    if isinstance(layout, MHALayout):
+        described = replace(
+            target,
+            attention_kind="mha",
+            num_layers=layout.layer_num,
+            num_kv_heads=layout.kv_heads,
+            head_dim=layout.head_dim,
+            v_head_dim=layout.v_head_dim,
+        )
+    else:
+        described = replace(
+            target,
+            attention_kind="mla",
+            num_layers=layout.layer_num,
+            kv_lora_rank=layout.kv_lora_rank,
+            qk_rope_head_dim=layout.qk_rope_head_dim,
+        )
+    draft_container = Container(
+        target=providers.Object(described), speculative=providers.Object(resolved)
+    )
+    draft_container.config.from_dict(container_values(settings, described, resolved))
+    draft_container.slot_allocator.override(providers.Object(container.slot_allocator()))
+    draft_container.req_to_token_pool.override(providers.Object(container.req_to_token_pool()))
+    return DraftModelRunner(
+        head,
+        kv_pool=draft_container.kv_pool(),
+        req_to_token_pool=draft_container.req_to_token_pool(),
+        attention_backend=draft_container.attention_backend(),
+    )
+
+
+def speculative_worker(
+    resolved: ResolvedSpeculative,
+    target: ModelRunner,
+    drafts: Sequence[DraftRunner],
+    allocator: TokenSlotAllocator,
+    *,
+    draft_hidden_size: int,
+    use_aux_hidden: bool,
+) -> Worker:
+    """The worker ``resolved.worker`` names, over the target runner and the draft runner(s)."""
+    steps, topk, tokens = resolved.num_steps, resolved.topk, resolved.num_draft_tokens
+    if resolved.worker == "eagle_v2":
+        from eagletree.app.workers.eagle_v2 import EagleWorkerV2
+
+        return EagleWorkerV2(
+            target,
+            drafts[0],
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=tokens,
+            draft_hidden_size=draft_hidden_size,
+            use_aux_hidden=use_aux_hidden,
+        )
+    if resolved.worker == "eagle_v1":
+        from eagletree.app.workers.eagle_v1 import EagleWorkerV1
+
+        return EagleWorkerV1(
+            target,
+            drafts[0],
+            allocator=allocator,
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=tokens,
+            draft_hidden_size=draft_hidden_size,
+            use_aux_hidden=use_aux_hidden,
+        )
+    if resolved.worker == "multi_layer_eagle_v2":
+        from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
+
+        return MultiLayerEagleWorkerV2(
+            target,
+            drafts,
+            num_steps=steps,
+            topk=topk,
+            num_draft_tokens=tokens,
+            draft_hidden_size=draft_hidden_size,
+            use_aux_hidden=use_aux_hidden,
+        )
+    raise ConfigurationError(f"no speculative worker is called {resolved.worker!r}")
 
 
 def describe_target(path: str | Path, model: TargetModel) -> TargetDescription:

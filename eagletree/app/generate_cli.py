@@ -3,7 +3,8 @@
 Without a target checkpoint in the settings it runs the embedded default (a tiny random
 checkpoint created on first use, see ``default_checkpoint``); without a settings file and
 without CUDA it runs on the CPU with the torch backends. Progress goes to stderr, results to
-stdout (one line of token ids per prompt, and the text when a tokenizer is available).
+stdout (one line of token ids per prompt, and the text when a tokenizer is available); with
+speculation the mean acceptance length and its histogram follow the summary on stderr.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from eagletree.domain.errors import ConfigurationError
 if TYPE_CHECKING:
     from eagletree.app.engine import StepReport
     from eagletree.config.settings import EngineSettings
+    from eagletree.domain.request import AcceptanceStats
 
 DEFAULT_PROMPT_IDS = (1, 2, 3, 4)
 
@@ -111,7 +113,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         f"prefilled, {stats.num_retracted} retracted)",
         file=err,
     )
+    if stats.acceptance is not None:
+        print(format_acceptance(stats.acceptance), file=err)
     return 0
+
+
+def format_acceptance(acceptance: AcceptanceStats) -> str:
+    """One line: the mean acceptance length and the histogram of tokens per verify step."""
+    counts = ", ".join(
+        f"{tokens}: {steps}" for tokens, steps in enumerate(acceptance.histogram) if steps
+    )
+    return (
+        f"speculation: mean acceptance length {acceptance.mean_accept_length:.2f} tokens per "
+        f"verify step over {acceptance.num_steps} steps; histogram (tokens: steps) {counts}"
+    )
 
 
 def parse_ids(text: str) -> list[int]:
