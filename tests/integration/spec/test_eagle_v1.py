@@ -488,3 +488,34 @@ def test_free_window_tail_frees_and_clears_exactly_the_tail_and_never_the_commit
         free_window_tail(request, 2, allocator, table)  # below the committed length
     free_window_tail(request, 3, allocator, table)
     assert allocator.available_size() == 32 - 3
+
+
+def test_settings_with_page_size_4_and_a_tree_run_v1_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("pydantic_settings")
+    pytest.importorskip("dependency_injector")
+    from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+    from eagletree.config.settings import EngineSettings
+
+    target_dir, draft_dir = write_random_checkpoint(
+        tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=0.15
+    )
+    model = {
+        "target_path": str(target_dir),
+        "draft_path": str(draft_dir),
+        "dtype": "float32",
+        "device": "cpu",
+        "max_context_len": 64,
+    }
+    common = {"model": model, "backend": {"attention": "torch", "kv_move": "torch"}}
+    memory = {"max_total_tokens": 1024, "max_running_requests": 4}
+    prompts = prompts_for(3, seed=70)
+    plain = Engine.from_settings(EngineSettings(**common, memory=memory))
+    expected = greedy_outputs(plain, prompts, 10)
+    settings = EngineSettings(
+        **common,
+        memory={**memory, "page_size": 4},
+        speculative={"algorithm": "eagle", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8},
+    )
+    engine = Engine.from_settings(settings)
+    assert greedy_outputs(engine, prompts, 10) == expected
+    assert engine.stats.acceptance is not None

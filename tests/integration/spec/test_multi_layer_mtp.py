@@ -5,8 +5,10 @@ steps; retract and abort without leaks; argument checks."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -514,3 +516,36 @@ def test_settings_a_chain_of_mtp_layers_cannot_run_are_refused(
             draft_hidden_size=mtp.target.hidden_size,
             **options,  # type: ignore[arg-type]
         )
+
+
+def test_settings_with_mtp_on_a_target_with_two_mtp_layers_run_the_multi_layer_worker(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("pydantic_settings")
+    pytest.importorskip("dependency_injector")
+    from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+    from eagletree.config.settings import EngineSettings
+
+    sizes = sizes_with(SIZES, num_mtp_layers=2)
+    target_dir, draft_dir = write_random_checkpoint(
+        tmp_path, "deepseek-mla", "mtp", sizes=sizes, dtype=torch.float32, std=0.15
+    )
+    config = json.loads((target_dir / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 2  # the layers themselves come from draft_dir
+    (target_dir / "config.json").write_text(json.dumps(config))
+    model = {"target_path": str(target_dir), "dtype": "float32", "device": "cpu"}
+    common = {
+        "backend": {"attention": "torch", "kv_move": "torch"},
+        "memory": {"max_total_tokens": 1024, "max_running_requests": 4},
+    }
+    prompts = prompts_for([3, 6, 1], seed=70)
+    plain = Engine.from_settings(EngineSettings(**common, model={**model, "max_context_len": 64}))
+    expected = greedy_outputs(plain, prompts, 10)
+    settings = EngineSettings(
+        **common,
+        model={**model, "draft_path": str(draft_dir), "max_context_len": 64},
+        speculative={"algorithm": "mtp", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3},
+    )
+    engine = Engine.from_settings(settings)
+    assert greedy_outputs(engine, prompts, 10) == expected
+    assert engine.stats.acceptance is not None
