@@ -105,7 +105,8 @@ class MLAAttention(nn.Module):
             o_latent.view(num_tokens, heads, rank).transpose(0, 1),
             kv_b[:, nope:, :].transpose(1, 2),
         )
-        out: torch.Tensor = self.o_proj(o.transpose(0, 1).reshape(num_tokens, -1))
+        # an explicit width: an idle batch (num_tokens == 0) cannot infer -1
+        out: torch.Tensor = self.o_proj(o.transpose(0, 1).reshape(num_tokens, heads * o.shape[-1]))
         return out
 
 

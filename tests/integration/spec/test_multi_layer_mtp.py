@@ -416,17 +416,7 @@ def test_the_regression_check_catches_layers_that_share_the_first_runners_pool(
 
 @pytest.mark.parametrize(
     "arch",
-    [
-        "llama",
-        pytest.param(
-            "deepseek-mla",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="DeepseekMLAForCausalLM attention reshapes (0, -1) on an empty batch "
-                "(adapters/models/deepseek_mla.py: o.transpose(0, 1).reshape(num_tokens, -1))",
-            ),
-        ),
-    ],
+    ["llama", "deepseek-mla"],
 )
 def test_an_idle_step_runs_verify_and_every_layer_on_an_empty_batch(
     mtp_models: ModelCache, arch: str
