@@ -5,16 +5,23 @@ DeepSeek MLA (61 layers x 576 bf16: 61 buffers of 1152 B rows) and DSA (MLA plus
 indexer keys of 128 B and an fp32 scale: 183 buffers). Moves: bs·(S+1) pairs for bs in
 {1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair move, shaped like compaction plans: every request
 owns a window of N = 16 scattered slots and moves the nodes of an accepted path (increasing, so
-targets and sources overlap) to the window's front. One extra row reverses the 65 536-pair move,
-which forces the Triton mover's scratch fallback.
+targets and sources overlap) to the window's front. "reversed" is the 65 536-pair move in reverse
+pair order (its groups no longer start at multiples of 6); "cycle" is one 65 536-slot cycle whose
+closing pair spans the whole move, which forces the Triton mover's scratch fallback.
 
-Bytes = 2 x (pairs with tgt != src) x bytes per slot over all buffers (read + written); root
-self-moves are not counted (the Triton mover skips them, the torch path copies them anyway).
-Times are medians of ``triton.testing.do_bench`` (CUDA events, L2 flushed) on random data;
-"exact" says every Triton variant matched the gathered sources bit for bit on that move.
+Columns: "triton" is ``TritonRowMover().move(buffers, tgt, src)`` (no hint: one launch up to 512
+pairs, else the device segment plan); "grouped" adds ``independent_groups=6`` (one launch), shown
+only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per slot over all
+buffers (read + written); self-moves are not counted. Times are medians of
+``triton.testing.do_bench`` (CUDA events, L2 flushed) on random data; "exact" says every mover
+timed on that row left the targets equal to the sources gathered before the move and a sample of
+the other rows untouched, bit for bit.
 
-    PYTHONPATH=$PWD python3 benchmarks/kv_move.py --out kv_move.md
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/kv_move.py --smoke   # CPU: does it run?
+``--variants all`` (or a comma list of names, see ``TUNING``) adds a second table with one row
+per (layout, move, variant): the same kernels with other staging, tile and warp settings.
+
+    PYTHONPATH=$PWD python3 benchmarks/kv_move.py --out kv_move.md [--variants all]
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/kv_move.py --smoke --variants all
 """
 
 from __future__ import annotations
@@ -24,16 +31,57 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
-from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
-from eagletree.ports.memory import RowMover
+from eagletree.adapters.memory.row_movers import (
+    TorchRowMover,
+    TritonRowMover,
+    check_independent_groups,
+)
 
 STEPS_PLUS_ONE = 6
 WINDOW = 16
 BATCH_SIZES = (1, 8, 64, 256)
 BIG_MOVE = 65_536
+Mover = TorchRowMover | TritonRowMover
+
+
+class Variant(NamedTuple):
+    make: Callable[[], Mover]
+    grouped: bool  # passes independent_groups=STEPS_PLUS_ONE (rows where the promise holds)
+
+
+DEFAULT = {
+    "torch": Variant(TorchRowMover, grouped=False),
+    "triton": Variant(TritonRowMover, grouped=False),
+    "grouped": Variant(TritonRowMover, grouped=True),
+}
+TUNING = {
+    # grouped: pairs staged per program (whole groups of 6), register block, warps, tile
+    "grouped lanes=8": Variant(lambda: TritonRowMover(group_lanes=8), grouped=True),
+    "grouped lanes=16": Variant(lambda: TritonRowMover(group_lanes=16), grouped=True),
+    "grouped lanes=64": Variant(lambda: TritonRowMover(group_lanes=64), grouped=True),
+    "grouped regs=4096": Variant(lambda: TritonRowMover(register_words=4096), grouped=True),
+    "grouped regs=16384": Variant(lambda: TritonRowMover(register_words=16384), grouped=True),
+    "grouped warps=4": Variant(lambda: TritonRowMover(num_warps=4), grouped=True),
+    "grouped warps=16": Variant(lambda: TritonRowMover(num_warps=16), grouped=True),
+    "grouped tile=64": Variant(lambda: TritonRowMover(tile_words=64), grouped=True),
+    "grouped tile=512": Variant(lambda: TritonRowMover(tile_words=512), grouped=True),
+    # no hint: where the one-launch staged path stops, and the planned segment size
+    "staged<=64": Variant(lambda: TritonRowMover(max_staged_moves=64), grouped=False),
+    "staged<=2048": Variant(
+        lambda: TritonRowMover(max_staged_moves=2048, register_words=16384), grouped=False
+    ),
+    "plan lanes=32": Variant(lambda: TritonRowMover(plan_lanes=32), grouped=False),
+    "plan lanes=128": Variant(
+        lambda: TritonRowMover(plan_lanes=128, plan_window=32, register_words=16384),
+        grouped=False,
+    ),
+    "plan regs=4096": Variant(lambda: TritonRowMover(register_words=4096), grouped=False),
+    "scratch=1GiB": Variant(lambda: TritonRowMover(scratch_bytes=1 << 30), grouped=False),
+}
 
 
 def layout_buffers(
@@ -76,15 +124,32 @@ def compaction_moves(
     return tgt, src
 
 
-def median_us(fn: Callable[[], None], device: torch.device) -> float:
+def make_moves(
+    order: str, num_pairs: int, num_rows: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if order == "cycle":
+        tgt = torch.randperm(num_rows - 1, generator=gen)[:num_pairs] + 1
+        return tgt, tgt.roll(1)
+    tgt, src = compaction_moves(num_pairs, num_rows, gen)
+    return (tgt.flip(0), src.flip(0)) if order == "reversed" else (tgt, src)
+
+
+def hint_holds(tgt: torch.Tensor, src: torch.Tensor) -> bool:
+    try:
+        check_independent_groups(tgt, src, STEPS_PLUS_ONE)
+    except ValueError:
+        return False
+    return True
+
+
+def median_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float:
     if device.type == "cuda":
         import triton.testing
 
-        ms: float = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+        ms: float = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
         return ms * 1e3
-    fn()
     samples = []
-    for _ in range(3):
+    for _ in range(1):  # the CPU run (smoke, interpreter) only checks that everything runs
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
@@ -112,89 +177,135 @@ def copy_bandwidth_gbs(device: torch.device, num_bytes: int) -> float:
     def copy() -> None:
         dst.copy_(src)
 
-    us = median_us(copy, device)
+    us = median_us(copy, device, 200)
     return 2 * num_bytes / us / 1e3
 
 
 def check_exact(
-    mover: RowMover, buffers: tuple[torch.Tensor, ...], tgt: torch.Tensor, src: torch.Tensor
-) -> bool:
-    """One move against the gathered sources (targets are distinct, padding-free)."""
+    move: Callable[[], None], buffers: tuple[torch.Tensor, ...], tgt: torch.Tensor,
+    src: torch.Tensor, untouched: torch.Tensor,
+) -> bool:  # fmt: skip
+    """One move against the gathered sources (distinct targets), plus rows no pair targets."""
     expected = [buf[src] for buf in buffers]
-    mover.move(buffers, tgt, src)
+    before = [buf[untouched] for buf in buffers]
+    move()
     return all(
         torch.equal(buf[tgt].view(torch.uint8), want.view(torch.uint8))
-        for buf, want in zip(buffers, expected, strict=True)
+        and torch.equal(buf[untouched].view(torch.uint8), old.view(torch.uint8))
+        for buf, want, old in zip(buffers, expected, before, strict=True)
     )
 
 
-def make_movers() -> dict[str, RowMover]:
-    return {
-        "torch": TorchRowMover(),
-        "triton": TritonRowMover(),
-        # Tuning aids: the same kernels with the staged/chunked threshold moved either way.
-        "staged<=2048": TritonRowMover(max_staged_moves=2048, register_words=16384),
-        "chunked>48": TritonRowMover(max_staged_moves=48),
-    }
+class Timing(NamedTuple):
+    us: float
+    launches: int | None
+    exact: bool
 
 
 def run(args: argparse.Namespace) -> str:
     device = torch.device(args.device)
     gen = torch.Generator().manual_seed(0)
-    layers = 2 if args.smoke else None
+    layers = 1 if args.smoke else None
     sizes = (1, 8) if args.smoke else BATCH_SIZES
     big = 600 if args.smoke else BIG_MOVE  # the smoke run still crosses the staged cap
     copy_gbs = copy_bandwidth_gbs(device, (1 << 20) if args.smoke else (1 << 30))
+    chosen = {} if not args.variants else TUNING if args.variants == "all" else {
+        name: TUNING[name] for name in args.variants.split(",")
+    }  # fmt: skip
+    variants = {**DEFAULT, **chosen}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    lines = [
+    header = (
         f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s"
-        " (1 GiB device copy, read + write)",
-        "",
+        " (1 GiB device copy, read + write)"
+    )
+    table = [
         "| layout | pairs | MB moved | torch µs | torch GB/s | triton µs | triton GB/s"
-        " | triton % copy | speedup | launches torch/triton | staged≤2048 µs | chunked>48 µs"
-        " | exact |",
+        " | triton % copy | speedup | launches torch/triton/grouped | grouped µs"
+        " | grouped % copy | exact |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    tuning = [
+        "| layout | pairs | variant | µs | GB/s | % copy | launches | exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    cases = [(f"bs={bs}", bs * STEPS_PLUS_ONE, "forward") for bs in sizes]
+    cases += [(f"{big}", big, "forward"), (f"{big} reversed", big, "reversed")]
+    cases += [(f"{big} cycle", big, "cycle")]
     for layout in args.layouts.split(","):
         num_rows = -(-big // STEPS_PLUS_ONE) * WINDOW + 1
         buffers = layout_buffers(layout, num_rows, device, layers)
-        movers = make_movers()  # fresh per layout: a mover's table cache holds its buffers
         slot_bytes = sum(buf[0].numel() * buf.element_size() for buf in buffers)
-        cases = [(f"bs={bs}", bs * STEPS_PLUS_ONE) for bs in sizes] + [(f"{big}", big)]
-        for label, pairs in [*cases, (f"{big} reversed", big)]:
-            tgt, src = compaction_moves(pairs, num_rows, gen)
-            if label.endswith("reversed"):
-                tgt, src = tgt.flip(0), src.flip(0)
+        for label, pairs, order in cases:
+            tgt, src = make_moves(order, pairs, num_rows, gen)
+            grouped_ok = hint_holds(tgt, src)
+            targeted = torch.zeros(num_rows, dtype=torch.bool)
+            targeted[tgt] = True
+            untouched = (~targeted).nonzero().squeeze(1)[:1024].to(device)
             tgt, src = tgt.to(device), src.to(device)
             moved = int((tgt != src).sum())  # SYNC: benchmark set-up
             mb = 2 * moved * slot_bytes / 1e6
-            exact = all(
-                check_exact(m, buffers, tgt, src) for k, m in movers.items() if k != "torch"
-            )
-            calls = {key: partial(m.move, buffers, tgt, src) for key, m in movers.items()}
-            us = {key: median_us(call, device) for key, call in calls.items()}
-            launches = [count_launches(calls[key], device) for key in ("torch", "triton")]
-            gbs = {key: mb / t * 1e3 for key, t in us.items()}  # 1 MB/µs = 1000 GB/s
-            lines.append(
-                f"| {layout} | {label} ({pairs}) | {mb:.1f} | {us['torch']:.1f} "
-                f"| {gbs['torch']:.0f} | {us['triton']:.1f} | {gbs['triton']:.0f} "
-                f"| {100 * gbs['triton'] / copy_gbs:.0f} % | {us['torch'] / us['triton']:.1f}x "
-                f"| {launches[0]}/{launches[1]} | {us['staged<=2048']:.1f} "
-                f"| {us['chunked>48']:.1f} | {'yes' if exact else 'NO'} |"
-            )
-            print(lines[-1], flush=True)
-        del buffers, movers
+            timings: dict[str, Timing] = {}
+            for key, variant in variants.items():
+                if variant.grouped and not grouped_ok:
+                    continue
+                mover = variant.make()  # fresh per row: a mover's table cache holds buffers
+                hint = STEPS_PLUS_ONE if variant.grouped else None
+                call = partial(mover.move, buffers, tgt, src, independent_groups=hint)
+                exact = check_exact(call, buffers, tgt, src, untouched)
+                timings[key] = Timing(
+                    median_us(call, device, args.rep_ms), count_launches(call, device), exact
+                )
+                if args.variants:
+                    t = timings[key]
+                    gbs = mb / t.us * 1e3
+                    tuning.append(
+                        f"| {layout} | {label} ({pairs}) | {key} | {t.us:.1f} | {gbs:.0f} "
+                        f"| {100 * gbs / copy_gbs:.0f} % | {t.launches} "
+                        f"| {'yes' if t.exact else 'NO'} |"
+                    )
+                    print(tuning[-1], flush=True)
+            table.append(default_row(layout, label, pairs, mb, timings, copy_gbs))
+            print(table[-1], flush=True)
+        del buffers
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    return "\n".join(lines)
+    tables = [header, "", *table]
+    if args.variants:
+        tables += ["", "Variants (one row per mover configuration):", "", *tuning]
+    return "\n".join(tables)
+
+
+def default_row(
+    layout: str, label: str, pairs: int, mb: float, timings: dict[str, Timing], copy_gbs: float
+) -> str:
+    torch_t, triton_t = timings["torch"], timings["triton"]
+    grouped_t = timings.get("grouped")
+    triton_gbs = mb / triton_t.us * 1e3
+    grouped = (
+        (f"{grouped_t.us:.1f}", f"{100 * mb / grouped_t.us * 1e3 / copy_gbs:.0f} %")
+        if grouped_t
+        else ("—", "—")
+    )
+    launches = "/".join(str(t.launches) if t else "—" for t in (torch_t, triton_t, grouped_t))
+    exact = all(t.exact for t in timings.values())
+    return (
+        f"| {layout} | {label} ({pairs}) | {mb:.1f} | {torch_t.us:.1f} "
+        f"| {mb / torch_t.us * 1e3:.0f} | {triton_t.us:.1f} | {triton_gbs:.0f} "
+        f"| {100 * triton_gbs / copy_gbs:.0f} % | {torch_t.us / triton_t.us:.1f}x "
+        f"| {launches} | {grouped[0]} | {grouped[1]} | {'yes' if exact else 'NO'} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", help="also write the markdown table to this path")
+    parser.add_argument("--out", help="also write the markdown tables to this path")
     parser.add_argument("--layouts", default="llama,mla,dsa")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check it runs")
+    parser.add_argument(
+        "--variants", default="", help=f"'all' or a comma list of: {', '.join(TUNING)}"
+    )
+    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per row")
     args = parser.parse_args()
     table = run(args)
     print()

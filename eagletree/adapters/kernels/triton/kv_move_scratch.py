@@ -22,6 +22,8 @@ from eagletree.adapters.kernels.triton.kv_move import (
     word_type,
 )
 
+_MAX_PROGRAMS = 1024  # per fallback launch: about eight per SM, each looping over pair blocks
+
 
 @triton.jit
 def _scratch_pass(
@@ -62,6 +64,7 @@ def _scratch_pass_kernel(
     scratch_ptr,
     first_unit,
     num_tiles,
+    num_blocks,
     WORD: tl.constexpr,
     VEC: tl.constexpr,
     LANES: tl.constexpr,
@@ -83,29 +86,32 @@ def _scratch_pass_kernel(
     col0 = (unit % num_tiles) * TILE
     if col0 >= tl.load(row_words + buf):
         return
-    moves = tl.program_id(0) * LANES + tl.arange(0, LANES)
-    in_range = moves < num_moves
-    tgt = tl.load(tgt_ptr + moves, mask=in_range, other=0).to(tl.int64)
-    src = tl.load(src_ptr + moves, mask=in_range, other=0).to(tl.int64)
-    moving = in_range & (tgt != src)
-    slots = src if TO_SCRATCH else tgt
-    # scratch: (units in the round, num_moves, TILE) words
-    scratch_rows = scratch_ptr + (unit_in_round.to(tl.int64) * num_moves + moves)[:, None] * TILE
     aligned = False
     if VEC > 1:
         aligned = tl.load(vector_aligned + buf) != 0
-    if aligned:
-        _scratch_pass(
-            base_ptrs, row_words, stride_words, buf, slots, moving, col0,
-            scratch_rows + tl.arange(0, TILE)[None, :], WORD, TILE, VEC, TO_SCRATCH,
-        )  # fmt: skip
-    else:
-        for part in tl.static_range(SPLIT):
+    for block in range(tl.program_id(0), num_blocks, tl.num_programs(0)):
+        moves = block * LANES + tl.arange(0, LANES)
+        in_range = moves < num_moves
+        tgt = tl.load(tgt_ptr + moves, mask=in_range, other=0).to(tl.int64)
+        src = tl.load(src_ptr + moves, mask=in_range, other=0).to(tl.int64)
+        moving = in_range & (tgt != src)
+        slots = src if TO_SCRATCH else tgt
+        # scratch: (units in the round, num_moves, TILE) words
+        scratch_rows = (
+            scratch_ptr + (unit_in_round.to(tl.int64) * num_moves + moves)[:, None] * TILE
+        )
+        if aligned:
             _scratch_pass(
-                base_ptrs, row_words, stride_words, buf, slots, moving, col0 + part * PART,
-                scratch_rows + part * PART + tl.arange(0, PART)[None, :], WORD, PART, 1,
-                TO_SCRATCH,
+                base_ptrs, row_words, stride_words, buf, slots, moving, col0,
+                scratch_rows + tl.arange(0, TILE)[None, :], WORD, TILE, VEC, TO_SCRATCH,
             )  # fmt: skip
+        else:
+            for part in tl.static_range(SPLIT):
+                _scratch_pass(
+                    base_ptrs, row_words, stride_words, buf, slots, moving, col0 + part * PART,
+                    scratch_rows + part * PART + tl.arange(0, PART)[None, :], WORD, PART, 1,
+                    TO_SCRATCH,
+                )  # fmt: skip
 
 
 def units_per_round(table: RowTable, num_moves: int, shape: TileShape, scratch_bytes: int) -> int:
@@ -136,10 +142,13 @@ def move_rows_through_scratch(
     blocks = triton.cdiv(num_moves, shape.lanes)
     for first_unit in range(0, total_units, per_round):
         units = min(per_round, total_units - first_unit)
+        # A bounded grid that loops over pair blocks: when the flag says no, each of the two
+        # launches per round costs a few hundred programs, not one per block and unit.
+        programs = min(blocks, max(1, _MAX_PROGRAMS // units))
         for to_scratch in (True, False):
-            _scratch_pass_kernel[(blocks, units)](
+            _scratch_pass_kernel[(programs, units)](
                 table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned,
-                tgt, src, num_moves, flag, scratch, first_unit, shape.num_tiles,
+                tgt, src, num_moves, flag, scratch, first_unit, shape.num_tiles, blocks,
                 WORD=word_type(table), VEC=table.vector_words, LANES=shape.lanes,
                 TILE=shape.tile, TO_SCRATCH=to_scratch, num_warps=shape.num_warps,
             )  # fmt: skip
