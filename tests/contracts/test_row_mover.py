@@ -360,6 +360,7 @@ def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
     gen = torch.Generator().manual_seed(5)
     cycle = (torch.randperm(NUM_SLOTS - 1, generator=gen)[:40] + 1).tolist()
     tgt, src = cycle, cycle[1:] + cycle[:1]  # one 40-cycle: its closing edge spans every pair
+    assert plan_model(tgt, src, pairs=48, window=16) is None  # the plan fails: scratch moves
     mover = TritonRowMover(max_staged_moves=4, scratch_bytes=scratch_bytes)
     assert_moves_like_the_reference(
         lambda bufs: mover.move(bufs, slots(tgt, device), slots(src, device)),
@@ -367,8 +368,6 @@ def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
         slots(src, device),
         device,
     )
-    flag = next(iter(mover._prepared.values())).flag
-    assert int(flag[0]) == 1
 
 
 def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
