@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
+from eagletree.adapters.attention.metadata import tree_tail_bits, tree_tail_mask
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
-from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.batch import ForwardBatch, ForwardMode, TargetVerifySpec
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.attention import AttentionBackend
 from tests.conftest import requires_cuda, requires_triton
@@ -214,6 +215,82 @@ def test_triton_split_key_ranges_merge_to_the_reference(
     factory = backend_factory("triton", device, target_programs=4096, max_kv_splits=3)
     case, expected = random_twins(mode, CPU_SHAPES[shape_name], device, torch.float32, 11, bs=3)
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.sampled_from([1, 5, 31, 32, 33, 64, 70]),
+    full=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_tree_bits_unpack_to_the_tree_part_of_the_mask(n: int, full: bool, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    bs = 3
+    seq_lens = torch.randint(0, 9, (bs,), generator=gen)
+    rows = n * (seq_lens + n) if full else torch.full((bs,), n * n)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(rows, 0)])
+    flat = torch.rand(int(indptr[-1]), generator=gen) < 0.5  # any bits, not only valid trees
+    mode = TreeMaskMode.FULL_MASK if full else TreeMaskMode.QLEN_ONLY
+    spec = TargetVerifySpec(n, flat, mode, indptr)
+    bits = tree_tail_bits(spec, seq_lens)
+    assert bits.dtype == torch.int32 and bits.shape == (bs * n, (n + 31) // 32)
+    column = torch.arange(32 * bits.shape[1])
+    unpacked = (bits.to(torch.int64)[:, column // 32] >> (column % 32)) & 1  # (bs·N, 32·words)
+    assert not unpacked[:, n:].any()  # bits past N stay clear
+    expected = tree_tail_mask(spec, seq_lens).view(bs * n, n)
+    torch.testing.assert_close(unpacked[:, :n].bool(), expected, rtol=0, atol=0)
+    buffer = torch.full_like(bits, -7)  # a preallocated buffer keeps its address (CUDA graphs)
+    written = tree_tail_bits(spec, seq_lens, out=buffer)
+    assert written.data_ptr() == buffer.data_ptr() and torch.equal(buffer, bits)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize(("block_n", "split"), [(32, False), (64, True)], ids=["b32", "b64-split"])
+def test_triton_long_prefixes_and_wide_trees_match_the_reference(
+    mode: ForwardMode, block_n: int, split: bool, device: torch.device
+) -> None:
+    # prefixes of whole key blocks, a ragged end and none, so every kernel phase runs (unmasked
+    # prefix blocks, the prefix's ragged end, tail blocks); N = 40 needs two bit words per node,
+    # and with 64-key blocks one tail block spans both; splits cut through prefix and tail
+    options = {"block_n": block_n} | (
+        {"target_programs": 4096, "max_kv_splits": 3} if split else {}
+    )
+    factory = backend_factory("triton", device, **options)
+    extra: dict[str, object] = {"num_draft_tokens": 40, "topk": 4, "depth": 3}
+    if mode is ForwardMode.EXTEND:
+        extra["extend_lens"] = [3, 40, 0, 17]
+    shape = Shape(4, 2, 16, 16)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    twins = [
+        make_case(mode, shape, [64, 77, 5, 0], device=device, dtype=dtype, seed=71, **extra)  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
+    expected = reference_output(twins[1])
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(
+        run(factory(twins[0]), twins[0]).float(), expected, atol=atol, rtol=rtol
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"block_m": 16}, {"block_m": 128}, {"block_n": 64, "num_stages": 2}, {"max_registers": 0}],
+    ids=["default", "m16", "m128", "n64-s2", "no-register-cap"],
+)
+@pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY], ids=str)
+def test_triton_tile_options_give_the_same_attention(
+    options: dict[str, int], mode: ForwardMode, device: torch.device
+) -> None:
+    # the benchmark's tune sweep changes these; every choice must compute the same attention
+    if device.type == "cpu" and set(options) - {"block_m", "block_n"}:
+        pytest.skip("the interpreter ignores warps, stages and register caps")
+    factory = backend_factory("triton", device, **options)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    case, expected = random_twins(
+        mode, Shape(8, 2, 64, 64), device, dtype, 81, bs=3, num_draft_tokens=16, topk=4, depth=2
+    )
+    atol, rtol = TOLERANCE[dtype]
+    torch.testing.assert_close(run(factory(case), case).float(), expected, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -215,6 +215,32 @@ def tree_tail_mask(spec: TargetVerifySpec, seq_lens: torch.Tensor) -> torch.Tens
     return spec.tree_mask[index.flatten()].view(bs, n, n).to(torch.bool)
 
 
+def tree_tail_bits(
+    spec: TargetVerifySpec, seq_lens: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The tree part of the mask packed into bits → (bs·N, cdiv(N, 32)) int32, into ``out``.
+
+    Bit ``c % 32`` of word ``c // 32`` of row ``b·N + i`` is set when node i of request b sees
+    node c (``tree_tail_mask``); bits past N are clear. Device ops on fixed shapes, no sync;
+    with ``out`` (a preallocated buffer of that shape) the result keeps its address.
+    """
+    mask = tree_tail_mask(spec, seq_lens)  # (bs, N, N) bool
+    bs, n = mask.shape[0], spec.num_draft_tokens
+    words = (n + 31) // 32
+    padded = torch.zeros(bs * n, words * 32, dtype=torch.int64, device=mask.device)
+    padded[:, :n] = mask.view(bs * n, n)
+    weights = torch.bitwise_left_shift(
+        torch.ones(32, dtype=torch.int64, device=mask.device),
+        torch.arange(32, dtype=torch.int64, device=mask.device),
+    )
+    unsigned = (padded.view(bs * n, words, 32) * weights).sum(-1)  # (bs·N, words) in [0, 2³²)
+    # as int32 two's complement: words with bit 31 set become negative, exactly
+    signed = unsigned - ((unsigned >> 31) << 32)
+    if out is None:
+        return signed.to(torch.int32)
+    return out.copy_(signed)
+
+
 @dataclass(frozen=True, slots=True)
 class TailLayout:
     """Dense per-request view of the plan: padded query rows and tail keys with visibility."""

@@ -11,6 +11,7 @@ from eagletree.adapters.attention.metadata import (
     PlanBuffers,
     TailKind,
     plan_forward,
+    tree_tail_bits,
 )
 from eagletree.adapters.attention.pool_access import (
     KVCache,
@@ -20,15 +21,14 @@ from eagletree.adapters.attention.pool_access import (
     layer_kv_buffers,
     save_new_kv,
 )
-from eagletree.adapters.kernels.triton.pool_attention import (
+from eagletree.adapters.kernels.triton.attention_launch import (
     LaunchConfig,
     QueryTiles,
     TailKeys,
     block_dim,
-    pool_attention,
     ragged_tiles,
 )
-from eagletree.domain.tree import TreeMaskMode
+from eagletree.adapters.kernels.triton.pool_attention import pool_attention
 from eagletree.ports.memory import MLAKVCache, ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -41,12 +41,17 @@ class TritonAttentionBackend:
 
     A program reads each K/V block of its request once for a whole tile of (query, GQA head) rows,
     so verify and draft modes read the prefix ``ceil(rows / BLOCK_M)`` times per kv head, not once
-    per query. When ``bs · tiles · kv_heads`` programs cannot fill the device, each request's key
-    range is split into up to ``max_kv_splits`` chunks merged by log-sum-exp (flash-decoding).
+    per query. It walks the prefix in unmasked blocks and applies the mode's visibility (causal,
+    tree, branch) only to the few tail blocks; a verify's tree mask is packed once per forward into
+    one int32 word per 32 nodes (``metadata.tree_tail_bits``). When ``bs · tiles · kv_heads``
+    programs cannot fill the device, each request's key range is split into up to
+    ``max_kv_splits`` chunks merged by log-sum-exp (flash-decoding).
 
     Options: ``target_programs`` — programs to aim for when choosing the split count (default:
     4 per SM on CUDA, 1 on CPU, i.e. no split under the interpreter unless asked);
-    ``block_n``/``num_warps``/``num_stages`` — kernel tiling (defaults per device and head size).
+    ``block_m`` (most rows per tile), ``block_n``, ``num_warps``, ``num_stages`` and
+    ``max_registers`` (a per-thread register cap, 0 for none) override the tiling that
+    ``_config`` picks per device, head size and rows per request.
     """
 
     def __init__(
@@ -57,9 +62,11 @@ class TritonAttentionBackend:
         max_batch_size: int = 64,
         max_kv_splits: int = 32,
         target_programs: int | None = None,
+        block_m: int | None = None,
         block_n: int | None = None,
-        num_warps: int = 4,
-        num_stages: int = 2,
+        num_warps: int | None = None,
+        num_stages: int | None = None,
+        max_registers: int | None = None,
     ) -> None:
         if max_kv_splits < 1:
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
@@ -75,15 +82,23 @@ class TritonAttentionBackend:
                 sms = torch.cuda.get_device_properties(self._device).multi_processor_count
                 target_programs = 4 * sms
         self._target_programs = target_programs
+        self._block_m = block_m
         self._block_n = block_n
         self._num_warps = num_warps
         self._num_stages = num_stages
+        self._max_registers = max_registers
         self._plan: AttentionPlan | None = None
         self._tiles: dict[int, QueryTiles] = {}  # ragged tile tables of this forward, by block_m
+        self._tail = TailKeys(int(TailKind.CAUSAL))
+        # verify's packed tree mask: written in place every forward, so a captured graph that
+        # holds it reads the current tree (grown, never shrunk, outside capture)
+        self._tree_bits = torch.zeros(0, dtype=torch.int32, device=self._device)
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        self._plan = plan_forward(batch, self._buffers)
+        plan = plan_forward(batch, self._buffers)
+        self._plan = plan
         self._tiles = {}
+        self._tail = self._tail_keys(plan)
 
     def forward(
         self,
@@ -124,7 +139,7 @@ class TritonAttentionBackend:
             seq_lens=batch.seq_lens,
             new_slots=batch.out_cache_loc,
             tiles=tiles,
-            tail=self._tail_keys(plan),
+            tail=self._tail,
             shared_dim=shared_dim,
             sm_scale=layer.scaling,
             logit_cap=layer.logit_cap,
@@ -138,20 +153,36 @@ class TritonAttentionBackend:
         return mla.kv_lora_rank
 
     def _config(self, dtype: torch.dtype, head_dim: int, rows_per_req: int) -> LaunchConfig:
-        wide = head_dim > 256  # MLA's 576-wide rows need smaller tiles to stay in registers
+        rows = block_dim(rows_per_req)
         if self._on_cpu:  # the interpreter pays per op, not per element: few, large blocks
-            block_m = min(64, block_dim(rows_per_req))
+            block_m = min(self._block_m or 64, rows)
             block_n = self._block_n or 32
             return LaunchConfig(block_m, block_n, 1, 1, True, block_n)
-        block_m = min(16 if wide else 64, block_dim(rows_per_req))
-        block_n = self._block_n or (32 if wide else 64)
+        # Defaults from the sm_90 build (registers, shared memory, spills per variant) and the
+        # H200 sweep of benchmarks/attention.py --tune. Three stages double-buffer K/V (the
+        # slots are loaded a block ahead); 32-key blocks keep a 32-row tile at 128 registers,
+        # so that 4 programs share an SM and keep enough loads in flight.
+        if head_dim > 256:  # MLA's 576-wide rows need small tiles to stay in registers
+            block_m, block_n, warps, stages, registers = min(16, rows), 32, 4, 2, 0
+        else:
+            block_m = min(self._block_m or 64, rows)
+            if block_m <= 32:  # decode, verify and draft tiles: memory-bound
+                block_n, warps, stages, registers = 32, 4, 3, 128
+            elif block_m == 64:  # N · group >= 64 (verify N = 64): one warpgroup's wgmma
+                block_n, warps, stages, registers = 32, 4, 3, 0
+            else:  # two warpgroups, two programs per SM
+                block_n, warps, stages, registers = 32, 8, 3, 128
+        block_n = self._block_n or block_n
+        if self._max_registers is not None:
+            registers = self._max_registers
         return LaunchConfig(
             block_m,
             block_n,
-            self._num_warps,
-            self._num_stages,
+            self._num_warps or warps,
+            self._num_stages or stages,
             dtype == torch.float32,
             max(block_n, 256),
+            registers or None,
         )
 
     def _query_tiles(self, plan: AttentionPlan, group: int, block_m: int) -> QueryTiles:
@@ -172,20 +203,24 @@ class TritonAttentionBackend:
         return tiles
 
     def _num_splits(self, base_programs: int) -> int:
-        wanted = -(-self._target_programs // max(base_programs, 1))
+        # the nearest whole number of splits: rounding up would leave a last, mostly idle wave
+        wanted = (2 * self._target_programs + base_programs) // (2 * max(base_programs, 1))
         return max(1, min(self._max_kv_splits, wanted))
 
-    @staticmethod
-    def _tail_keys(plan: AttentionPlan) -> TailKeys:
+    def _tail_keys(self, plan: AttentionPlan) -> TailKeys:
+        if plan.is_empty:
+            return TailKeys(int(TailKind.CAUSAL))
         if plan.tail is TailKind.TREE:
             assert plan.tree is not None
-            return TailKeys(
-                int(TailKind.TREE),
-                plan.width,
-                tree_mask=plan.tree.tree_mask,
-                mask_indptr=plan.tree.mask_indptr,
-                mask_full=plan.tree.mask_mode is TreeMaskMode.FULL_MASK,
-            )
+            # once per forward, shared by every layer: the kernel reads a node's visibility of
+            # its tree as one int32 word per 32 nodes instead of gathering mask bytes
+            rows, words = plan.num_tokens, (plan.width + 31) // 32
+            if self._tree_bits.numel() < rows * words:
+                size = max(rows * words, 2 * self._tree_bits.numel())
+                self._tree_bits = torch.zeros(size, dtype=torch.int32, device=self._device)
+            bits = self._tree_bits[: rows * words].view(rows, words)
+            tree_tail_bits(plan.tree, plan.batch.seq_lens, out=bits)
+            return TailKeys(int(TailKind.TREE), plan.width, tree_bits=bits)
         if plan.tail is TailKind.BRANCH:
             return TailKeys(
                 int(TailKind.BRANCH), plan.width, plan.depth, ancestor_slots=plan.ancestor_slots

@@ -5,8 +5,12 @@ request and one kv head — rows are (query token, q head of that kv head's grou
 K/V block loaded once serves the whole GQA group (and, for verify and draft modes, every query of
 the request) — and one split of the request's key range. Key j < L_b is the prefix key
 ``req_to_token[row, j]``; key L_b + c is tail key c (``metadata.TailKind`` says which slot and
-whether a row sees it). With one split the program writes the normalised output; with several,
-it writes (o, log2-sum-exp) partials that ``_merge_splits_kernel`` combines.
+whether a row sees it). The program walks its keys in three phases: full blocks of prefix keys,
+which every row sees, with no mask at all; the prefix's ragged end (a key mask only); then the
+few tail keys, in blocks aligned to the tail, with the mode's visibility (causal, tree bits,
+branch) — so the tree mask costs one block per program, not one per prefix block. With one split
+the program writes the normalised output; with several, it writes (o, log2-sum-exp) partials that
+``split_merge.merge_splits`` combines.
 
 Scores and the softmax are fp32; on CPU (the interpreter computes bf16 wrongly) and for fp32
 inputs the dot operands are fp32 too, on the GPU fp16/bf16 operands feed the tensor cores with
@@ -15,16 +19,23 @@ fp32 accumulation. Slot and token offsets are int64 (slot · row stride passes 2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _tanh(x):
-    return 2 * tl.sigmoid(2 * x) - 1
+from eagletree.adapters.kernels.triton.attention_blocks import (
+    LOG2E,
+    attend_block,
+    load_rows,
+    tree_visible,
+)
+from eagletree.adapters.kernels.triton.attention_launch import (
+    LaunchConfig,
+    QueryTiles,
+    TailKeys,
+    block_dim,
+)
+from eagletree.adapters.kernels.triton.split_merge import merge_splits
 
 
 @triton.jit
@@ -43,8 +54,7 @@ def _pool_attention_kernel(
     qo_indptr_ptr,  # RAGGED: (bs + 1,) token offsets
     tile_req_ptr,  # RAGGED: request of every tile, −1 past the last
     tile_idx_ptr,  # RAGGED: tile index inside its request
-    mask_ptr,  # TREE: flat uint8 tree mask
-    mask_indptr_ptr,  # TREE: (bs + 1,) offsets of the requests' mask blocks
+    tree_bits_ptr,  # TREE: (bs·N, cdiv(N, 32)) int32, bit c % 32 of word c // 32: sees node c
     stride_qt,
     stride_qh,
     stride_ks,
@@ -72,7 +82,7 @@ def _pool_attention_kernel(
     BLOCK_DB: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     TAIL: tl.constexpr,  # 1 CAUSAL, 2 TREE, 3 BRANCH
-    MASK_FULL: tl.constexpr,
+    TAIL_WORDS: tl.constexpr,  # TREE: bit words one block of BLOCK_N tail keys spans
     RAGGED: tl.constexpr,
     V_FROM_K: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -107,26 +117,27 @@ def _pool_attention_kernel(
     row_valid = rows < num_q * GROUP
     tok = rows // GROUP
     head = kv_head * GROUP + rows % GROUP
-    q_row = (q_start + tok).to(tl.int64) * stride_qt + head * stride_qh
-    offs_da = tl.arange(0, BLOCK_DA)
-    qa = tl.load(
-        q_ptr + q_row[:, None] + offs_da[None, :],
-        mask=row_valid[:, None] & (offs_da[None, :] < DA),
-        other=0.0,
-    )
+    q_rows = q_ptr + (q_start + tok).to(tl.int64) * stride_qt + head * stride_qh
+    qa = load_rows(q_rows, DA, BLOCK_DA, row_valid, True)
     if DOT_FP32:
         qa = qa.to(tl.float32)
+    qb = qa  # MLA's rope columns, scored in a second dot
     if BLOCK_DB > 0:
-        offs_db = tl.arange(0, BLOCK_DB)
-        qb = tl.load(
-            q_ptr + q_row[:, None] + DA + offs_db[None, :],
-            mask=row_valid[:, None] & (offs_db[None, :] < DB),
-            other=0.0,
-        ).to(qa.dtype)
-    offs_dv = tl.arange(0, BLOCK_DV)
+        qb = load_rows(q_rows + DA, DB, BLOCK_DB, row_valid, True).to(qa.dtype)
+    # scores go to log2 units (exp2 is the fast exponential); a cap works on natural units first
+    if HAS_CAP:
+        score_scale = 1.0
+        cap_in = sm_scale / logit_cap
+        cap_out = logit_cap * LOG2E
+    else:
+        score_scale = sm_scale * LOG2E
+        cap_in = 1.0
+        cap_out = 1.0
+    k_head = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_head = v_ptr + kv_head.to(tl.int64) * stride_vh
 
     prefix_len = tl.load(seq_lens_ptr + req).to(tl.int32)
-    table_row = tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_table
+    table_row = req_to_token_ptr + tl.load(req_pool_indices_ptr + req).to(tl.int64) * stride_table
     total = prefix_len + tail_len
     # the last key any row of this tile can see: tail keys are ordered so that a row never sees
     # a tail key of a later query (tree nodes follow their ancestors, branches are blocks)
@@ -140,28 +151,50 @@ def _pool_attention_kernel(
     start = (split * chunk).to(tl.int32)
     end = tl.minimum(start + chunk, visible_end).to(tl.int32)
 
-    if TAIL == 2:
-        mask_start = tl.load(mask_indptr_ptr + req)
-        if MASK_FULL:
-            mask_row = mask_start + tok.to(tl.int64) * (prefix_len + width) + prefix_len
-        else:
-            mask_row = mask_start + tok.to(tl.int64) * width
-
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        key_valid = offs_n < end
-        in_prefix = offs_n < prefix_len
-        tail_idx = offs_n - prefix_len
-        in_tail = key_valid & (offs_n >= prefix_len)
-        prefix_slot = tl.load(
-            req_to_token_ptr + table_row + offs_n, mask=key_valid & in_prefix, other=0
-        ).to(tl.int64)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # phase 1: this split's full blocks of prefix keys; every row sees them all: no mask at all.
+    # Each block's slots are loaded one block ahead, so that K/V addresses do not wait on a load
+    # of the same iteration and the pipeliner can keep the next block's K/V in flight.
+    full_end = start + tl.maximum(tl.minimum(end, prefix_len) - start, 0) // BLOCK_N * BLOCK_N
+    next_slot = tl.load(table_row + start + offs_n, mask=start + offs_n < full_end, other=0)
+    for start_n in range(start, full_end, BLOCK_N):
+        slot = next_slot.to(tl.int64)
+        ahead = start_n + BLOCK_N + offs_n
+        next_slot = tl.load(table_row + ahead, mask=ahead < full_end, other=0)
+        m_i, l_i, acc = attend_block(
+            m_i, l_i, acc, qa, qb, k_head + slot * stride_ks, v_head + slot * stride_vs,
+            offs_n, offs_n,
+            score_scale, cap_in, cap_out, DA, DB, DV, BLOCK_DA, BLOCK_DB, BLOCK_DV,
+            False, V_FROM_K, PRECISION, HAS_CAP,
+        )  # fmt: skip
+
+    # phase 2: the prefix's ragged end, seen by every row (a loop of at most one block, so that
+    # its loads go through the pipeliner's async copies rather than registers)
+    prefix_end = tl.minimum(end, prefix_len)
+    for start_n in range(full_end, prefix_end, BLOCK_N):
+        key_valid = start_n + offs_n < prefix_end
+        slot = tl.load(table_row + start_n + offs_n, mask=key_valid, other=0).to(tl.int64)
+        m_i, l_i, acc = attend_block(
+            m_i, l_i, acc, qa, qb, k_head + slot * stride_ks, v_head + slot * stride_vs,
+            key_valid, key_valid[None, :],
+            score_scale, cap_in, cap_out, DA, DB, DV, BLOCK_DA, BLOCK_DB, BLOCK_DV,
+            True, V_FROM_K, PRECISION, HAS_CAP,
+        )  # fmt: skip
+
+    # phase 3: this split's tail keys [tail_lo, tail_hi) in blocks aligned to the tail's start
+    # (at most a block or two for verify and draft modes), visible as the mode says
+    tail_lo = tl.maximum(start, prefix_len) - prefix_len
+    tail_hi = end - prefix_len
+    for c0 in range(tail_lo // BLOCK_N * BLOCK_N, tail_hi, BLOCK_N):
+        cols = c0 + offs_n  # tail key indices
+        in_tail = (cols >= tail_lo) & (cols < tail_hi)
         if TAIL == 3:
-            branch = tail_idx // (depth + 1)
-            step = tail_idx - branch * (depth + 1)
+            branch = cols // (depth + 1)
+            step = cols - branch * (depth + 1)
             own = step == depth
             ancestor = tl.load(
                 ancestor_ptr + (q_start + branch).to(tl.int64) * depth + step,
@@ -169,64 +202,26 @@ def _pool_attention_kernel(
                 other=0,
             ).to(tl.int64)
             own_slot = tl.load(new_slots_ptr + q_start + branch, mask=in_tail & own, other=0)
-            tail_slot = tl.where(own, own_slot.to(tl.int64), ancestor)
-        else:
-            tail_slot = tl.load(new_slots_ptr + q_start + tail_idx, mask=in_tail, other=0)
-        slot = tl.where(in_prefix, prefix_slot, tail_slot.to(tl.int64))
-
-        k_row = slot * stride_ks + kv_head * stride_kh
-        ka = tl.load(
-            k_ptr + k_row[:, None] + offs_da[None, :],
-            mask=key_valid[:, None] & (offs_da[None, :] < DA),
-            other=0.0,
-        ).to(qa.dtype)
-        s = tl.dot(qa, tl.trans(ka), input_precision=PRECISION)
-        if BLOCK_DB > 0:
-            kb = tl.load(
-                k_ptr + k_row[:, None] + DA + offs_db[None, :],
-                mask=key_valid[:, None] & (offs_db[None, :] < DB),
-                other=0.0,
-            ).to(qa.dtype)
-            s += tl.dot(qb, tl.trans(kb), input_precision=PRECISION)
-        s = s * sm_scale
-        if HAS_CAP:
-            s = logit_cap * _tanh(s / logit_cap)
-
-        visible = row_valid[:, None] & key_valid[None, :]
-        if TAIL == 1:
-            tail_ok = tail_idx[None, :] <= tok[:, None]
-        elif TAIL == 2:
-            tail_ok = (
-                tl.load(
-                    mask_ptr + mask_row[:, None] + tail_idx[None, :],
-                    mask=visible & in_tail[None, :],
-                    other=0,
-                )
-                != 0
-            )
-        else:
+            slot = tl.where(own, own_slot.to(tl.int64), ancestor)
             tail_ok = branch[None, :] == tok[:, None]
-        visible = visible & (in_prefix[None, :] | tail_ok)
-        s = tl.where(visible, s * 1.4426950408889634, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if V_FROM_K:
-            v = ka
         else:
-            v = tl.load(
-                v_ptr + (slot * stride_vs + kv_head * stride_vh)[:, None] + offs_dv[None, :],
-                mask=key_valid[:, None] & (offs_dv[None, :] < DV),
-                other=0.0,
-            ).to(qa.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+            slot = tl.load(new_slots_ptr + q_start + cols, mask=in_tail, other=0).to(tl.int64)
+            if TAIL == 1:
+                tail_ok = cols[None, :] <= tok[:, None]
+            else:
+                tail_ok = tree_visible(
+                    tree_bits_ptr, q_start + tok, row_valid, width, c0, cols, BLOCK_M, TAIL_WORDS
+                )
+        m_i, l_i, acc = attend_block(
+            m_i, l_i, acc, qa, qb, k_head + slot * stride_ks, v_head + slot * stride_vs,
+            in_tail, in_tail[None, :] & tail_ok,
+            score_scale, cap_in, cap_out, DA, DB, DV, BLOCK_DA, BLOCK_DB, BLOCK_DV,
+            True, V_FROM_K, PRECISION, HAS_CAP,
+        )  # fmt: skip
 
     seen = l_i > 0
     o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+    offs_dv = tl.arange(0, BLOCK_DV)
     dv_ok = offs_dv[None, :] < DV
     if SPLIT:
         part = ((q_start + tok).to(tl.int64) * num_q_heads + head) * num_splits + split
@@ -242,119 +237,6 @@ def _pool_attention_kernel(
             o.to(o_ptr.dtype.element_ty),
             mask=row_valid[:, None] & dv_ok,
         )
-
-
-@triton.jit
-def _merge_splits_kernel(
-    part_o_ptr,
-    part_lse_ptr,
-    o_ptr,
-    num_rows,
-    num_q_heads,
-    num_splits,
-    stride_ot,
-    stride_oh,
-    DV: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_valid = rows < num_rows
-    offs_dv = tl.arange(0, BLOCK_DV)
-    io_mask = row_valid[:, None] & (offs_dv[None, :] < DV)
-    rows64 = rows.to(tl.int64)
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_DV], tl.float32)
-    for split in range(0, num_splits):
-        part = rows64 * num_splits + split
-        lse = tl.load(part_lse_ptr + part, mask=row_valid, other=float("-inf"))
-        o = tl.load(part_o_ptr + part[:, None] * DV + offs_dv[None, :], mask=io_mask, other=0.0)
-        m_new = tl.maximum(m_i, lse)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        weight = tl.exp2(lse - m_safe)
-        acc = acc * alpha[:, None] + o * weight[:, None]
-        l_i = l_i * alpha + weight
-        m_i = m_new
-    seen = l_i > 0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-    token = rows64 // num_q_heads
-    head = rows64 % num_q_heads
-    o_row = token * stride_ot + head * stride_oh
-    tl.store(
-        o_ptr + o_row[:, None] + offs_dv[None, :], out.to(o_ptr.dtype.element_ty), mask=io_mask
-    )
-
-
-def block_dim(n: int) -> int:
-    """Power-of-two block covering ``n`` columns, at least 16 (tl.dot's smallest operand)."""
-    return max(16, triton.next_power_of_2(n)) if n > 0 else 0
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchConfig:
-    """Tile sizes and compilation switches of one launch."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    dot_fp32: bool  # fp32 dot operands (CPU interpreter, fp32 inputs)
-    min_chunk: int  # fewest keys one split handles (a multiple of block_n)
-
-
-@dataclass(frozen=True, slots=True)
-class QueryTiles:
-    """Where the query tiles lie: fixed width (``tile_req is None``) or ragged (EXTEND)."""
-
-    num_tiles: int
-    tiles_per_req: int = 0  # fixed width: tiles of one request
-    qo_indptr: torch.Tensor | None = None  # ragged: (bs + 1,) token offsets
-    tile_req: torch.Tensor | None = None  # ragged: (num_tiles,) request, −1 past the last tile
-    tile_idx: torch.Tensor | None = None  # ragged: (num_tiles,) tile index in its request
-
-
-@dataclass(frozen=True, slots=True)
-class TailKeys:
-    """The tail keys of every request and how rows see them (``metadata.TailKind`` values)."""
-
-    kind: int  # 1 CAUSAL, 2 TREE, 3 BRANCH
-    width: int = 0  # queries per request (fixed width); 0 when ragged
-    depth: int = 0  # BRANCH: ancestors per branch
-    ancestor_slots: torch.Tensor | None = None  # BRANCH: (bs·k, depth)
-    tree_mask: torch.Tensor | None = None  # TREE: flat bool
-    mask_indptr: torch.Tensor | None = None  # TREE: (bs + 1,)
-    mask_full: bool = True  # TREE: FULL_MASK rows (L_b + N long) or QLEN_ONLY rows (N long)
-
-
-def ragged_tiles(
-    qo_indptr: torch.Tensor,
-    query_lens: torch.Tensor,
-    group: int,
-    block_m: int,
-    num_tokens: int,
-    query_lens_cpu: torch.Tensor | None = None,
-) -> QueryTiles:
-    """Tile table of a ragged batch, built on the device (no host sync).
-
-    The grid size is exact when the host has the lengths (``query_lens_cpu``), else the bound
-    ``cdiv(num_tokens·group, block_m) + bs``; tiles past the last real one are marked −1 and
-    return at once.
-    """
-    # qo_indptr: (bs + 1,) int64; query_lens: (bs,) int64
-    bs = query_lens.shape[0]
-    tiles = (query_lens * group + block_m - 1) // block_m  # (bs,)
-    tile_end = torch.cumsum(tiles, dim=0)
-    if query_lens_cpu is not None:  # a host tensor: no device sync
-        num_tiles = int(((query_lens_cpu * group + block_m - 1) // block_m).sum())
-    else:
-        num_tiles = (num_tokens * group + block_m - 1) // block_m + bs
-    index = torch.arange(num_tiles, dtype=torch.int64, device=query_lens.device)
-    req = torch.searchsorted(tile_end, index, right=True)  # (num_tiles,) in [0, bs]
-    first_tile = (tile_end - tiles)[req.clamp(max=bs - 1)]
-    tile_req = torch.where(req < bs, req, -1)
-    return QueryTiles(num_tiles, 0, qo_indptr, tile_req, index - first_tile)
 
 
 def pool_attention(
@@ -411,7 +293,6 @@ def pool_attention(
         )
     else:
         part_o = part_lse = out
-    mask = tail.tree_mask.view(torch.uint8) if tail.tree_mask is not None else dummy
     grid = (tiles.num_tiles, kv_heads, num_splits)
     _pool_attention_kernel[grid](
         q,
@@ -428,8 +309,7 @@ def pool_attention(
         pointer(tiles.qo_indptr),
         pointer(tiles.tile_req),
         pointer(tiles.tile_idx),
-        pointer(mask),
-        pointer(tail.mask_indptr),
+        pointer(tail.tree_bits),
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -457,7 +337,7 @@ def pool_attention(
         BLOCK_DB=block_dim(head_dim - shared_dim),
         BLOCK_DV=block_dim(value_dim),
         TAIL=tail.kind,
-        MASK_FULL=tail.mask_full,
+        TAIL_WORDS=max(1, config.block_n // 32),
         RAGGED=tiles.tile_req is not None,
         V_FROM_K=v_from_k,
         DOT_FP32=config.dot_fp32,
@@ -466,20 +346,7 @@ def pool_attention(
         SPLIT=split,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **({} if config.max_registers is None else {"maxnreg": config.max_registers}),
     )
     if split:
-        block_r = 16
-        num_rows = num_tokens * num_heads
-        _merge_splits_kernel[(triton.cdiv(num_rows, block_r),)](
-            part_o,
-            part_lse,
-            out,
-            num_rows,
-            num_heads,
-            num_splits,
-            out.stride(0),
-            out.stride(1),
-            DV=value_dim,
-            BLOCK_R=block_r,
-            BLOCK_DV=block_dim(value_dim),
-        )
+        merge_splits(part_o, part_lse, out)
