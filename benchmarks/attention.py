@@ -8,11 +8,17 @@ decode (one token per request). KV bytes = bs · (prefix + new) · kv_heads · (
 v_head_dim) · 2 B read once; bandwidth = KV bytes / median time, shown as a share of the
 device-to-device copy bandwidth (bytes read + written) measured in the same run. Times are
 medians of ``triton.testing.do_bench`` (L2 flushed) of ``forward(save_kv=False)`` after one
-``init_forward_metadata``; ``err`` is the max |o − o_triton| of the row's output.
+``init_forward_metadata``, whose own time (once per forward, shared by all layers) is ``init``;
+``err`` is the max |o − o_triton| of the row's output.
+
+``--compare`` runs issue 4's shapes (bs 32 prefix 4k N 8 and 64, bs 64 prefix 16k N 8, decode)
+for ``triton-base`` (the Triton path before the rework, ``attention_baseline.py``), ``triton``
+and ``flash``. ``--tune`` sweeps Triton tile options and split counts at bs 32, prefix 4k for
+N = 8 and N = 64 and prints the best of each sweep.
 
     PYTHONPATH=$PWD python3 benchmarks/attention.py --out attention.md     # full table, H200
-    PYTHONPATH=$PWD python3 benchmarks/attention.py --quick --tune         # target point + tiles
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/attention.py --smoke   # CPU: runs?
+    PYTHONPATH=$PWD python3 benchmarks/attention.py --compare --tune --out attention.md
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/attention.py --smoke --compare --tune
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import triton
+from attention_baseline import BaselineTritonAttentionBackend
 
 from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
@@ -176,6 +184,8 @@ def build_backends(
                 backends[name] = TorchAttentionBackend(setup.pool, setup.table)
         elif name == "triton":
             backends[name] = TritonAttentionBackend(setup.pool, setup.table, **triton_options)
+        elif name == "triton-base":
+            backends[name] = BaselineTritonAttentionBackend(setup.pool, setup.table)
         elif name == "flash" and setup.pool.device.type == "cuda":
             backends[name] = FlashAttentionBackend(setup.pool, setup.table)
     return backends
@@ -183,8 +193,10 @@ def build_backends(
 
 def measure(
     setup: Setup, backend: AttentionBackend, device: torch.device, rep_ms: int
-) -> tuple[float, torch.Tensor]:
+) -> tuple[float, float, torch.Tensor]:
+    """(forward ms, init_forward_metadata ms, output) of one layer's attention."""
     batch, q, layer = setup.batch, setup.q, setup.layer
+    init_ms = median_ms(lambda: backend.init_forward_metadata(batch), device, max(rep_ms // 4, 1))
     backend.init_forward_metadata(batch)
     out = backend.forward(q, q[:, :KV_HEADS], q[:, :KV_HEADS], layer, batch, save_kv=False)
     ms = median_ms(
@@ -192,23 +204,26 @@ def measure(
         device,
         rep_ms,
     )
-    return ms, out.float()
+    return ms, init_ms, out.float()
 
 
-def points(quick: bool, smoke: bool) -> list[Point]:
+def points(quick: bool, smoke: bool, compare: bool) -> list[Point]:
     if smoke:
-        sizes, prefixes, widths = [1, 2], [40], [4]
-    elif quick:
-        sizes, prefixes, widths = [1, 32], [4096], [8]
+        shapes, decodes = [(1, 40, 4), (2, 40, 4), (2, 70, 40)], [(2, 40)]
+    elif compare:  # the shapes issue 4 names, measured before the rework
+        shapes = [(32, 4096, 8), (32, 4096, 64), (64, 16384, 8)]
+        decodes = [(32, 4096), (64, 16384)]
     else:
-        sizes, prefixes, widths = [1, 8, 32, 64], [1024, 4096, 16384], [8, 64]
+        sizes = [1, 32] if quick else [1, 8, 32, 64]
+        prefixes = [4096] if quick else [1024, 4096, 16384]
+        widths = [8] if quick else [8, 64]
+        shapes = [(bs, p, n) for p in prefixes for bs in sizes for n in widths]
+        decodes = [(bs, p) for p in prefixes for bs in sizes]
     rows = []
-    for prefix in prefixes:
-        for bs in sizes:
-            for n in widths:
-                rows.append(Point(ForwardMode.EXTEND, bs, prefix, n))
-                rows.append(Point(ForwardMode.TARGET_VERIFY, bs, prefix, n))
-            rows.append(Point(ForwardMode.DECODE, bs, prefix, 1))
+    for bs, prefix, n in shapes:
+        rows.append(Point(ForwardMode.EXTEND, bs, prefix, n))
+        rows.append(Point(ForwardMode.TARGET_VERIFY, bs, prefix, n))
+    rows += [Point(ForwardMode.DECODE, bs, prefix, 1) for bs, prefix in decodes]
     return rows
 
 
@@ -216,30 +231,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="bs 1 and 32, prefix 4k, N 8 only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="issue 4's shapes; backends triton-base (before the rework), triton, flash",
+    )
     parser.add_argument("--tune", action="store_true", help="also sweep Triton tile options")
-    parser.add_argument("--backends", default="torch,triton,flash")
+    parser.add_argument("--backends", help="comma-separated (default torch,triton,flash)")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out", help="also write the markdown table to this file")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    names = args.backends.split(",")
+    default = "triton-base,triton,flash" if args.compare else "torch,triton,flash"
+    names = (args.backends or default).split(",")
     copy_bw = copy_bandwidth(device)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     lines = [
-        f"device: {device_name}; copy bandwidth (read + write): {copy_bw / 1e12:.2f} TB/s",
+        f"device: {device_name}; torch {torch.__version__}, triton {triton.__version__}; "
+        f"copy bandwidth (read + write): {copy_bw / 1e12:.2f} TB/s",
         "",
-        "| mode | bs | prefix | new | backend | time µs | KV GB/s | % copy | verify/extend | err |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | bs | prefix | new | backend | time µs | init µs | KV GB/s | % copy "
+        "| verify/extend | err |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     extend_ms: dict[tuple[int, int, int, str], float] = {}
-    for point in points(args.quick, args.smoke):
+    for point in points(args.quick, args.smoke, args.compare):
         setup = make_setup(point, device)
-        results: dict[str, tuple[float, torch.Tensor]] = {}
+        results: dict[str, tuple[float, float, torch.Tensor]] = {}
         for name, backend in build_backends(setup, names, {}).items():
             results[name] = measure(setup, backend, device, args.rep_ms)
-        anchor = results["triton"][1] if "triton" in results else None
-        for name, (ms, out) in results.items():
+        anchor = results["triton"][2] if "triton" in results else None
+        for name, (ms, init_ms, out) in results.items():
             bandwidth = setup.kv_bytes / (ms * 1e-3)
             key = (point.bs, point.prefix, point.new, name)
             ratio = ""
@@ -250,8 +273,8 @@ def main() -> None:
             err = f"{(out - anchor).abs().max().item():.1e}" if anchor is not None else ""
             line = (
                 f"| {point.mode.name.lower()} | {point.bs} | {point.prefix} | {point.new} | {name} "
-                f"| {ms * 1e3:.1f} | {bandwidth / 1e9:.0f} | {100 * bandwidth / copy_bw:.0f} "
-                f"| {ratio} | {err} |"
+                f"| {ms * 1e3:.1f} | {init_ms * 1e3:.1f} | {bandwidth / 1e9:.0f} "
+                f"| {100 * bandwidth / copy_bw:.0f} | {ratio} | {err} |"
             )
             lines.append(line)
             print(line, flush=True)
@@ -265,29 +288,95 @@ def main() -> None:
             handle.write("\n".join(lines) + "\n")
 
 
+# Triton options swept at bs 32, prefix 4k. N = 8 (32-row tiles): block_n, num_stages,
+# num_warps, max_registers (0: no cap); then split counts (target programs per SM) at the best
+# tile. N = 64 (256 rows per request): block_m first. The first row of each list is the default.
+TILE_KEYS = ("block_n", "num_stages", "num_warps", "max_registers")
+TUNE_TILES = [
+    (32, 3, 4, 128),
+    (32, 2, 4, 128),
+    (32, 4, 4, 128),
+    (32, 3, 4, 0),
+    (32, 3, 8, 0),
+    (16, 3, 4, 128),
+    (64, 2, 4, 128),
+    (64, 3, 4, 128),
+    (64, 2, 4, 0),
+    (64, 3, 4, 0),
+    (64, 2, 8, 0),
+    (128, 2, 4, 0),
+]
+TUNE_PROGRAMS_PER_SM = [2, 3, 4, 6, 8]
+TUNE_WIDE = [
+    (64, 32, 3, 4, 0),
+    (64, 32, 2, 4, 0),
+    (64, 64, 2, 4, 0),
+    (64, 32, 3, 4, 168),
+    (64, 64, 3, 8, 0),
+    (128, 32, 3, 8, 128),
+    (128, 32, 3, 8, 0),
+    (128, 64, 2, 8, 0),
+    (128, 64, 3, 8, 0),
+    (32, 32, 3, 4, 128),
+]
+
+
 def tune(device: torch.device, copy_bw: float, rep_ms: int, smoke: bool) -> list[str]:
-    """Triton tile options at the target point (bs 32, prefix 4k, N 8) and at decode."""
-    lines = ["", "| triton options | mode | time µs | % copy |", "|---|---|---|---|"]
+    """Verify and extend times per Triton option set; the best verify of each sweep last."""
+    lines = [
+        "",
+        "| N | triton options | verify µs | extend µs | verify % copy | verify/extend |",
+        "|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
     bs, prefix = (2, 40) if smoke else (32, 4096)
-    for point in (
-        Point(ForwardMode.TARGET_VERIFY, bs, prefix, 8),
-        Point(ForwardMode.EXTEND, bs, prefix, 8),
-        Point(ForwardMode.DECODE, bs, prefix, 1),
-    ):
-        setup = make_setup(point, device)
-        for block_n in (32, 64, 128):
-            for num_stages in (2, 3, 4):
-                for num_warps in (4, 8):
-                    options = {"block_n": block_n, "num_stages": num_stages, "num_warps": num_warps}
-                    backend = build_backends(setup, ["triton"], options)["triton"]
-                    ms, _ = measure(setup, backend, device, rep_ms)
-                    pct = 100 * setup.kv_bytes / (ms * 1e-3) / copy_bw
-                    line = f"| {options} | {point.mode.name.lower()} | {ms * 1e3:.1f} | {pct:.0f} |"
-                    lines.append(line)
-                    print(line, flush=True)
-        del setup
-    return lines
+    sms = (
+        1
+        if device.type == "cpu"
+        else torch.cuda.get_device_properties(device).multi_processor_count
+    )
+    limit = 2 if smoke else None  # the interpreter ignores most options: two rows show it runs
+    best: dict[str, tuple[float, dict[str, int]]] = {}
+
+    def row(sweep: str, n: int, options: dict[str, int], setups: dict[ForwardMode, Setup]) -> None:
+        times = {}
+        for mode, setup in setups.items():
+            backend = build_backends(setup, ["triton"], options)["triton"]
+            times[mode] = measure(setup, backend, device, rep_ms)[0]
+        verify, extend = times[ForwardMode.TARGET_VERIFY], times[ForwardMode.EXTEND]
+        pct = 100 * setups[ForwardMode.TARGET_VERIFY].kv_bytes / (verify * 1e-3) / copy_bw
+        label = " ".join(f"{key}={value}" for key, value in options.items())
+        line = (
+            f"| {n} | {label} | {verify * 1e3:.1f} | {extend * 1e3:.1f} | {pct:.0f} "
+            f"| {verify / extend:.2f} |"
+        )
+        lines.append(line)
+        print(line, flush=True)
+        if verify < best.get(sweep, (float("inf"), {}))[0]:
+            best[sweep] = (verify, options)
+
+    for n in (8, 64):
+        setups = {
+            mode: make_setup(Point(mode, bs, prefix, n), device)
+            for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
+        }
+        if n == 8:
+            for tile in TUNE_TILES[:limit]:
+                row("N=8 tiles", n, dict(zip(TILE_KEYS, tile, strict=True)), setups)
+            for per_sm in TUNE_PROGRAMS_PER_SM[:limit]:
+                options = best["N=8 tiles"][1] | {"target_programs": per_sm * sms}
+                row("N=8 splits", n, options, setups)
+        else:
+            for wide in TUNE_WIDE[:limit]:
+                row("N=64", n, dict(zip(("block_m", *TILE_KEYS), wide, strict=True)), setups)
+        del setups
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    summary = [
+        f"best verify, {sweep}: {ms * 1e3:.1f} µs with {o}" for sweep, (ms, o) in best.items()
+    ]
+    print("\n".join(summary), flush=True)
+    return [*lines, "", *summary]
 
 
 if __name__ == "__main__":
