@@ -55,7 +55,13 @@ class FakeKVPool:
     def buffers(self) -> list[torch.Tensor]:
         return [self.buffer]
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         move_rows_reference([self.buffer], tgt_loc, src_loc)
 
 

@@ -65,7 +65,12 @@ class RowMover(Protocol):
     """
 
     def move(
-        self, buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor
+        self,
+        buffers: Sequence[torch.Tensor],
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
     ) -> None: ...
 
 
@@ -78,6 +83,11 @@ class KVPool(Protocol):
     are distinct except (0, 0) padding pairs. A zero-layer pool returns at once. With bounds
     checking on (always on CPU, behind a debug flag on GPU) an out-of-range slot raises
     ``IndexError`` naming the value and the valid range.
+
+    ``independent_groups=G`` is the caller's promise that a pair only overlaps pairs of its own
+    consecutive group of G (pair i is in group i // G) — true of compaction plans, whose groups
+    are the S+1 pairs of one request's window; a mover may then move every group at once.
+    Checked on CPU; on GPU only with debug checks, so a false promise there corrupts rows.
     """
 
     @property
@@ -97,7 +107,13 @@ class KVPool(Protocol):
 
     def buffers(self) -> list[torch.Tensor]: ...
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None: ...
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None: ...
 
 
 class MHAKVCache(KVPool, Protocol):

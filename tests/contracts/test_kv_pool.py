@@ -225,10 +225,19 @@ class RecordingMover:
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []  # (number of buffers, number of moves)
+        self.groups: list[int | None] = []
 
-    def move(self, buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor) -> None:
+    def move(
+        self,
+        buffers: Sequence[torch.Tensor],
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         self.calls.append((len(buffers), tgt.numel()))
-        TorchRowMover().move(buffers, tgt, src)
+        self.groups.append(independent_groups)
+        TorchRowMover().move(buffers, tgt, src, independent_groups=independent_groups)
 
 
 @pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
@@ -442,3 +451,19 @@ def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.
         torch.cuda.synchronize()
     kernels = [event.name for event in prof.events() if event.device_type.name == "CUDA"]
     assert len(kernels) == 1, kernels
+
+
+@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+def test_the_pool_hands_the_independent_groups_promise_to_its_mover(
+    pool_kind: str, device: torch.device
+) -> None:
+    mover = RecordingMover()
+    pool = make_pool(pool_kind, mover, "fp32", device, layers=2)
+    # two groups of 3 pairs; each group overlaps only itself (a chain inside its window)
+    tgt, src = [1, 2, 3, 7, 8, 9], [2, 3, 4, 8, 9, 10]
+    expected = [buf.clone() for buf in pool.buffers()]
+    move_rows_reference(expected, slots(tgt, device), slots(src, device))
+    pool.move_kv_cache(slots(tgt, device), slots(src, device), independent_groups=3)
+    assert mover.groups == [3]
+    for got, want in zip(pool.buffers(), expected, strict=True):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -176,7 +176,14 @@ class RecordingMover:
     def __init__(self) -> None:
         self.calls: list[tuple[int, list[int], list[int]]] = []
 
-    def move(self, buffers: Sequence[torch.Tensor], tgt: torch.Tensor, src: torch.Tensor) -> None:
+    def move(
+        self,
+        buffers: Sequence[torch.Tensor],
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         self.calls.append((len(buffers), tgt.tolist(), src.tolist()))
 
 

@@ -139,7 +139,13 @@ class DSAKVPool:
         as_raw_words(self._index_k[layer])[index] = as_raw_words(k_fp8)
         self._index_scale[layer][index] = scale.reshape(-1).to(torch.float32)
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         """Latent rows, indexer keys and scales: ``buf[tgt] = buf[src]``, one mover call."""
         # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
         if self.layer_num == 0:
@@ -148,4 +154,4 @@ class DSAKVPool:
         if self.checks_enabled:
             check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
             check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
-        self._mover.move(self._all_buffers, tgt_loc, src_loc)
+        self._mover.move(self._all_buffers, tgt_loc, src_loc, independent_groups=independent_groups)

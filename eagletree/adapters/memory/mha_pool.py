@@ -137,7 +137,13 @@ class MHAKVPool:
         as_raw_words(self._k_buffers[layer])[index] = as_raw_words(k.to(self._store_dtype))
         as_raw_words(self._v_buffers[layer])[index] = as_raw_words(v.to(self._store_dtype))
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         """``buf[tgt] = buf[src]`` for every K and V buffer, all sources read before any write."""
         # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
         if self._layer_num == 0:
@@ -146,4 +152,4 @@ class MHAKVPool:
         if self._checks:
             check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
             check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
-        self._mover.move(self._all_buffers, tgt_loc, src_loc)
+        self._mover.move(self._all_buffers, tgt_loc, src_loc, independent_groups=independent_groups)

@@ -120,7 +120,13 @@ class MLAKVPool:
             k_rope.to(self._dtype).reshape(n, 1, self._qk_rope_head_dim)
         )
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         """``buf[tgt] = buf[src]`` for every layer's buffer, all sources read before any write."""
         # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
         if self._layer_num == 0:
@@ -129,4 +135,4 @@ class MLAKVPool:
         if self._checks:
             check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
             check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
-        self._mover.move(self._kv_buffers, tgt_loc, src_loc)
+        self._mover.move(self._kv_buffers, tgt_loc, src_loc, independent_groups=independent_groups)

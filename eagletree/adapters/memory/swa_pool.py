@@ -82,7 +82,13 @@ class SWAHybridKVPool:
         # loc: (n,) full slots -> (n,) int64 SWA slots
         return self._full_to_swa[loc.long()]
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         """Moves the full pool by full slots and the SWA pool by the translated slots."""
         # tgt_loc, src_loc: (num_moves,) full slots; distinct targets except (0, 0) padding
         if self.layer_num == 0:
@@ -91,9 +97,10 @@ class SWAHybridKVPool:
         if self._full.checks_enabled:
             check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
             check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
-        self._full.move_kv_cache(tgt_loc, src_loc)
+        self._full.move_kv_cache(tgt_loc, src_loc, independent_groups=independent_groups)
         if self._swa.layer_num == 0:
             return
         swa_tgt = self.translate_loc_from_full_to_swa(tgt_loc)
         swa_src = torch.where(swa_tgt == 0, 0, self.translate_loc_from_full_to_swa(src_loc))
-        self._swa.move_kv_cache(swa_tgt, swa_src)
+        # translation keeps each pair in place, so the groups stay independent
+        self._swa.move_kv_cache(swa_tgt, swa_src, independent_groups=independent_groups)

@@ -161,7 +161,9 @@ class EagleWorkerV1:
             tgt, src = accepted_move_plan(
                 result.accept_index, result.accept_length, verification.verify_slots, n
             )
-            self._target.kv_pool.move_kv_cache(tgt, src)
+            # pairs overlap only within a request's S+1 pairs: each group moves independently
+            groups = result.accept_index.shape[1]
+            self._target.kv_pool.move_kv_cache(tgt, src, independent_groups=groups)
         for request, path in zip(requests, paths, strict=True):
             free_window_tail(
                 request,

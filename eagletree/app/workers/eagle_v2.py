@@ -167,7 +167,9 @@ class EagleWorkerV2:
             tgt, src = accepted_move_plan(
                 result.accept_index, result.accept_length, verification.verify_slots, n
             )
-            self._target.kv_pool.move_kv_cache(tgt, src)
+            # pairs overlap only within a request's S+1 pairs: each group moves independently
+            groups = result.accept_index.shape[1]
+            self._target.kv_pool.move_kv_cache(tgt, src, independent_groups=groups)
             predict = compact_to_front(predict, result.accept_index, n, inplace=True)
             features = compact_to_front(features, result.accept_index, n, inplace=True)
         next_state = self._extender.extend_block(

@@ -475,9 +475,15 @@ class RecordingPool:
     def buffers(self) -> list[torch.Tensor]:
         return self.inner.buffers()
 
-    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+    def move_kv_cache(
+        self,
+        tgt_loc: torch.Tensor,
+        src_loc: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
         self.moves.append((tgt_loc, src_loc))
-        self.inner.move_kv_cache(tgt_loc, src_loc)
+        self.inner.move_kv_cache(tgt_loc, src_loc, independent_groups=independent_groups)
 
 
 Forward = tuple[str, ForwardMode, int, int]
