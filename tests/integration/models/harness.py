@@ -58,6 +58,10 @@ def make_backend(
 ) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend(pool, req_to_token_pool)  # type: ignore[arg-type]
+    if name == "flash":  # CUDA with fp16/bf16 only; imported here like the container does
+        from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
+
+        return FlashAttentionBackend(pool, req_to_token_pool)  # type: ignore[arg-type]
     return TritonAttentionBackend(pool, req_to_token_pool)  # type: ignore[arg-type]
 
 
