@@ -19,6 +19,7 @@ from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
 from eagletree.adapters.attention.metadata import tree_tail_bits, tree_tail_mask
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
+from eagletree.adapters.kernels.triton.tree_bits import pack_tree_bits
 from eagletree.domain.batch import ForwardBatch, ForwardMode, TargetVerifySpec
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.attention import AttentionBackend
@@ -217,21 +218,30 @@ def test_triton_split_key_ranges_merge_to_the_reference(
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
 
 
-@settings(max_examples=25, deadline=None)
+def random_tree_spec(
+    n: int, full: bool, seed: int, device: torch.device | str = "cpu"
+) -> tuple[TargetVerifySpec, torch.Tensor]:
+    """A spec over arbitrary random mask bits (packing needs no valid tree) and its seq_lens."""
+    gen = torch.Generator().manual_seed(seed)
+    bs = 3
+    seq_lens = torch.randint(0, 9, (bs,), generator=gen)
+    rows = n * (seq_lens + n) if full else torch.full((bs,), n * n)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(rows, 0)])
+    flat = torch.rand(int(indptr[-1]), generator=gen) < 0.5
+    mode = TreeMaskMode.FULL_MASK if full else TreeMaskMode.QLEN_ONLY
+    spec = TargetVerifySpec(n, flat.to(device), mode, indptr.to(device))
+    return spec, seq_lens.to(device)
+
+
+@settings(max_examples=15, deadline=None)
 @given(
     n=st.sampled_from([1, 5, 31, 32, 33, 64, 70]),
     full=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_tree_bits_unpack_to_the_tree_part_of_the_mask(n: int, full: bool, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    bs = 3
-    seq_lens = torch.randint(0, 9, (bs,), generator=gen)
-    rows = n * (seq_lens + n) if full else torch.full((bs,), n * n)
-    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(rows, 0)])
-    flat = torch.rand(int(indptr[-1]), generator=gen) < 0.5  # any bits, not only valid trees
-    mode = TreeMaskMode.FULL_MASK if full else TreeMaskMode.QLEN_ONLY
-    spec = TargetVerifySpec(n, flat, mode, indptr)
+    spec, seq_lens = random_tree_spec(n, full, seed)
+    bs = seq_lens.shape[0]
     bits = tree_tail_bits(spec, seq_lens)
     assert bits.dtype == torch.int32 and bits.shape == (bs * n, (n + 31) // 32)
     column = torch.arange(32 * bits.shape[1])
@@ -244,8 +254,24 @@ def test_tree_bits_unpack_to_the_tree_part_of_the_mask(n: int, full: bool, seed:
     assert written.data_ptr() == buffer.data_ptr() and torch.equal(buffer, bits)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
-@pytest.mark.parametrize(("block_n", "split"), [(32, False), (64, True)], ids=["b32", "b64-split"])
+@pytest.mark.parametrize("n", [1, 33, 70])
+@pytest.mark.parametrize("full", [True, False], ids=["full", "qlen"])
+def test_triton_packs_the_tree_bits_like_the_reference(
+    n: int, full: bool, device: torch.device
+) -> None:
+    requires_triton(device)
+    spec, seq_lens = random_tree_spec(n, full, seed=n, device=device)
+    expected = tree_tail_bits(spec, seq_lens)
+    out = torch.full_like(expected, -7)
+    pack_tree_bits(spec.tree_mask, spec.mask_indptr, seq_lens, n, full, out)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "block_n", "split"),
+    [(mode, 64, True) for mode in MODES] + [(ForwardMode.TARGET_VERIFY, 32, False)],
+    ids=lambda v: v.name if isinstance(v, ForwardMode) else str(v),
+)
 def test_triton_long_prefixes_and_wide_trees_match_the_reference(
     mode: ForwardMode, block_n: int, split: bool, device: torch.device
 ) -> None:
@@ -288,7 +314,7 @@ def test_triton_tile_options_give_the_same_attention(
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     # group 8 × N 16 = 128 rows per request: block_m 128 is a real choice
     case, expected = random_twins(
-        mode, Shape(16, 2, 64, 64), device, dtype, 81, bs=3, num_draft_tokens=16, topk=4, depth=2
+        mode, Shape(16, 2, 64, 64), device, dtype, 81, bs=2, num_draft_tokens=16, topk=4, depth=2
     )
     atol, rtol = TOLERANCE[dtype]
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=atol, rtol=rtol)

@@ -11,7 +11,6 @@ from eagletree.adapters.attention.metadata import (
     PlanBuffers,
     TailKind,
     plan_forward,
-    tree_tail_bits,
 )
 from eagletree.adapters.attention.pool_access import (
     KVCache,
@@ -29,6 +28,8 @@ from eagletree.adapters.kernels.triton.attention_launch import (
     ragged_tiles,
 )
 from eagletree.adapters.kernels.triton.pool_attention import pool_attention
+from eagletree.adapters.kernels.triton.tree_bits import pack_tree_bits
+from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.memory import MLAKVCache, ReqToTokenPool
 
 if TYPE_CHECKING:
@@ -42,10 +43,10 @@ class TritonAttentionBackend:
     A program reads each K/V block of its request once for a whole tile of (query, GQA head) rows,
     so verify and draft modes read the prefix ``ceil(rows / BLOCK_M)`` times per kv head, not once
     per query. It walks the prefix in unmasked blocks and applies the mode's visibility (causal,
-    tree, branch) only to the few tail blocks; a verify's tree mask is packed once per forward into
-    one int32 word per 32 nodes (``metadata.tree_tail_bits``). When ``bs · tiles · kv_heads``
-    programs cannot fill the device, each request's key range is split into up to
-    ``max_kv_splits`` chunks merged by log-sum-exp (flash-decoding).
+    tree, branch) only to the few tail blocks; a verify's tree mask is packed once per forward
+    (one launch, shared by every layer) into one int32 word per 32 nodes. When
+    ``bs · tiles · kv_heads`` programs cannot fill the device, each request's key range is split
+    into up to ``max_kv_splits`` chunks merged by log-sum-exp (flash-decoding).
 
     Options: ``target_programs`` — programs to aim for when choosing the split count (default:
     4 per SM on CUDA, 1 on CPU, i.e. no split under the interpreter unless asked);
@@ -219,7 +220,11 @@ class TritonAttentionBackend:
                 size = max(rows * words, 2 * self._tree_bits.numel())
                 self._tree_bits = torch.zeros(size, dtype=torch.int32, device=self._device)
             bits = self._tree_bits[: rows * words].view(rows, words)
-            tree_tail_bits(plan.tree, plan.batch.seq_lens, out=bits)
+            tree = plan.tree
+            full = tree.mask_mode is TreeMaskMode.FULL_MASK
+            pack_tree_bits(
+                tree.tree_mask, tree.mask_indptr, plan.batch.seq_lens, plan.width, full, bits
+            )
             return TailKeys(int(TailKind.TREE), plan.width, tree_bits=bits)
         if plan.tail is TailKind.BRANCH:
             return TailKeys(
