@@ -320,6 +320,17 @@ def test_triton_tile_options_give_the_same_attention(
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("options", [{"block_n": 48}, {"block_m": 8}], ids=["n48", "m8"])
+def test_triton_refuses_tile_sizes_that_are_not_powers_of_two_from_16(
+    options: dict[str, int],
+) -> None:
+    case = make_case(
+        ForwardMode.DECODE, Shape(4, 2, 64, 64), [2], device="cpu", dtype=torch.float32, seed=0
+    )
+    with pytest.raises(ValueError, match="power of two"):
+        TritonAttentionBackend(case.pool, case.req_to_token, **options)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", list(ForwardMode), ids=lambda m: m.name)
 def test_empty_batch_returns_an_empty_output_without_tree_indices(

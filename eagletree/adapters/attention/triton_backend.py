@@ -71,6 +71,9 @@ class TritonAttentionBackend:
     ) -> None:
         if max_kv_splits < 1:
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
+        for name, size in (("block_m", block_m), ("block_n", block_n)):
+            if size is not None and (size < 16 or size & (size - 1)):
+                raise ValueError(f"{name} must be a power of two >= 16, got {size}")
         self._pool = kv_pool
         self._req_to_token_pool = req_to_token_pool
         self._device = kv_pool.device
@@ -159,10 +162,11 @@ class TritonAttentionBackend:
             block_m = min(self._block_m or 64, rows)
             block_n = self._block_n or 32
             return LaunchConfig(block_m, block_n, 1, 1, True, block_n)
-        # Defaults from the sm_90 build (registers, shared memory, spills per variant) and the
-        # H200 sweep of benchmarks/attention.py --tune. Three stages double-buffer K/V (the
-        # slots are loaded a block ahead); 32-key blocks keep a 32-row tile at 128 registers,
-        # so that 4 programs share an SM and keep enough loads in flight.
+        # Defaults reasoned from the sm_90 build of each variant (registers, shared memory,
+        # spills); benchmarks/attention.py --tune measures the alternatives on the H200. Three
+        # stages double-buffer K/V (the slots are loaded a block ahead); 32-key blocks keep a
+        # 32-row tile at 128 registers, so that 4 programs share an SM and keep enough loads
+        # in flight.
         if head_dim > 256:  # MLA's 576-wide rows need small tiles to stay in registers
             block_m, block_n, warps, stages, registers = min(16, rows), 32, 4, 2, 0
         else:
