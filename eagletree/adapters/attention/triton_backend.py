@@ -170,13 +170,13 @@ class TritonAttentionBackend:
         if head_dim > 256:  # MLA's 576-wide rows need small tiles to stay in registers
             block_m, block_n, warps, stages, registers = min(16, rows), 32, 4, 2, 0
         else:
-            block_m = min(self._block_m or 64, rows)
+            block_m = min(self._block_m or 256, rows)
             if block_m <= 32:  # decode, verify and draft tiles: memory-bound
                 block_n, warps, stages, registers = 32, 4, 3, 128
-            elif block_m == 64:  # N · group >= 64 (verify N = 64): one warpgroup's wgmma
+            elif block_m == 64:  # one warpgroup's wgmma
                 block_n, warps, stages, registers = 32, 4, 3, 0
-            else:  # two warpgroups, two programs per SM
-                block_n, warps, stages, registers = 32, 8, 3, 128
+            else:  # one warpgroup per 64 rows sharing each K/V block (verify N = 64: 256 rows)
+                block_n, warps, stages, registers = 32, block_m // 16, 3, 128
         block_n = self._block_n or block_n
         if self._max_registers is not None:
             registers = self._max_registers
