@@ -151,9 +151,9 @@ class EagleWorkerV1:
         tree = self._drafter.draft(window, self._state.gather(requests))
         verification = self._verifier.verify(window, tree, requests)
         result = verification.result
-        # SYNC: v1 keeps its books on the host: which slots to keep or free, extend lengths
-        accept_index: list[list[int]] = result.accept_index.tolist()
-        accept_length: list[int] = result.accept_length.tolist()
+        # v1 keeps its books on the host: which slots to keep or free, extend lengths
+        accept_index: list[list[int]] = result.accept_index.tolist()  # SYNC: v1's bookkeeping
+        accept_length: list[int] = result.accept_length.tolist()  # SYNC: (same readback)
         paths = [row[: a + 1] for row, a in zip(accept_index, accept_length, strict=True)]
         if self.page_size == 1:
             self._point_rows_at_accepted_slots(requests, paths)

@@ -206,10 +206,11 @@ class MultiLayerEagleWorkerV2:
         n, keep = self.num_draft_tokens, self.num_steps - 1
         device = self._batches.device
         bs = window.batch_size
-        front_cpu = torch.tensor([min(keep, r.committed_len) for r in requests], dtype=torch.int64)
+        fronts = [min(keep, r.committed_len) for r in requests]  # host lengths, no device read
+        front_cpu = torch.tensor(fronts, dtype=torch.int64)
         lens_cpu = front_cpu + n
         starts_cpu = torch.cumsum(lens_cpu, 0) - lens_cpu
-        source, front_tokens = self._window_sources(requests, front_cpu.tolist())
+        source, front_tokens = self._window_sources(requests, fronts)
         source_dev = to_device(source, device)
         predict = verification.result.predict.to(torch.int64).clamp(min=0)  # past a path: unused
         tokens = torch.cat([to_device(front_tokens, device), predict]).index_select(0, source_dev)
