@@ -43,6 +43,13 @@ def engine_from_settings(settings: EngineSettings) -> Engine:
             "model.target_path is unset: set it to a checkpoint directory (config.json + "
             "safetensors), e.g. one written by `eagletree init-random`"
         )
+    parallel = settings.parallel
+    if parallel.dp_size != 1 or parallel.tp_size != 1:
+        raise ConfigurationError(
+            f"parallel.dp_size = {parallel.dp_size}, parallel.tp_size = {parallel.tp_size}: "
+            "this release runs one engine on one device; set both to 1 (data parallelism: run "
+            "one engine per device)"
+        )
     dtype = factories.torch_dtype(settings.model.dtype)
     model = load_target(
         target_path, dtype, settings.model.device, _aux_layer_ids(settings, target_path)

@@ -430,3 +430,17 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(plan.prefill) == 2 and len(plan.decode) == 2
+
+
+@pytest.mark.parametrize(("dp", "tp"), [(2, 1), (1, 2)])
+def test_from_settings_refuses_parallelism_it_would_silently_ignore(dp: int, tp: int) -> None:
+    pytest.importorskip("pydantic_settings")
+    from eagletree.config.settings import EngineSettings
+    from eagletree.domain.errors import ConfigurationError
+
+    settings = EngineSettings(
+        model={"target_path": "/nonexistent", "device": "cpu", "dtype": "float32"},
+        parallel={"dp_size": dp, "tp_size": tp},
+    )
+    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = \d, parallel\.tp_size"):
+        Engine.from_settings(settings)
