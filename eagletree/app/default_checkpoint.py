@@ -60,3 +60,8 @@ def ensure_default_checkpoint(
         if staging.exists():
             shutil.rmtree(staging)
     return target
+
+
+def default_draft_dir(target: Path) -> Path:
+    """The EAGLE head written beside the default target by ``ensure_default_checkpoint``."""
+    return target.parent / "draft"

@@ -197,7 +197,7 @@ class ProgressLine:
 def _settings(args: argparse.Namespace, err: TextIO) -> EngineSettings:
     import torch
 
-    from eagletree.app.default_checkpoint import ensure_default_checkpoint
+    from eagletree.app.default_checkpoint import default_draft_dir, ensure_default_checkpoint
     from eagletree.config.settings import EngineSettings
 
     settings = EngineSettings.from_file(args.settings) if args.settings else EngineSettings()
@@ -219,8 +219,22 @@ def _settings(args: argparse.Namespace, err: TextIO) -> EngineSettings:
         )
     if settings.model.target_path is None:
         path = ensure_default_checkpoint(notify=lambda message: print(message, file=err))
+        model_update = {"target_path": str(path)}
+        if settings.model.draft_path is None:
+            model_update["draft_path"] = str(default_draft_dir(path))
+        speculative = settings.speculative
+        if "algorithm" not in speculative.model_fields_set:  # nobody chose: show the trees
+            speculative = speculative.model_copy(update={"algorithm": "eagle"})
+            print(
+                "embedded default: EAGLE tree speculation with the default checkpoint's draft "
+                "head (set EAGLETREE_SPECULATIVE__ALGORITHM=none to turn it off)",
+                file=err,
+            )
         settings = settings.model_copy(
-            update={"model": settings.model.model_copy(update={"target_path": str(path)})}
+            update={
+                "model": settings.model.model_copy(update=model_update),
+                "speculative": speculative,
+            }
         )
     return settings
 

@@ -81,7 +81,7 @@ def test_greedy_generate_is_deterministic_and_matches_the_engine(cpu_defaults: P
     second = run(["--prompt-ids", "7 8 9", "--max-new-tokens", "5", "--no-progress"])
     assert first[0] == second[0] == 0
     assert first[1] == second[1]
-    assert "step " not in first[2]
+    assert not [line for line in first[2].splitlines() if line.startswith("step ")]  # no progress
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the fallback of a CPU-only machine")
@@ -138,3 +138,18 @@ def test_text_prompts_are_encoded_and_outputs_decoded_with_the_checkpoints_token
     ids_line, text_line = out.splitlines()
     ids = [int(t) for t in ids_line.split(" ", 1)[1].rsplit("  ", 1)[0].split()]
     assert text_line == f"[0] text: {json.dumps(tokenizer.decode(ids))}"
+
+
+def test_the_embedded_default_speculates_with_its_eagle_head_and_matches_plain_greedy(
+    cpu_defaults: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["--prompt-ids", "3 1 4 1 5", "--max-new-tokens", "12", "--no-progress"]
+    status, speculative_out, err = run(argv)
+    assert status == 0, err
+    assert "embedded default: EAGLE tree speculation" in err
+    assert "speculation: mean acceptance length" in err
+    monkeypatch.setenv("EAGLETREE_SPECULATIVE__ALGORITHM", "none")
+    status, plain_out, err = run(argv)
+    assert status == 0, err
+    assert "speculation:" not in err
+    assert speculative_out == plain_out  # greedy speculation is lossless
