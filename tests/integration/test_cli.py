@@ -58,12 +58,19 @@ def test_show_resolves_a_tree_on_v2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "fallback_reason" not in resolved
 
 
-def test_show_takes_the_target_architecture(capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_takes_the_target_architecture(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     shown = show(
         capsys, "--settings", str(EXAMPLES / "mtp.toml"), "--target-arch", "DeepseekV3ForCausalLM"
     )
     assert shown["target"]["attention_kind"] == "mla"
-    assert shown["speculative"]["resolved"]["draft_path"] == shown["model"]["target_path"]
+    assert shown["speculative"]["resolved"]["draft_path"] == shown["model"]["draft_path"]
+    # without a draft path, mtp drafts with the target checkpoint's own MTP layers
+    settings = tmp_path / "mtp.toml"
+    settings.write_text('[model]\ntarget_path = "ckpt"\n[speculative]\nalgorithm = "mtp"\n')
+    shown = show(capsys, "--settings", str(settings), "--target-arch", "DeepseekV3ForCausalLM")
+    assert shown["speculative"]["resolved"]["draft_path"] == "ckpt"
 
 
 def test_show_takes_an_attention_kind(capsys: pytest.CaptureFixture[str]) -> None:

@@ -153,3 +153,42 @@ def test_the_embedded_default_speculates_with_its_eagle_head_and_matches_plain_g
     assert status == 0, err
     assert "speculation:" not in err
     assert speculative_out == plain_out  # greedy speculation is lossless
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("example", "arch", "draft", "out"),
+    [
+        ("tiny-tree.toml", "llama", "eagle", "tiny-llama-eagle"),
+        ("tiny-tree.yaml", "llama", "eagle", "tiny-llama-eagle"),
+        ("chain.toml", "llama", "eagle3", "tiny-llama-eagle3"),
+        ("mtp.toml", "deepseek-mla", "mtp", "tiny-deepseek-mtp"),
+        ("paged-v1.toml", "llama", "eagle", "tiny-llama-eagle"),
+    ],
+)
+def test_every_example_generates_on_the_checkpoints_its_comment_says_to_write(
+    example: str,
+    arch: str,
+    draft: str,
+    out: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cpu_defaults: Path,
+) -> None:
+    from eagletree.app import init_random_cli
+
+    assert f"--draft {draft} --out checkpoints/{out}" in (EXAMPLES / example).read_text()
+    monkeypatch.chdir(tmp_path)  # the examples name checkpoints relative to the working directory
+    parser = argparse.ArgumentParser(prog="eagletree")
+    init_random_cli.add_parser(parser.add_subparsers(dest="command"))
+    argv = ["init-random", "--arch", arch, "--draft", draft, "--out", f"checkpoints/{out}"]
+    assert init_random_cli.run(parser.parse_args(argv)) == 0
+    status, stdout, err = run(
+        ["--settings", str(EXAMPLES / example), "--prompt-ids", "1 2 3", "--max-new-tokens", "6",
+         "--no-progress"]
+    )  # fmt: skip
+    assert status == 0, err
+    assert stdout.startswith("[0] ")
+    assert "speculation: mean acceptance length" in err

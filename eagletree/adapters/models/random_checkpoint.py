@@ -296,9 +296,12 @@ def write_random_checkpoint(
 
     dtype_name = str(dtype).removeprefix("torch.")
     target_dir = root / "target"
+    target_cfg = {**target_config(arch, sizes), "dtype": dtype_name}
+    if draft == "mtp":  # the target declares the MTP layers its NextN export next to it holds
+        target_cfg["num_nextn_predict_layers"] = sizes.num_mtp_layers
     save_checkpoint(
         target_dir,
-        {**target_config(arch, sizes), "dtype": dtype_name},
+        target_cfg,
         _shard_plan(target_layout, dtype, max_shard_bytes),
         writer(target_layout),
     )
