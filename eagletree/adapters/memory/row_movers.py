@@ -69,11 +69,23 @@ class TorchRowMover:
             words.index_copy_(0, tgt_index, words.index_select(0, src_index))
 
 
+class _Launch(NamedTuple):
+    """How a move of some pair count (and hint) runs: derived once, then looked up per call."""
+
+    pairs_per_segment: int  # fixed segments of this many pairs; 0: the device segment plan
+    num_segments: int
+    shape: kv_move.TileShape
+
+
 class _PreparedBuffers(NamedTuple):
     table: kv_move.RowTable
     mark: torch.Tensor  # (max_rows,) int32: which pair writes each slot (plan scratch)
     flag: torch.Tensor  # (1,) int32: 1 when the segment plan failed and the fallback moves
     owner: Sequence[torch.Tensor]  # the keyed sequence; holding it keeps every keyed id unique
+    launches: dict[tuple[int, int | None], _Launch]  # by (pairs, independent_groups)
+
+
+_MAX_LAUNCHES = 4096  # cached launch shapes per buffer sequence (one per distinct pair count)
 
 
 class TritonRowMover:
@@ -93,9 +105,12 @@ class TritonRowMover:
     ``group_lanes`` is how many pairs a grouped program stages (whole groups);
     ``plan_lanes``/``plan_window``: planned segments hold up to ``plan_lanes`` pairs and find a
     cut within ``plan_window`` pairs (hazards must stay within that distance). ``tile_words`` and
-    ``num_warps`` override the heuristics (tuning). The device table of each buffer sequence is
-    built once and cached (``max_cached`` most recent, kept alive): pass the same tuple every
-    time, as the pools do. The workspace is per mover: issue one mover's moves on one stream.
+    ``num_warps`` override the heuristics, ``min_programs`` is the grid the tile is narrowed
+    towards for small moves (tuning). The device table of each buffer sequence is built once
+    and cached (``max_cached`` most recent, kept alive): pass the same tuple every time, as the
+    pools do; so is each pair count's launch shape, so a repeated move costs one table lookup
+    and one launch on the host. The workspace is per mover: issue one mover's moves on one
+    stream.
     """
 
     def __init__(
@@ -108,6 +123,7 @@ class TritonRowMover:
         scratch_bytes: int = 256 << 20,
         tile_words: int | None = None,
         num_warps: int | None = None,
+        min_programs: int = kv_move.MIN_PROGRAMS,
         debug_checks: bool = False,
         max_cached: int = 8,
     ) -> None:
@@ -128,6 +144,7 @@ class TritonRowMover:
         self._scratch_bytes = scratch_bytes
         self._tile_words = tile_words
         self._num_warps = num_warps
+        self._min_programs = min_programs
         self._debug_checks = debug_checks
         self._max_cached = max_cached
         self._prepared: OrderedDict[tuple[int, ...], _PreparedBuffers] = OrderedDict()
@@ -144,29 +161,74 @@ class TritonRowMover:
         num_moves = tgt.numel()
         if num_moves == 0 or len(buffers) == 0:
             return
-        if tgt.device.type == "cpu" and not kv_move.can_run_on(tgt.device):
+        on_cpu = tgt.device.type == "cpu"
+        if on_cpu and not kv_move.can_run_on(tgt.device):
             raise RuntimeError("TritonRowMover on CPU tensors needs TRITON_INTERPRET=1 at import")
-        if independent_groups is not None and (tgt.device.type == "cpu" or self._debug_checks):
+        if independent_groups is not None and (on_cpu or self._debug_checks):
             check_independent_groups(tgt, src, independent_groups)
         prepared = self._prepare(buffers)
         table = prepared.table
         tgt, src = tgt.contiguous(), src.contiguous()
+        launch = prepared.launches.get((num_moves, independent_groups))
+        if launch is None:
+            launch = self._launch(prepared, num_moves, independent_groups)
+        if launch.pairs_per_segment:
+            kv_move.move_rows_in_segments(
+                table, tgt, src, launch.pairs_per_segment, launch.num_segments, launch.shape
+            )
+            return
+        seg_starts = torch.empty(launch.num_segments + 1, dtype=torch.int32, device=tgt.device)
+        kv_move_plan.plan_segments(
+            tgt,
+            src,
+            prepared.mark,
+            prepared.flag,
+            seg_starts,
+            self._plan_lanes - self._plan_window,
+            self._plan_window,
+        )
+        kv_move.move_rows_in_planned_segments(
+            table, tgt, src, seg_starts, prepared.flag, launch.shape
+        )
+        kv_move_scratch.move_rows_through_scratch(
+            table, tgt, src, prepared.flag, launch.shape, self._scratch_bytes
+        )
+
+    def launch_grid(
+        self,
+        buffers: Sequence[torch.Tensor],
+        num_moves: int,
+        independent_groups: int | None = None,
+    ) -> tuple[tuple[int, int, int], kv_move.TileShape] | None:
+        """Grid and tile shape of the one launch that moves ``num_moves`` pairs, or None when
+        the move takes the device plan. For benchmarks and tests; builds the table if needed."""
+        prepared = self._prepare(buffers)
+        launch = self._launch(prepared, num_moves, independent_groups)
+        if not launch.pairs_per_segment:
+            return None
+        grid = (launch.num_segments, prepared.table.num_buffers, launch.shape.num_tiles)
+        return grid, launch.shape
+
+    def _launch(
+        self, prepared: _PreparedBuffers, num_moves: int, independent_groups: int | None
+    ) -> _Launch:
+        """Segments and tile shape of a move: host arithmetic worth caching, because small
+        moves are launch-bound and every microsecond of Python is a microsecond of the move."""
         segment = self._fixed_segment(num_moves, independent_groups)
         if segment is not None:
-            shape = self._shape(table, segment, _cdiv(num_moves, segment))
-            kv_move.move_rows_in_segments(table, tgt, src, segment, shape)
-            return
-        pairs = self._plan_lanes - self._plan_window
-        num_segments = kv_move_plan.num_planned_segments(num_moves, pairs)
-        seg_starts = torch.empty(num_segments + 1, dtype=torch.int32, device=tgt.device)
-        kv_move_plan.plan_segments(
-            tgt, src, prepared.mark, prepared.flag, seg_starts, pairs, self._plan_window
-        )
-        shape = self._shape(table, self._plan_lanes, num_segments)
-        kv_move.move_rows_in_planned_segments(table, tgt, src, seg_starts, prepared.flag, shape)
-        kv_move_scratch.move_rows_through_scratch(
-            table, tgt, src, prepared.flag, shape, self._scratch_bytes
-        )
+            num_segments = _cdiv(num_moves, segment)
+            shape = self._shape(prepared.table, segment, num_segments)
+            launch = _Launch(segment, num_segments, shape)
+        else:
+            pairs = self._plan_lanes - self._plan_window
+            num_segments = kv_move_plan.num_planned_segments(num_moves, pairs)
+            launch = _Launch(
+                0, num_segments, self._shape(prepared.table, self._plan_lanes, num_segments)
+            )
+        if len(prepared.launches) >= _MAX_LAUNCHES:
+            prepared.launches.clear()
+        prepared.launches[(num_moves, independent_groups)] = launch
+        return launch
 
     def _fixed_segment(self, num_moves: int, independent_groups: int | None) -> int | None:
         """Pairs per segment of a one-launch move, or None when the move needs a plan."""
@@ -185,6 +247,7 @@ class TritonRowMover:
             register_words=self._register_words,
             tile_words=self._tile_words,
             num_warps=self._num_warps,
+            min_programs=self._min_programs,
         )
 
     def _prepare(self, buffers: Sequence[torch.Tensor]) -> _PreparedBuffers:
@@ -201,6 +264,7 @@ class TritonRowMover:
             mark=torch.full((table.max_rows,), -1, dtype=torch.int32, device=device),
             flag=torch.zeros(1, dtype=torch.int32, device=device),
             owner=buffers,
+            launches={},
         )
         self._prepared[key] = prepared
         while len(self._prepared) > self._max_cached:

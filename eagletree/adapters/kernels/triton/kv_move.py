@@ -37,7 +37,7 @@ import triton.language as tl
 VECTOR_BYTES = 16  # one 128-bit access per thread: the widest global load / store
 _WORD_DTYPES = {4: (torch.int32, tl.int32), 2: (torch.int16, tl.int16), 1: (torch.uint8, tl.uint8)}
 _MIN_TILE_BYTES = 128  # narrower tiles than a cache line waste DRAM bursts
-_MIN_PROGRAMS = 512  # about four programs per SM: small moves are latency-bound, spread them
+MIN_PROGRAMS = 512  # about four programs per SM: small moves are latency-bound, spread them
 
 
 class RowTable(NamedTuple):
@@ -119,9 +119,10 @@ def tile_shape(
     register_words: int,
     tile_words: int | None = None,
     num_warps: int | None = None,
+    min_programs: int = MIN_PROGRAMS,
 ) -> TileShape:
     """The widest tile that fits ``register_words`` per program, narrowed while it would mask
-    over 1/8 of the widest row or leave the GPU with fewer than ``_MIN_PROGRAMS`` programs."""
+    over 1/8 of the widest row or leave the GPU with fewer than ``min_programs`` programs."""
     width, vec = table.max_row_words, table.vector_words
     widest = triton.next_power_of_2(width)
     if tile_words is None:
@@ -130,7 +131,7 @@ def tile_shape(
         while tile > floor and triton.cdiv(width, tile) * tile * 8 > width * 9:
             tile //= 2
         while tile > floor and num_segments * table.num_buffers * triton.cdiv(width, tile) < (
-            _MIN_PROGRAMS
+            min_programs
         ):
             tile //= 2
         tile = max(tile, vec)
@@ -148,20 +149,13 @@ def _floor_pow2(value: int) -> int:
 
 
 @triton.jit
-def row_tile_pointers(
-    base_ptrs,
-    row_words,
-    stride_words,
-    buf,
-    slots,
-    col0,
-    WORD: tl.constexpr,
-    TILE: tl.constexpr,
-    VEC: tl.constexpr,
-):
-    """Pointers to words [col0, col0 + TILE) of rows ``slots`` of buffer ``buf``, and the mask of
-    the columns inside the row. With VEC > 1 the caller vouches for 16-byte alignment; the table
-    entries are loaded here so that the alignment hints stay on this call's own loads."""
+def buffer_rows(base_ptrs, row_words, stride_words, buf, WORD: tl.constexpr, VEC: tl.constexpr):
+    """Base pointer, slot stride and row width (words) of buffer ``buf``.
+
+    With VEC > 1 the caller vouches for 16-byte alignment. ``tl.multiple_of`` marks the op that
+    defines its value, so a hinted call and a plain call must stay separate calls (separate
+    loads): one shared load would carry the hint into the unaligned path as well.
+    """
     base = tl.load(base_ptrs + buf).to(tl.pointer_type(WORD))
     stride = tl.load(stride_words + buf)
     width = tl.load(row_words + buf)
@@ -169,34 +163,37 @@ def row_tile_pointers(
         base = tl.multiple_of(base, 16)
         stride = tl.multiple_of(stride, VEC)
         width = tl.multiple_of(width, VEC)
+    return base, stride, width
+
+
+@triton.jit
+def row_tile_pointers(base, stride, width, slots, col0, TILE: tl.constexpr):
+    """Pointers to words [col0, col0 + TILE) of rows ``slots``, and the mask of the columns
+    inside the row (``buffer_rows`` gives base, stride and width)."""
     cols = col0 + tl.arange(0, TILE)
     return base + slots[:, None] * stride + cols[None, :], (cols < width)[None, :]
 
 
 @triton.jit
-def _stage_and_store(
-    base_ptrs,
-    row_words,
-    stride_words,
-    buf,
-    tgt,
-    src,
-    moving,
-    col0,
-    WORD: tl.constexpr,
-    TILE: tl.constexpr,
-    VEC: tl.constexpr,
-):
-    src_rows, in_row = row_tile_pointers(
-        base_ptrs, row_words, stride_words, buf, src, col0, WORD, TILE, VEC
-    )
-    tgt_rows, _ = row_tile_pointers(
-        base_ptrs, row_words, stride_words, buf, tgt, col0, WORD, TILE, VEC
-    )
+def _stage_and_store(base, stride, width, tgt, src, moving, col0, TILE: tl.constexpr):
+    src_rows, in_row = row_tile_pointers(base, stride, width, src, col0, TILE)
+    tgt_rows, _ = row_tile_pointers(base, stride, width, tgt, col0, TILE)
     mask = moving[:, None] & in_row
     rows = tl.load(src_rows, mask=mask)
     tl.debug_barrier()  # every thread's loads are performed before any thread stores
     tl.store(tgt_rows, rows, mask=mask)
+
+
+@triton.jit
+def _stage_in_parts(base, stride, width, tgt, src, moving, col0, TILE: tl.constexpr):
+    """Single words in SPLIT column parts, each loaded, fenced and stored on its own (parts are
+    disjoint bytes, so that is still every load of a byte before any store of it): a whole tile
+    of scalar accesses would need a 64-bit address register pair per word."""
+    SPLIT: tl.constexpr = 8 if TILE >= 8 else TILE
+    for part in tl.static_range(SPLIT):
+        _stage_and_store(
+            base, stride, width, tgt, src, moving, col0 + part * (TILE // SPLIT), TILE // SPLIT
+        )
 
 
 @triton.jit
@@ -216,29 +213,21 @@ def stage_rows(
 ):
     """Copies the column tile of every moving source row to its target, all loads first.
 
-    Aligned buffers take 16-byte vectors over the whole tile. Others take single words in
-    SPLIT column parts, each loaded, fenced and stored on its own (parts are disjoint bytes, so
-    that is still every load of a byte before any store of it): a whole tile of scalar accesses
-    would need a 64-bit address register pair per word and starve the vector path of occupancy.
+    Aligned buffers take 16-byte vectors over the whole tile, the others single words in
+    parts (``_stage_in_parts``). Both paths' table entries are loaded here, before the branch
+    and alongside the caller's pair loads: after an L2 flush every load that waits for
+    another is a DRAM round trip, and a small move is nothing but such round trips.
     """
-    SPLIT: tl.constexpr = 8 if TILE >= 8 else TILE
+    base, stride, width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, 1)
     if VEC > 1:
-        if tl.load(vector_aligned + buf) != 0:
-            _stage_and_store(
-                base_ptrs, row_words, stride_words, buf, tgt, src, moving, col0, WORD, TILE, VEC
-            )
+        aligned = tl.load(vector_aligned + buf) != 0
+        v_base, v_stride, v_width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, VEC)
+        if aligned:
+            _stage_and_store(v_base, v_stride, v_width, tgt, src, moving, col0, TILE)
         else:
-            for part in tl.static_range(SPLIT):
-                _stage_and_store(
-                    base_ptrs, row_words, stride_words, buf, tgt, src, moving,
-                    col0 + part * (TILE // SPLIT), WORD, TILE // SPLIT, 1,
-                )  # fmt: skip
+            _stage_in_parts(base, stride, width, tgt, src, moving, col0, TILE)
     else:
-        for part in tl.static_range(SPLIT):
-            _stage_and_store(
-                base_ptrs, row_words, stride_words, buf, tgt, src, moving,
-                col0 + part * (TILE // SPLIT), WORD, TILE // SPLIT, 1,
-            )  # fmt: skip
+        _stage_in_parts(base, stride, width, tgt, src, moving, col0, TILE)
 
 
 @triton.jit
@@ -260,14 +249,18 @@ def _move_segments_kernel(
     PLANNED: tl.constexpr,
 ):
     """One segment × buffer × column tile. Fixed segments of ``pairs_per_segment`` pairs, or,
-    with PLANNED, ``[seg_starts[s], seg_starts[s + 1])`` and only when ``flag[0] == 0``."""
+    with PLANNED, ``[seg_starts[s], seg_starts[s + 1])`` and only when ``flag[0] == 0``.
+
+    Fixed segments have no early exit: a tile past a narrow row is masked instead, because the
+    compiler sinks loads below an exit, and a branch on the row width would make every pair
+    and table load wait for it (three DRAM round trips before the rows instead of one, see
+    ``stage_rows``). Planned moves are large and gated: they exit early as before.
+    """
     segment = tl.program_id(0)
     buf = tl.program_id(1)
     col0 = tl.program_id(2) * TILE
-    if col0 >= tl.load(row_words + buf):
-        return
     if PLANNED:
-        if tl.load(flag_ptr) != 0:
+        if (col0 >= tl.load(row_words + buf)) | (tl.load(flag_ptr) != 0):
             return
         start = tl.load(seg_starts_ptr + segment)
         end = tl.load(seg_starts_ptr + segment + 1)
@@ -301,9 +294,15 @@ def word_dtype(table: RowTable) -> torch.dtype:
 
 
 def move_rows_in_segments(
-    table: RowTable, tgt: torch.Tensor, src: torch.Tensor, pairs_per_segment: int, shape: TileShape
+    table: RowTable,
+    tgt: torch.Tensor,
+    src: torch.Tensor,
+    pairs_per_segment: int,
+    num_segments: int,
+    shape: TileShape,
 ) -> None:
-    """One launch; pairs ``[s·p, (s+1)·p)`` form segment s (p = ``pairs_per_segment``).
+    """One launch; pairs ``[s·p, (s+1)·p)`` form segment s (p = ``pairs_per_segment``,
+    ``num_segments`` = ceil(pairs / p), computed by the caller once per pair count).
 
     Precondition: no hazard crosses a segment (always true with one segment of every pair).
     """
@@ -311,8 +310,7 @@ def move_rows_in_segments(
     num_moves = tgt.numel()
     if num_moves == 0:
         return
-    assert 1 <= pairs_per_segment <= shape.lanes
-    grid = (triton.cdiv(num_moves, pairs_per_segment), table.num_buffers, shape.num_tiles)
+    grid = (num_segments, table.num_buffers, shape.num_tiles)
     _move_segments_kernel[grid](
         table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned, tgt, src,
         num_moves, pairs_per_segment, tgt, tgt,

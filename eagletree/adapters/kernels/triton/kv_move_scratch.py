@@ -17,6 +17,7 @@ import triton.language as tl
 from eagletree.adapters.kernels.triton.kv_move import (
     RowTable,
     TileShape,
+    buffer_rows,
     row_tile_pointers,
     word_dtype,
     word_type,
@@ -27,23 +28,18 @@ _MAX_PROGRAMS = 1024  # per fallback launch: about eight per SM, each looping ov
 
 @triton.jit
 def _scratch_pass(
-    base_ptrs,
-    row_words,
-    stride_words,
-    buf,
+    base,
+    stride,
+    width,
     slots,
     moving,
     col0,
     scratch_rows,
-    WORD: tl.constexpr,
     TILE: tl.constexpr,
-    VEC: tl.constexpr,
     TO_SCRATCH: tl.constexpr,
 ):
     """Words [col0, col0 + TILE) of rows ``slots``: to ``scratch_rows`` (pair, word), or back."""
-    rows, in_row = row_tile_pointers(
-        base_ptrs, row_words, stride_words, buf, slots, col0, WORD, TILE, VEC
-    )
+    rows, in_row = row_tile_pointers(base, stride, width, slots, col0, TILE)
     mask = moving[:, None] & in_row
     if TO_SCRATCH:
         tl.store(scratch_rows, tl.load(rows, mask=mask), mask=mask)
@@ -84,8 +80,10 @@ def _scratch_pass_kernel(
     unit = first_unit + unit_in_round
     buf = unit // num_tiles
     col0 = (unit % num_tiles) * TILE
-    if col0 >= tl.load(row_words + buf):
+    base, stride, width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, 1)
+    if col0 >= width:
         return
+    v_base, v_stride, v_width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, VEC)
     aligned = False
     if VEC > 1:
         aligned = tl.load(vector_aligned + buf) != 0
@@ -102,15 +100,14 @@ def _scratch_pass_kernel(
         )
         if aligned:
             _scratch_pass(
-                base_ptrs, row_words, stride_words, buf, slots, moving, col0,
-                scratch_rows + tl.arange(0, TILE)[None, :], WORD, TILE, VEC, TO_SCRATCH,
+                v_base, v_stride, v_width, slots, moving, col0,
+                scratch_rows + tl.arange(0, TILE)[None, :], TILE, TO_SCRATCH,
             )  # fmt: skip
         else:
             for part in tl.static_range(SPLIT):
                 _scratch_pass(
-                    base_ptrs, row_words, stride_words, buf, slots, moving, col0 + part * PART,
-                    scratch_rows + part * PART + tl.arange(0, PART)[None, :], WORD, PART, 1,
-                    TO_SCRATCH,
+                    base, stride, width, slots, moving, col0 + part * PART,
+                    scratch_rows + part * PART + tl.arange(0, PART)[None, :], PART, TO_SCRATCH,
                 )  # fmt: skip
 
 
