@@ -12,16 +12,27 @@ closing pair spans the whole move, which forces the Triton mover's scratch fallb
 Columns: "triton" is ``TritonRowMover().move(buffers, tgt, src)`` (no hint: one launch up to 512
 pairs, else the device segment plan); "grouped" adds ``independent_groups=6`` (one launch), shown
 only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per slot over all
-buffers (read + written); self-moves are not counted. Times are medians of
-``triton.testing.do_bench`` (CUDA events, L2 flushed) on random data; "exact" says every mover
-timed on that row left the targets equal to the sources gathered before the move and a sample of
-the other rows untouched, bit for bit.
+buffers (read + written); self-moves are not counted. "exact" says every mover timed on that row
+left the targets equal to the sources gathered before the move and a sample of the other rows
+untouched, bit for bit. Three times per mover, all medians with the L2 flushed before each call:
 
-``--variants all`` (or a comma list of names, see ``TUNING``) adds a second table with one row
-per (layout, move, variant): the same kernels with other staging, tile and warp settings.
+* "µs": ``triton.testing.do_bench`` (CUDA events around an eager call). When one call's host
+  work (Python, launches) outlasts the 256 MB L2 flush that do_bench runs before it, the GPU
+  idles waiting for the launch and this counts the wait: small moves then measure the host.
+* "graph µs": the same call captured once in a CUDA graph and replayed: device time only
+  (kernels and the gaps between them), what a graph-captured decode step pays.
+* "host µs": CPU time of one eager call (the GPU idle before it): what an eager step pays.
 
-    PYTHONPATH=$PWD python3 benchmarks/kv_move.py --out kv_move.md [--variants all]
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/kv_move.py --smoke --variants all
+The profiler counts kernel launches after every timing of a layout (CUPTI left behind by a
+profiler session would otherwise slow the launches that follow).
+
+``--small`` adds a table for bs = 1, 8, 64 that puts the first mover (commit 82f74ef, frozen in
+``kv_move_baseline.py``) beside the current defaults and configurations between them, with each
+one's grid (programs x warps). ``--variants all`` (or a comma list of names, see ``TUNING``) adds
+one row per (layout, move, variant) with other staging, tile and warp settings.
+
+    PYTHONPATH=$PWD python3 benchmarks/kv_move.py --out kv_move.md [--small] [--variants all]
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/kv_move.py --smoke --small --variants all
 """
 
 from __future__ import annotations
@@ -29,11 +40,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import NamedTuple
 
 import torch
+from kv_move_baseline import FirstStagedMover
 
 from eagletree.adapters.memory.row_movers import (
     TorchRowMover,
@@ -44,8 +56,26 @@ from eagletree.adapters.memory.row_movers import (
 STEPS_PLUS_ONE = 6
 WINDOW = 16
 BATCH_SIZES = (1, 8, 64, 256)
+SMALL_BATCH_SIZES = (1, 8, 64)
 BIG_MOVE = 65_536
-Mover = TorchRowMover | TritonRowMover
+Mover = TorchRowMover | TritonRowMover | FirstStagedMover
+
+
+class ShapePerCall(TritonRowMover):
+    """The current mover with the launch-shape cache emptied before every call: the host path
+    of the mover before that cache (tile arithmetic with Triton's helpers on every move)."""
+
+    def move(
+        self,
+        buffers: Sequence[torch.Tensor],
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
+        for prepared in self._prepared.values():
+            prepared.launches.clear()
+        super().move(buffers, tgt, src, independent_groups=independent_groups)
 
 
 class Variant(NamedTuple):
@@ -57,6 +87,19 @@ DEFAULT = {
     "torch": Variant(TorchRowMover, grouped=False),
     "triton": Variant(TritonRowMover, grouped=False),
     "grouped": Variant(TritonRowMover, grouped=True),
+}
+SMALL = {
+    # the first mover: one program per (2 KiB row, buffer) at bs=1, 4-byte words
+    "first 82f74ef": Variant(FirstStagedMover, grouped=False),
+    "triton": Variant(TritonRowMover, grouped=False),
+    "grouped": Variant(TritonRowMover, grouped=True),
+    # the current kernel on the first mover's grid (tiles as wide as the register block allows)
+    "triton first grid": Variant(lambda: TritonRowMover(min_programs=1), grouped=False),
+    "grouped first grid": Variant(lambda: TritonRowMover(min_programs=1), grouped=True),
+    "grouped >=128 programs": Variant(lambda: TritonRowMover(min_programs=128), grouped=True),
+    # the current kernel behind the host path of the previous version
+    "triton shape per call": Variant(ShapePerCall, grouped=False),
+    "grouped shape per call": Variant(ShapePerCall, grouped=True),
 }
 TUNING = {
     # grouped: pairs staged per program (whole groups of 6), register block, warps, tile
@@ -148,12 +191,57 @@ def median_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> floa
 
         ms: float = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
         return ms * 1e3
+    start = time.perf_counter()  # the CPU run (smoke, interpreter) only checks that it runs
+    fn()
+    return (time.perf_counter() - start) * 1e6
+
+
+def graph_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
+    """Median replay time of ``fn`` captured in a CUDA graph (None off CUDA or if capture fails:
+    the reason is printed)."""
+    if device.type != "cuda":
+        return None
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture wants
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError as error:  # report and go on: the eager timings still stand
+        print(f"graph capture failed: {error}", flush=True)
+        return None
+    us = median_us(graph.replay, device, rep_ms)
+    del graph
+    return us
+
+
+def host_us(fn: Callable[[], None], device: torch.device, calls: int = 20) -> float | None:
+    """Median CPU time of one call issued to an idle GPU (what an eager step pays per move)."""
+    if device.type != "cuda":
+        return None
     samples = []
-    for _ in range(1):  # the CPU run (smoke, interpreter) only checks that everything runs
+    for _ in range(calls):
+        torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
     return statistics.median(samples) * 1e6
+
+
+def flush_us(device: torch.device) -> float | None:
+    """How long the L2 flush takes that do_bench runs before every timed call (256 MB zeroed)."""
+    if device.type != "cuda":
+        return None
+    cache = torch.empty(256 << 18, dtype=torch.int32, device=device)
+
+    def flush() -> None:
+        cache.zero_()
+
+    return median_us(flush, device, 100)
 
 
 def count_launches(fn: Callable[[], None], device: torch.device) -> int | None:
@@ -198,8 +286,82 @@ def check_exact(
 
 class Timing(NamedTuple):
     us: float
+    graph_us: float | None
+    host_us: float | None
     launches: int | None
     exact: bool
+    grid: str  # "programs x warps" of a one-launch move, else "—"
+
+
+def describe_grid(
+    mover: Mover, buffers: tuple[torch.Tensor, ...], pairs: int, hint: int | None
+) -> str:
+    if isinstance(mover, FirstStagedMover):
+        programs, warps = mover.grid(buffers, pairs)
+        return f"{programs} x {warps}"
+    if isinstance(mover, TritonRowMover):
+        launch = mover.launch_grid(buffers, pairs, hint)
+        if launch is not None:
+            (segments, num_buffers, tiles), shape = launch
+            return f"{segments * num_buffers * tiles} x {shape.num_warps}"
+    return "—"
+
+
+class Measured(NamedTuple):
+    """One table row's moves: every variant's timings, and its call for the launch count."""
+
+    table: str  # "default", "small" or "tuning"
+    layout: str
+    label: str
+    pairs: int
+    mb: float
+    timings: dict[str, Timing]
+    calls: dict[str, Callable[[], None]]
+
+
+def time_variants(
+    variants: dict[str, Variant],
+    buffers: tuple[torch.Tensor, ...],
+    tgt: torch.Tensor,
+    src: torch.Tensor,
+    untouched: torch.Tensor,
+    grouped_ok: bool,
+    device: torch.device,
+    rep_ms: int,
+) -> tuple[dict[str, Timing], dict[str, Callable[[], None]]]:
+    """Every variant's timings on one move (launches are counted later, see ``run``)."""
+    calls: dict[str, Callable[[], None]] = {}
+    timings: dict[str, Timing] = {}
+    for key, variant in variants.items():
+        if variant.grouped and not grouped_ok:
+            continue
+        mover = variant.make()  # fresh per row: a mover's table cache holds buffers
+        hint = STEPS_PLUS_ONE if variant.grouped else None
+        call = partial(mover.move, buffers, tgt, src, independent_groups=hint)
+        exact = check_exact(call, buffers, tgt, src, untouched)
+        t = timings[key] = Timing(
+            us=median_us(call, device, rep_ms),
+            graph_us=graph_us(call, device, rep_ms),
+            host_us=host_us(call, device),
+            launches=None,
+            exact=exact,
+            grid=describe_grid(mover, buffers, tgt.numel(), hint),
+        )
+        calls[key] = call
+        print(
+            f"  {tgt.numel()} pairs, {key}: {t.us:.1f} µs, graph {fmt(t.graph_us)} µs,"
+            f" host {fmt(t.host_us)} µs, {t.grid}, exact {t.exact}",
+            flush=True,
+        )
+    return timings, calls
+
+
+def fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def count(value: int | None) -> str:
+    return "—" if value is None else str(value)
 
 
 def run(args: argparse.Namespace) -> str:
@@ -212,30 +374,42 @@ def run(args: argparse.Namespace) -> str:
     chosen = {} if not args.variants else TUNING if args.variants == "all" else {
         name: TUNING[name] for name in args.variants.split(",")
     }  # fmt: skip
-    variants = {**DEFAULT, **chosen}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = (
         f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s"
-        " (1 GiB device copy, read + write)"
+        f" (1 GiB device copy, read + write); the L2 flush before each timed call takes"
+        f" {fmt(flush_us(device))} µs"
     )
-    table = [
-        "| layout | pairs | MB moved | torch µs | torch GB/s | triton µs | triton GB/s"
-        " | triton % copy | speedup | launches torch/triton/grouped | grouped µs"
-        " | grouped % copy | exact |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    tuning = [
-        "| layout | pairs | variant | µs | GB/s | % copy | launches | exact |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    tables = {
+        "default": [
+            "| layout | pairs | MB moved | torch µs | triton µs | triton graph µs | triton % copy"
+            " | grouped µs | grouped graph µs | grouped % copy | host µs torch/triton/grouped"
+            " | launches torch/triton/grouped | exact |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ],
+        "small": [
+            "| layout | pairs | variant | programs x warps | µs | graph µs | host µs | launches"
+            " | exact |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ],
+        "tuning": [
+            "| layout | pairs | variant | µs | graph µs | host µs | GB/s | % copy | launches"
+            " | exact |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ],
+    }
     cases = [(f"bs={bs}", bs * STEPS_PLUS_ONE, "forward") for bs in sizes]
     cases += [(f"{big}", big, "forward"), (f"{big} reversed", big, "reversed")]
     cases += [(f"{big} cycle", big, "cycle")]
+    small_sizes = sizes if args.smoke else SMALL_BATCH_SIZES
+    small_pairs = {bs * STEPS_PLUS_ONE for bs in small_sizes} if args.small else set()
     for layout in args.layouts.split(","):
         num_rows = -(-big // STEPS_PLUS_ONE) * WINDOW + 1
         buffers = layout_buffers(layout, num_rows, device, layers)
         slot_bytes = sum(buf[0].numel() * buf.element_size() for buf in buffers)
+        measured: list[Measured] = []
         for label, pairs, order in cases:
+            print(f"{layout} {label}", flush=True)
             tgt, src = make_moves(order, pairs, num_rows, gen)
             grouped_ok = hint_holds(tgt, src)
             targeted = torch.zeros(num_rows, dtype=torch.bool)
@@ -244,35 +418,51 @@ def run(args: argparse.Namespace) -> str:
             tgt, src = tgt.to(device), src.to(device)
             moved = int((tgt != src).sum())  # SYNC: benchmark set-up
             mb = 2 * moved * slot_bytes / 1e6
-            timings: dict[str, Timing] = {}
-            for key, variant in variants.items():
-                if variant.grouped and not grouped_ok:
-                    continue
-                mover = variant.make()  # fresh per row: a mover's table cache holds buffers
-                hint = STEPS_PLUS_ONE if variant.grouped else None
-                call = partial(mover.move, buffers, tgt, src, independent_groups=hint)
-                exact = check_exact(call, buffers, tgt, src, untouched)
-                timings[key] = Timing(
-                    median_us(call, device, args.rep_ms), count_launches(call, device), exact
+            groups = [("default", DEFAULT), ("tuning", chosen)]
+            if pairs in small_pairs and order == "forward":
+                groups.insert(1, ("small", SMALL))
+            for table, variants in groups:
+                timings, calls = time_variants(
+                    variants, buffers, tgt, src, untouched, grouped_ok, device, args.rep_ms
                 )
-                if args.variants:
-                    t = timings[key]
-                    gbs = mb / t.us * 1e3
-                    tuning.append(
-                        f"| {layout} | {label} ({pairs}) | {key} | {t.us:.1f} | {gbs:.0f} "
-                        f"| {100 * gbs / copy_gbs:.0f} % | {t.launches} "
-                        f"| {'yes' if t.exact else 'NO'} |"
-                    )
-                    print(tuning[-1], flush=True)
-            table.append(default_row(layout, label, pairs, mb, timings, copy_gbs))
-            print(table[-1], flush=True)
-        del buffers
+                measured.append(Measured(table, layout, label, pairs, mb, timings, calls))
+        # Launches are counted after every timing of the layout: a profiler session leaves
+        # CUPTI state behind that slows the launches timed after it.
+        for row in measured:
+            for key, call in row.calls.items():
+                row.timings[key] = row.timings[key]._replace(launches=count_launches(call, device))
+            tables[row.table] += format_rows(row, copy_gbs)
+        del buffers, measured
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    tables = [header, "", *table]
-    if args.variants:
-        tables += ["", "Variants (one row per mover configuration):", "", *tuning]
-    return "\n".join(tables)
+    lines = [header, "", *tables["default"]]
+    if args.small:
+        lines += ["", "Small moves (first mover vs current, one row per configuration):", ""]
+        lines += tables["small"]
+    if chosen:
+        lines += ["", "Variants (one row per mover configuration):", "", *tables["tuning"]]
+    return "\n".join(lines)
+
+
+def format_rows(row: Measured, copy_gbs: float) -> list[str]:
+    if row.table == "default":
+        return [default_row(row.layout, row.label, row.pairs, row.mb, row.timings, copy_gbs)]
+    lines = []
+    for key, t in row.timings.items():
+        exact = "yes" if t.exact else "NO"
+        if row.table == "small":
+            lines.append(
+                f"| {row.layout} | {row.label} ({row.pairs}) | {key} | {t.grid} | {t.us:.1f} "
+                f"| {fmt(t.graph_us)} | {fmt(t.host_us)} | {count(t.launches)} | {exact} |"
+            )
+        else:
+            gbs = row.mb / t.us * 1e3
+            lines.append(
+                f"| {row.layout} | {row.label} ({row.pairs}) | {key} | {t.us:.1f} "
+                f"| {fmt(t.graph_us)} | {fmt(t.host_us)} | {gbs:.0f} "
+                f"| {100 * gbs / copy_gbs:.0f} % | {count(t.launches)} | {exact} |"
+            )
+    return lines
 
 
 def default_row(
@@ -280,19 +470,19 @@ def default_row(
 ) -> str:
     torch_t, triton_t = timings["torch"], timings["triton"]
     grouped_t = timings.get("grouped")
-    triton_gbs = mb / triton_t.us * 1e3
-    grouped = (
-        (f"{grouped_t.us:.1f}", f"{100 * mb / grouped_t.us * 1e3 / copy_gbs:.0f} %")
-        if grouped_t
-        else ("—", "—")
-    )
-    launches = "/".join(str(t.launches) if t else "—" for t in (torch_t, triton_t, grouped_t))
+
+    def percent(t: Timing | None) -> str:
+        return "—" if t is None else f"{100 * mb / t.us * 1e3 / copy_gbs:.0f} %"
+
+    host = "/".join(fmt(t.host_us) if t else "—" for t in (torch_t, triton_t, grouped_t))
+    launches = "/".join(count(t.launches) if t else "—" for t in (torch_t, triton_t, grouped_t))
     exact = all(t.exact for t in timings.values())
     return (
-        f"| {layout} | {label} ({pairs}) | {mb:.1f} | {torch_t.us:.1f} "
-        f"| {mb / torch_t.us * 1e3:.0f} | {triton_t.us:.1f} | {triton_gbs:.0f} "
-        f"| {100 * triton_gbs / copy_gbs:.0f} % | {torch_t.us / triton_t.us:.1f}x "
-        f"| {launches} | {grouped[0]} | {grouped[1]} | {'yes' if exact else 'NO'} |"
+        f"| {layout} | {label} ({pairs}) | {mb:.1f} | {torch_t.us:.1f} | {triton_t.us:.1f} "
+        f"| {fmt(triton_t.graph_us)} | {percent(triton_t)} "
+        f"| {fmt(grouped_t.us) if grouped_t else '—'} "
+        f"| {fmt(grouped_t.graph_us) if grouped_t else '—'} | {percent(grouped_t)} "
+        f"| {host} | {launches} | {'yes' if exact else 'NO'} |"
     )
 
 
@@ -303,9 +493,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check it runs")
     parser.add_argument(
+        "--small", action="store_true", help="first mover vs current for bs = 1, 8, 64"
+    )
+    parser.add_argument(
         "--variants", default="", help=f"'all' or a comma list of: {', '.join(TUNING)}"
     )
-    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per row")
+    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per timing")
     args = parser.parse_args()
     table = run(args)
     print()
