@@ -397,20 +397,77 @@ def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
     lanes=st.sampled_from([1, 8, 32, 64, 512]),
     num_segments=st.integers(1, 5000),
     register_words=st.sampled_from([2048, 8192, 16384]),
+    min_programs=st.sampled_from([1, 128, 512, 4096]),
 )
 @settings(max_examples=60, deadline=None)
 def test_tile_shapes_are_vector_multiples_that_cover_the_row_within_budget(
-    row_bytes: int, lanes: int, num_segments: int, register_words: int
+    row_bytes: int, lanes: int, num_segments: int, register_words: int, min_programs: int
 ) -> None:
     from eagletree.adapters.kernels.triton.kv_move import build_row_table, tile_shape
 
     table = build_row_table((torch.zeros(4, row_bytes, dtype=torch.uint8),))
-    shape = tile_shape(table, lanes, num_segments, register_words)
+    shape = tile_shape(table, lanes, num_segments, register_words, min_programs=min_programs)
     vec = table.vector_words
     assert shape.tile & (shape.tile - 1) == 0 and shape.tile % vec == 0
     assert shape.num_tiles * shape.tile >= table.max_row_words > (shape.num_tiles - 1) * shape.tile
     assert lanes * shape.tile <= max(register_words, lanes * vec)
     assert shape.num_warps in (2, 4, 8)
+
+
+@pytest.mark.parametrize("hint", [None, 6])
+@pytest.mark.parametrize("pairs", [6, 48, 384])
+def test_a_small_move_is_one_launch_spread_over_many_programs_within_the_register_budget(
+    pairs: int, hint: int | None
+) -> None:
+    # 64 buffers as in Llama-3.1-8B: small moves are latency-bound, so they must not fall back
+    # to a handful of programs moving many rows each.
+    buffers = tuple(torch.zeros(2, 8, 128, dtype=torch.bfloat16) for _ in range(64))
+    mover = TritonRowMover()
+    launch = mover.launch_grid(buffers, pairs, hint)
+    assert launch is not None  # one launch, no device plan
+    (segments, num_buffers, tiles), shape = launch
+    assert num_buffers == 64 and segments * num_buffers * tiles >= 128
+    assert shape.lanes * shape.tile <= 8192 and shape.tile * tiles >= 512  # 2 KiB rows
+
+
+@pytest.mark.parametrize("max_staged_moves", [512, 4])  # one segment; the device plan
+def test_tiles_past_a_narrow_row_move_nothing_and_wide_rows_move_exactly(
+    max_staged_moves: int, device: torch.device
+) -> None:
+    requires_triton(device)
+    gen = torch.Generator().manual_seed(11)
+    num_slots = 24
+    wide, narrow = (
+        torch.randint(-(2**31), 2**31 - 1, shape, generator=gen, dtype=torch.int32).to(device)
+        for shape in [(num_slots, 64), (num_slots,)]
+    )
+    buffers = (wide, narrow)
+    order = torch.randperm(num_slots - 1, generator=gen)[:10] + 1
+    tgt, src = order[:8], order[2:10]  # a chain: pair k reads what pair k + 2 writes
+    expected = [buf.clone() for buf in buffers]
+    move_rows_reference(expected, tgt.to(device), src.to(device))
+    # 4-word tiles: 16 tiles per row, 15 of them past the 1-word row of the second buffer
+    mover = TritonRowMover(max_staged_moves=max_staged_moves, tile_words=4, plan_lanes=8,
+                           plan_window=4)  # fmt: skip
+    mover.move(buffers, tgt.to(device), src.to(device))
+    for buf, want in zip(buffers, expected, strict=True):
+        assert torch.equal(buf, want)
+
+
+def test_moves_of_one_pair_count_reuse_a_launch_shape_and_stay_exact(device: torch.device) -> None:
+    requires_triton(device)
+    gen = torch.Generator().manual_seed(12)
+    mover = TritonRowMover()
+    buffers = random_buffers(NUM_SLOTS, device, 3)
+    expected = [buf.clone() for buf in buffers]
+    for hint in (None, 3, None, 3):  # the same count, new pairs, with and without the hint
+        order = torch.randperm(NUM_SLOTS - 1, generator=gen)[:9] + 1
+        tgt = order[:6].to(device)
+        src = torch.cat([order[1:3], order[6:9], order[5:6]]).to(device)  # chains in groups
+        move_rows_reference(expected, tgt, src)
+        mover.move(buffers, tgt, src, independent_groups=hint)
+        for i, (buf, want) in enumerate(zip(buffers, expected, strict=True)):
+            assert torch.equal(raw(buf), raw(want)), f"buffer {i} differs"
 
 
 def count_kernels(fn: Callable[[], None]) -> int:
@@ -424,8 +481,11 @@ def count_kernels(fn: Callable[[], None]) -> int:
     return len([event for event in prof.events() if event.device_type.name == "CUDA"])
 
 
+@pytest.mark.parametrize("hint", [6, None])
 @pytest.mark.parametrize("bs", [1, 64, 700])
-def test_a_grouped_move_of_any_size_is_one_kernel_launch(bs: int, device: torch.device) -> None:
+def test_a_grouped_move_of_any_size_and_a_small_move_without_hint_are_one_kernel_launch(
+    bs: int, hint: int | None, device: torch.device
+) -> None:
     if device.type != "cuda":
         pytest.skip("counts CUDA kernels with the profiler")
     num_slots = bs * 8 + 1
@@ -435,5 +495,7 @@ def test_a_grouped_move_of_any_size_is_one_kernel_launch(bs: int, device: torch.
     src = windows[:, 2:].reshape(-1).to(device)  # w[k] ← w[k + 2]: chains inside each window
     buffers = tuple(torch.zeros(num_slots, 8, 128, dtype=torch.bfloat16, device=device)
                     for _ in range(4))  # fmt: skip
+    if hint is None and bs * 6 > 512:
+        pytest.skip("without the hint, moves above max_staged_moves take the device plan")
     mover = TritonRowMover()
-    assert count_kernels(lambda: mover.move(buffers, tgt, src, independent_groups=6)) == 1
+    assert count_kernels(lambda: mover.move(buffers, tgt, src, independent_groups=hint)) == 1
