@@ -39,3 +39,13 @@ def check_slots_in_range(slots: torch.Tensor, num_rows: int, what: str) -> None:
     if low < 0 or high >= num_rows:
         bad = low if low < 0 else high
         raise IndexError(f"{what} slot {bad} is out of range: valid slots are [0, {num_rows})")
+
+
+def check_move(
+    tgt: torch.Tensor, src: torch.Tensor, device: torch.device, num_rows: int, checks: bool
+) -> None:
+    """What every pool checks before a move: the arguments always, slot ranges when ``checks``."""
+    check_move_args(tgt, src, device)
+    if checks:
+        check_slots_in_range(tgt, num_rows, "move_kv_cache target")
+        check_slots_in_range(src, num_rows, "move_kv_cache source")

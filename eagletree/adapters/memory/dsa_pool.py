@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from eagletree.adapters.memory.bounds import check_move_args, check_slots_in_range
+from eagletree.adapters.memory.bounds import check_move, check_slots_in_range
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.raw_words import as_raw_words
 from eagletree.ports.memory import RowMover
@@ -150,8 +150,5 @@ class DSAKVPool:
         # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
         if self.layer_num == 0:
             return
-        check_move_args(tgt_loc, src_loc, self.device)
-        if self.checks_enabled:
-            check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
-            check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
+        check_move(tgt_loc, src_loc, self.device, self.num_rows, self.checks_enabled)
         self._mover.move(self._all_buffers, tgt_loc, src_loc, independent_groups=independent_groups)

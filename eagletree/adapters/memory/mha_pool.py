@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from eagletree.adapters.memory.bounds import (
-    check_move_args,
-    check_slots_in_range,
-    checks_by_default,
-)
+from eagletree.adapters.memory.bounds import check_move, check_slots_in_range, checks_by_default
 from eagletree.adapters.memory.raw_words import as_raw_words
 from eagletree.ports.memory import RowMover
 
@@ -148,8 +144,5 @@ class MHAKVPool:
         # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
         if self._layer_num == 0:
             return
-        check_move_args(tgt_loc, src_loc, self._device)
-        if self._checks:
-            check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
-            check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
+        check_move(tgt_loc, src_loc, self._device, self.num_rows, self._checks)
         self._mover.move(self._all_buffers, tgt_loc, src_loc, independent_groups=independent_groups)

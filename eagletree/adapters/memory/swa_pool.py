@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from eagletree.adapters.memory.bounds import (
-    check_move_args,
-    check_slots_in_range,
-    same_device,
-)
+from eagletree.adapters.memory.bounds import check_move, check_slots_in_range, same_device
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 
 
@@ -93,10 +89,7 @@ class SWAHybridKVPool:
         # tgt_loc, src_loc: (num_moves,) full slots; distinct targets except (0, 0) padding
         if self.layer_num == 0:
             return
-        check_move_args(tgt_loc, src_loc, self.device)
-        if self._full.checks_enabled:
-            check_slots_in_range(tgt_loc, self.num_rows, "move_kv_cache target")
-            check_slots_in_range(src_loc, self.num_rows, "move_kv_cache source")
+        check_move(tgt_loc, src_loc, self.device, self.num_rows, self._full.checks_enabled)
         self._full.move_kv_cache(tgt_loc, src_loc, independent_groups=independent_groups)
         if self._swa.layer_num == 0:
             return
