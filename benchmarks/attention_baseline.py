@@ -4,7 +4,8 @@
 ``benchmarks/attention.py --compare`` times this next to the current ``TritonAttentionBackend``
 in one run. It is the kernel and backend of commit 0832b6f, copied verbatim but for names: the
 tree mask is loaded and evaluated on every key block (prefix included), and tail slots are
-selected per block. Delete this file once the comparison is recorded in docs/benchmarks.md.
+selected per block. Kept so that the comparison recorded in docs/benchmarks.md can be rerun;
+remove it together with ``--compare`` once the old kernel is no longer worth measuring.
 """
 
 from __future__ import annotations
