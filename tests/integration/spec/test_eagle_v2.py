@@ -45,7 +45,12 @@ from tests.integration.spec.harness import (
 from tests.integration.spec.oracle_draft import OracleDraft
 
 CONFIGS = [(1, 1, 2), (3, 1, 4), (5, 4, 8), (4, 8, 32), (5, 16, 64)]  # (S, k, N)
-MODELS = [("llama", "eagle"), ("llama", "eagle3"), ("deepseek-mla", "eagle")]
+MODELS = [
+    ("llama", "eagle"),
+    ("llama", "eagle3"),
+    ("deepseek-mla", "eagle"),
+    ("deepseek-mla", "eagle3"),
+]
 PROMPT_LENGTHS = [3, 7, 1, 12, 5, 9]
 MAX_NEW = 16
 
