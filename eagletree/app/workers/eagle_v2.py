@@ -25,13 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.forward_batches import to_device
 from eagletree.app.sampler import sample_next_tokens
-from eagletree.app.workers.draft_extender import DraftExtender
-from eagletree.app.workers.draft_state import DecodeWindow, DraftStateStore
+from eagletree.app.workers.draft_state import DecodeWindow
 from eagletree.app.workers.step import StepOutput
-from eagletree.app.workers.tree_drafter import TreeDrafter
-from eagletree.app.workers.verifier import TreeVerifier, Verification
+from eagletree.app.workers.tree_parts import build_tree_parts
+from eagletree.app.workers.verifier import Verification
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
@@ -77,24 +76,17 @@ class EagleWorkerV2:
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
-        self._batches = BatchBuilder(target.req_to_token_pool)
-        self._drafter = TreeDrafter(
-            draft,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            mask_mode=mask_mode,
-        )
-        self._verifier = TreeVerifier(
-            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens
-        )
-        self._extender = DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden)
-        self._state = DraftStateStore(
-            num_rows=target.req_to_token_pool.size,
-            topk=topk,
-            hidden_size=draft_hidden_size,
-            hidden_dtype=draft.kv_pool.dtype,
-            device=self._batches.device,
+        self._batches, self._drafter, self._verifier, self._extender, self._state = (
+            build_tree_parts(
+                target,
+                draft,
+                num_steps=num_steps,
+                topk=topk,
+                num_draft_tokens=num_draft_tokens,
+                draft_hidden_size=draft_hidden_size,
+                use_aux_hidden=use_aux_hidden,
+                mask_mode=mask_mode,
+            )
         )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
