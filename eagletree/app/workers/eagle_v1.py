@@ -27,7 +27,7 @@ from eagletree.app.forward_batches import to_device
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import free_window_tail
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.tree_parts import build_tree_parts
 from eagletree.app.workers.verifier import Verification
 from eagletree.domain.batch import ForwardBatch, ForwardMode
@@ -105,20 +105,7 @@ class EagleWorkerV1:
         """Prefill the plan's new requests, run one tree step over its running ones (an idle
         tree step, bs == 0, when the plan has neither)."""
         self._state.retain(plan.prefill + plan.decode)
-        parts: list[StepOutput] = []
-        if plan.prefill:
-            parts.append(self._prefill(plan.prefill))
-        if plan.decode or not plan.prefill:
-            parts.append(self._decode(plan.decode))
-        return StepOutput(
-            requests=[r for part in parts for r in part.requests],
-            tokens=torch.cat([part.tokens for part in parts]),
-            num_emitted=torch.cat([part.num_emitted for part in parts]),
-            num_committed=torch.cat([part.num_committed for part in parts]),
-            num_forwards=sum(part.num_forwards for part in parts),
-            num_prefill=len(plan.prefill),
-            speculative=True,
-        )
+        return speculative_step(plan, self._prefill, self._decode)
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
         batch, last_rows = self._batches.extend(requests)

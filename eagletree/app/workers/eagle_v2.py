@@ -19,7 +19,6 @@ lives in a ``DraftStateStore`` indexed by req_to_token row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -28,7 +27,7 @@ import torch.nn.functional as F
 from eagletree.app.forward_batches import to_device
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.workers.draft_state import DecodeWindow
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.tree_parts import build_tree_parts
 from eagletree.app.workers.verifier import Verification
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
@@ -38,17 +37,6 @@ if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
-
-
-@dataclass(frozen=True, slots=True)
-class _Rows:
-    """One phase's rows of a ``StepOutput``."""
-
-    requests: list[Request]
-    tokens: torch.Tensor  # (rows, width) int64
-    num_emitted: torch.Tensor  # (rows,) int64
-    num_committed: torch.Tensor  # (rows,) int64
-    num_forwards: int
 
 
 class EagleWorkerV2:
@@ -113,22 +101,9 @@ class EagleWorkerV2:
         data-parallel rank without requests must.
         """
         self._state.retain(plan.prefill + plan.decode)
-        parts: list[_Rows] = []
-        if plan.prefill:
-            parts.append(self._prefill(plan.prefill))
-        if plan.decode or not plan.prefill:
-            parts.append(self._decode(plan.decode))
-        return StepOutput(
-            requests=[r for part in parts for r in part.requests],
-            tokens=torch.cat([part.tokens for part in parts]),
-            num_emitted=torch.cat([part.num_emitted for part in parts]),
-            num_committed=torch.cat([part.num_committed for part in parts]),
-            num_forwards=sum(part.num_forwards for part in parts),
-            num_prefill=len(plan.prefill),
-            speculative=True,
-        )
+        return speculative_step(plan, self._prefill, self._decode)
 
-    def _prefill(self, requests: list[Request]) -> _Rows:
+    def _prefill(self, requests: list[Request]) -> StepOutput:
         batch, last_rows = self._batches.extend(requests)
         out = self._target.forward(batch, last_rows)
         next_tokens = sample_next_tokens(out.logits, requests)  # (bs,)
@@ -137,15 +112,16 @@ class EagleWorkerV2:
         )
         committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
         tokens = F.pad(next_tokens.to(torch.int64).unsqueeze(1), (0, self.tokens_per_step - 1))
-        return _Rows(
+        return StepOutput(
             requests=requests,
             tokens=tokens,
             num_emitted=torch.ones_like(next_tokens, dtype=torch.int64),
             num_committed=to_device(committed, next_tokens.device),
             num_forwards=2,
+            num_prefill=len(requests),
         )
 
-    def _decode(self, requests: list[Request]) -> _Rows:
+    def _decode(self, requests: list[Request]) -> StepOutput:
         n = self.num_draft_tokens
         window = DecodeWindow.of(requests, self._batches.device)
         tree = self._drafter.draft(window, self._state.gather(requests))
@@ -171,10 +147,11 @@ class EagleWorkerV2:
         self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
         emitted = result.accept_length.to(torch.int64) + 1
-        return _Rows(
+        return StepOutput(
             requests=requests,
             tokens=predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64),
             num_emitted=emitted,
             num_committed=emitted,
             num_forwards=self._drafter.num_forwards + 2,
+            num_prefill=0,
         )

@@ -33,7 +33,7 @@ from eagletree.app.forward_batches import BatchBuilder, to_device
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.verifier import TreeVerifier, Verification
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
@@ -131,20 +131,7 @@ class MultiLayerEagleWorkerV2:
         """Prefill the plan's new requests, verify the running ones' chains (an idle step,
         bs == 0, through every phase when the plan has neither)."""
         self._state.retain(plan.prefill + plan.decode)
-        parts: list[StepOutput] = []
-        if plan.prefill:
-            parts.append(self._prefill(plan.prefill))
-        if plan.decode or not plan.prefill:
-            parts.append(self._decode(plan.decode))
-        return StepOutput(
-            requests=[r for part in parts for r in part.requests],
-            tokens=torch.cat([part.tokens for part in parts]),
-            num_emitted=torch.cat([part.num_emitted for part in parts]),
-            num_committed=torch.cat([part.num_committed for part in parts]),
-            num_forwards=sum(part.num_forwards for part in parts),
-            num_prefill=len(plan.prefill),
-            speculative=True,
-        )
+        return speculative_step(plan, self._prefill, self._decode)
 
     # -- prefill ---------------------------------------------------------------------------------
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
 
@@ -44,3 +45,27 @@ class Worker(Protocol):
     def reserve_per_step(self) -> int: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...
+
+
+def speculative_step(
+    plan: SchedulePlan,
+    prefill: Callable[[list[Request]], StepOutput],
+    decode: Callable[[list[Request]], StepOutput],
+) -> StepOutput:
+    """Prefill the plan's new requests, then one verify step over its running ones; the rows of
+    the two phases joined in that order. A plan with neither runs an idle verify step (bs == 0)
+    through every phase, as a data-parallel rank without requests must."""
+    parts: list[StepOutput] = []
+    if plan.prefill:
+        parts.append(prefill(plan.prefill))
+    if plan.decode or not plan.prefill:
+        parts.append(decode(plan.decode))
+    return StepOutput(
+        requests=[r for part in parts for r in part.requests],
+        tokens=torch.cat([part.tokens for part in parts]),
+        num_emitted=torch.cat([part.num_emitted for part in parts]),
+        num_committed=torch.cat([part.num_committed for part in parts]),
+        num_forwards=sum(part.num_forwards for part in parts),
+        num_prefill=len(plan.prefill),
+        speculative=True,
+    )
