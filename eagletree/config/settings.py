@@ -26,6 +26,7 @@ AlgorithmName = Literal["none", "eagle", "eagle3", "mtp", "nextn"]
 VersionName = Literal["auto", "v1", "v2"]
 AttentionBackendName = Literal["torch", "triton", "flash"]
 KVMoveName = Literal["torch", "triton"]
+CudaGraphName = Literal["auto", "on", "off"]
 
 
 class SettingsError(ConfigurationError):
@@ -81,7 +82,10 @@ class MemorySettings(_Section):
 class BackendSettings(_Section):
     attention: AttentionBackendName = Field(default="triton", description="Attention backend.")
     kv_move: KVMoveName = Field(default="triton", description="KV row move implementation.")
-    cuda_graph: bool = Field(default=False, description="Capture decode steps in CUDA graphs.")
+    cuda_graph: CudaGraphName = Field(
+        default="auto",
+        description="Capture decode steps in CUDA graphs; auto: on for CUDA devices, off otherwise.",
+    )
 
 
 class ParallelSettings(_Section):

@@ -126,12 +126,12 @@ def test_the_environment_overrides_keyword_sections_field_by_field(
 
 def test_environment_alone_configures_every_section(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EAGLETREE_SPECULATIVE__ALGORITHM", "eagle3")
-    monkeypatch.setenv("EAGLETREE_BACKEND__CUDA_GRAPH", "true")
+    monkeypatch.setenv("EAGLETREE_BACKEND__CUDA_GRAPH", "off")
     monkeypatch.setenv("EAGLETREE_PARALLEL__TP_SIZE", "2")
     monkeypatch.setenv("EAGLETREE_MODEL__DRAFT_PATH", "/d")
     settings = EngineSettings()
     assert settings.speculative.algorithm == "eagle3"
-    assert settings.backend.cuda_graph is True
+    assert settings.backend.cuda_graph == "off"
     assert settings.parallel.tp_size == 2
     assert settings.model.draft_path == "/d"
 
