@@ -16,6 +16,7 @@ from dependency_injector import containers, providers
 
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
+from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
@@ -26,6 +27,7 @@ from eagletree.app import factories
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
+from eagletree.domain import coins as reference_coins
 
 # Slack past the v2 window, as upstream's "+ 4": the bonus token and an off-by-one at the limit.
 ROW_HEADROOM = 4
@@ -57,9 +59,16 @@ class Container(containers.DeclarativeContainer):
         debug_checks=False,
     )
 
+    # sampling coins on the device: one Triton launch on CUDA, the torch reference elsewhere
+    coin_source = providers.Selector(
+        config.derived.coin_backend,
+        torch=providers.Object(reference_coins.uniform_coins),
+        triton=providers.Object(triton_coins.uniform_coins),
+    )
+
     req_to_token_pool = providers.Singleton(
         TensorReqToTokenPool,
-        max_requests=config.speculative.resolved.max_running_requests,
+        max_requests=config.derived.req_to_token_rows,
         row_width=config.derived.req_to_token_row_width,
         device=device,
     )
@@ -160,6 +169,9 @@ def container_values(
     values["target"] = dataclasses.asdict(target)
     max_context_len = settings.model.max_context_len or target.max_position_embeddings
     values["derived"] = {
+        "coin_backend": "triton" if torch.device(settings.model.device).type == "cuda" else "torch",
+        # one row more than requests run at once: the padding row of CUDA-graph batches
+        "req_to_token_rows": resolved.max_running_requests + 1,
         "max_context_len": max_context_len,
         "req_to_token_row_width": req_to_token_row_width(
             max_context_len, resolved, settings.memory.page_size

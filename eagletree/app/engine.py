@@ -167,11 +167,14 @@ class Engine:
         )
 
     @staticmethod
-    def from_settings(settings: EngineSettings) -> Engine:
-        """Load the target checkpoint named by the settings and wire an engine around it."""
+    def from_settings(
+        settings: EngineSettings, progress: Callable[[str], None] | None = None
+    ) -> Engine:
+        """Load the target checkpoint named by the settings and wire an engine around it
+        (``progress`` receives the lines of long start-up work, e.g. CUDA-graph capture)."""
         from eagletree.app.engine_factory import engine_from_settings
 
-        return engine_from_settings(settings)
+        return engine_from_settings(settings, progress)
 
     @property
     def scheduler(self) -> Scheduler:

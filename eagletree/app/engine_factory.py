@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +18,9 @@ from eagletree.adapters.models.stack import MHALayout
 from eagletree.app import factories
 from eagletree.app.container import Container, build_container, container_values
 from eagletree.app.engine import Engine
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.app.workers.step_graphs import graph_buckets
+from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
@@ -23,6 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
+    from eagletree.app.sampler import CoinSource
     from eagletree.app.workers.step import Worker
     from eagletree.config.eagle_hook import ResolvedSpeculative
     from eagletree.config.settings import EngineSettings
@@ -30,12 +36,27 @@ if TYPE_CHECKING:
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
-def engine_from_settings(settings: EngineSettings) -> Engine:
+_log = logging.getLogger("eagletree.engine")
+
+
+class GraphPlan:
+    """The resolved CUDA-graph decision and the buckets it captures (empty when disabled)."""
+
+    def __init__(self, resolved: ResolvedCudaGraphs, max_batch_size: int) -> None:
+        self.resolved = resolved
+        self.buckets = graph_buckets(max_batch_size) if resolved.enabled else ()
+
+
+def engine_from_settings(
+    settings: EngineSettings, progress: Callable[[str], None] | None = None
+) -> Engine:
     """The engine of ``settings.model.target_path``; ConfigurationError says what to change.
 
     With speculation the draft head(s) of ``model.draft_path`` (the target checkpoint's MTP
     layers for ``mtp``) get KV pools of the target pool's size over the same slot allocator and
-    req_to_token table, and the worker is the one ``ResolvedSpeculative.worker`` names.
+    req_to_token table, and the worker is the one ``ResolvedSpeculative.worker`` names. When
+    ``backend.cuda_graph`` resolves on, the decode step's graphs are captured before returning,
+    with progress lines through ``progress`` (default: the ``eagletree.engine`` logger).
     """
     target_path = settings.model.target_path
     if target_path is None:
@@ -64,26 +85,40 @@ def engine_from_settings(settings: EngineSettings) -> Engine:
         attention_backend=container.attention_backend(),
     )
     max_context_len = settings.model.max_context_len or target.max_position_embeddings
-    if not resolved.enabled:
-        return Engine.non_speculative(
-            runner,
-            container.slot_allocator(),
-            max_context_len=max_context_len,
-            max_running_requests=resolved.max_running_requests,
-            eos_token_ids=eos_token_ids(target_path),
-        )
-    assert resolved.draft_path is not None  # resolve_speculative names one when enabled
-    kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
-    heads = load_draft(resolved.draft_path, kind, model, dtype)
-    drafts = [_draft_runner(head, settings, target, resolved, container) for head in heads]
-    worker = speculative_worker(
-        resolved,
-        runner,
-        drafts,
-        container.slot_allocator(),
-        draft_hidden_size=heads[0].hidden_size,
-        use_aux_hidden=kind == "eagle3",
+    device_type = next(model.parameters()).device.type
+    graphs = GraphPlan(
+        resolve_cuda_graphs(settings, device_type, resolved.worker), resolved.max_running_requests
     )
+    if graphs.resolved.reason is not None:
+        _log.info("decode steps run eagerly: %s", graphs.resolved.reason)
+    coins = container.coin_source()
+    worker: Worker
+    if not resolved.enabled:
+        worker = NonSpeculativeWorker(
+            runner,
+            coins=coins,
+            graph_buckets=graphs.buckets,
+            use_cuda_graphs=graphs.resolved.enabled,
+        )
+    else:
+        assert resolved.draft_path is not None  # resolve_speculative names one when enabled
+        kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
+        heads = load_draft(resolved.draft_path, kind, model, dtype)
+        drafts = [_draft_runner(head, settings, target, resolved, container) for head in heads]
+        worker = speculative_worker(
+            resolved,
+            runner,
+            drafts,
+            container.slot_allocator(),
+            draft_hidden_size=heads[0].hidden_size,
+            use_aux_hidden=kind == "eagle3",
+            coins=coins,
+            graphs=graphs,
+        )
+    if graphs.resolved.enabled:
+        capture = getattr(worker, "capture_graphs", None)
+        assert capture is not None, f"{type(worker).__name__} cannot capture CUDA graphs"
+        capture(progress)
     return Engine(
         worker,
         container.slot_allocator(),
@@ -153,6 +188,8 @@ def speculative_worker(
     *,
     draft_hidden_size: int,
     use_aux_hidden: bool,
+    coins: CoinSource,
+    graphs: GraphPlan,
 ) -> Worker:
     """The worker ``resolved.worker`` names, over the target runner and the draft runner(s)."""
     steps, topk, tokens = resolved.num_steps, resolved.topk, resolved.num_draft_tokens
@@ -167,6 +204,9 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
+            coins=coins,
+            graph_buckets=graphs.buckets,
+            use_cuda_graphs=graphs.resolved.enabled,
         )
     if resolved.worker == "eagle_v1":
         from eagletree.app.workers.eagle_v1 import EagleWorkerV1
@@ -180,6 +220,7 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
+            coins=coins,
         )
     if resolved.worker == "multi_layer_eagle_v2":
         from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
@@ -192,6 +233,7 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
+            coins=coins,
         )
     raise ConfigurationError(f"no speculative worker is called {resolved.worker!r}")
 

@@ -1,8 +1,13 @@
-"""Per-request sampling of next tokens: each request's parameters and its own seeded coins."""
+"""Per-request sampling of next tokens: each request's parameters and its own coin stream.
+
+Coins come from the request's counter-based Philox stream (``domain.coins``): a worker reserves
+them on the host (``Request.take_coins``) and computes them on the device from (seed, offset),
+so a request samples the same tokens alone or in any batch, eagerly or from a CUDA graph.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,52 +19,100 @@ from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 if TYPE_CHECKING:
     from eagletree.domain.request import Request
 
+# (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
+CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
 
 @dataclass(frozen=True, slots=True)
-class SamplingBatch:
-    """The sampling parameters of a batch's requests as device tensors, one row per request."""
+class SamplingInputs:
+    """The sampling parameters of a batch's requests as device tensors, one row per request.
+
+    ``all_greedy`` is host knowledge that picks the argmax path (and a CUDA graph variant);
+    otherwise every row goes through temperature, top-k and top-p (0 and 1 keep all), greedy
+    rows as one-hot distributions, so one code path serves any mix of requests.
+    """
 
     temperature: torch.Tensor  # (bs,) float32; 0 = greedy
-    top_k: torch.Tensor | None  # (bs,) int64, 0 = keep all; None when no request sets it
-    top_p: torch.Tensor | None  # (bs,) float32, 1 = keep all; None when no request sets it
+    top_k: torch.Tensor  # (bs,) int64, 0 = keep all
+    top_p: torch.Tensor  # (bs,) float32, 1 = keep all
+    seeds: torch.Tensor  # (bs,) int64 coin stream keys
+    coin_offsets: torch.Tensor  # (bs,) int64 first coin of this step in each stream
     all_greedy: bool
 
-    @staticmethod
-    def from_requests(requests: Sequence[Request], device: torch.device) -> SamplingBatch:
-        params = [r.params for r in requests]
-        temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        top_k = None
-        if any(p.top_k is not None for p in params):
-            top_k = torch.tensor([p.top_k or 0 for p in params], dtype=torch.int64)
-        top_p = None
-        if any(p.top_p is not None for p in params):
-            values = [1.0 if p.top_p is None else p.top_p for p in params]
-            top_p = torch.tensor(values, dtype=torch.float32)
-        return SamplingBatch(
-            temperature=to_device(temperature, device),
-            top_k=None if top_k is None else to_device(top_k, device),
-            top_p=None if top_p is None else to_device(top_p, device),
-            all_greedy=all(p.greedy for p in params),
+    @property
+    def batch_size(self) -> int:
+        return int(self.temperature.shape[0])
+
+    def probs(self, logits: torch.Tensor, rows_per_request: int = 1) -> torch.Tensor:
+        """(bs·rows_per_request, V) float32 distributions; row r uses request r // rows's
+        parameters (one-hot argmax rows for greedy requests)."""
+        r = rows_per_request
+        return probs_from_logits(
+            logits,
+            self.temperature.repeat_interleave(r),
+            self.top_k.repeat_interleave(r),
+            self.top_p.repeat_interleave(r),
         )
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """(bs, V) float32 sampling distributions (one-hot argmax rows for greedy requests)."""
-        return probs_from_logits(logits, self.temperature, self.top_k, self.top_p)
+    def coins(self, source: CoinSource, count: int) -> torch.Tensor:
+        """(bs, count) this step's coins of every request (greedy rows get unused coins)."""
+        return source(self.seeds, self.coin_offsets, count)
 
 
-def draw_coins(requests: Sequence[Request], device: torch.device) -> torch.Tensor:
-    """(bs,) one coin per request from its own generator; greedy requests draw none (0.0)."""
-    coins = [r.draw_coins(1) if not r.params.greedy else torch.zeros(1) for r in requests]
-    return to_device(torch.cat(coins) if coins else torch.zeros(0), device)
+def sampling_rows(requests: Sequence[Request], num_coins: int) -> tuple[list[int], list[float]]:
+    """Host values of ``SamplingInputs`` for ``requests``: ints (top_k, seed, coin offset per
+    request, concatenated by field) and floats (temperature, top_p). Reserves ``num_coins``
+    coins of every sampling request (greedy requests take none)."""
+    top_k, seeds, offsets, temperature, top_p = [], [], [], [], []
+    for request in requests:
+        params = request.params
+        top_k.append(params.top_k or 0)
+        temperature.append(params.temperature)
+        top_p.append(1.0 if params.top_p is None else params.top_p)
+        if params.greedy:
+            seeds.append(0)
+            offsets.append(0)
+        else:
+            seeds.append(request.coin_seed)
+            offsets.append(request.take_coins(num_coins))
+    return top_k + seeds + offsets, temperature + top_p
 
 
-def sample_next_tokens(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+def sampling_inputs(
+    requests: Sequence[Request], num_coins: int, device: torch.device
+) -> SamplingInputs:
+    """Device ``SamplingInputs`` of ``requests``, reserving ``num_coins`` coins of each sampling
+    request (two host-to-device copies that do not wait for the device)."""
+    ints, floats = sampling_rows(requests, num_coins)
+    bs = len(requests)
+    int_rows = to_device(torch.tensor(ints, dtype=torch.int64).view(3, bs), device)
+    float_rows = to_device(torch.tensor(floats, dtype=torch.float32).view(2, bs), device)
+    return SamplingInputs(
+        temperature=float_rows[0],
+        top_k=int_rows[0],
+        top_p=float_rows[1],
+        seeds=int_rows[1],
+        coin_offsets=int_rows[2],
+        all_greedy=all(r.params.greedy for r in requests),
+    )
+
+
+def sample_tokens(
+    logits: torch.Tensor, sampling: SamplingInputs, coins: CoinSource
+) -> torch.Tensor:
     """Next token of each request, (bs,) int64 on the logits' device; no host sync.
 
-    ``logits``: (bs, V), row i belongs to ``requests[i]``. An all-greedy batch takes the argmax
-    directly (the same token as the one-hot path: both pick the first maximum).
+    ``logits``: (bs, V), row i belongs to request i. An all-greedy batch takes the argmax
+    directly (the same token as the one-hot path: both pick the first maximum); otherwise one
+    coin per request.
     """
-    sampling = SamplingBatch.from_requests(requests, logits.device)
     if sampling.all_greedy:
         return logits.argmax(dim=-1)
-    return sample_from_probs(sampling.probs(logits), draw_coins(requests, logits.device))
+    return sample_from_probs(sampling.probs(logits), sampling.coins(coins, 1)[:, 0])
+
+
+def sample_next_tokens(
+    logits: torch.Tensor, requests: Sequence[Request], coins: CoinSource
+) -> torch.Tensor:
+    """``sample_tokens`` for ``requests`` (reserving one coin of each sampling request)."""
+    return sample_tokens(logits, sampling_inputs(requests, 1, logits.device), coins)

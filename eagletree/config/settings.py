@@ -84,7 +84,7 @@ class BackendSettings(_Section):
     kv_move: KVMoveName = Field(default="triton", description="KV row move implementation.")
     cuda_graph: CudaGraphName = Field(
         default="auto",
-        description="Capture decode steps in CUDA graphs; auto: on for CUDA devices, off otherwise.",
+        description="Capture decode steps in CUDA graphs; auto: on for CUDA, off otherwise.",
     )
 
 

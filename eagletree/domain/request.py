@@ -17,10 +17,9 @@ with every token kept: a retracted request is prefilled again over prompt + outp
 from __future__ import annotations
 
 import enum
+import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 
 class FinishReason(enum.Enum):
@@ -81,8 +80,9 @@ class Request:
     """One generation request and the KV window it owns; every transition checks invariants."""
 
     __slots__ = (
-        "_generator",
+        "_coin_seed",
         "allocated_len",
+        "coin_offset",
         "committed_len",
         "emitted_per_step",
         "finish_reason",
@@ -127,7 +127,8 @@ class Request:
         # tokens emitted per speculative verify step (empty without speculation)
         self.emitted_per_step: list[int] = []
         self.times = RequestTimes(arrival=arrival_time)
-        self._generator: torch.Generator | None = None
+        self._coin_seed: int | None = None
+        self.coin_offset = 0  # coins of the request's stream used so far
         self.check_invariants()
 
     # -- tokens --------------------------------------------------------------------------------
@@ -260,19 +261,32 @@ class Request:
 
     # -- sampling coins --------------------------------------------------------------------------
 
-    def draw_coins(self, count: int) -> torch.Tensor:
-        """``count`` uniform coins in [0, 1) from the request's own generator, (count,) f32 CPU.
+    @property
+    def coin_seed(self) -> int:
+        """The key of the request's Philox coin stream (``domain.coins``), a signed 64-bit int.
 
-        One coin per sampled token keeps a request's samples independent of batch composition
-        and of retraction (a retracted request draws no coin for its recomputed tokens).
+        ``params.seed`` when given; else drawn once from the operating system's entropy.
         """
-        if self._generator is None:
-            self._generator = torch.Generator()
-            if self.params.seed is None:
-                self._generator.seed()
-            else:
-                self._generator.manual_seed(self.params.seed)
-        return torch.rand(count, generator=self._generator)
+        if self._coin_seed is None:
+            seed = self.params.seed
+            if seed is None:
+                seed = int.from_bytes(os.urandom(8), "little")
+            # the low 64 bits as a signed int64 (what a device tensor holds)
+            self._coin_seed = ((seed + (1 << 63)) % (1 << 64)) - (1 << 63)
+        return self._coin_seed
+
+    def take_coins(self, count: int) -> int:
+        """Reserve the next ``count`` coins of the request's stream; returns their first offset.
+
+        Coins are a pure function of (seed, offset), so a request's samples do not depend on its
+        batch, its padding or on graph replay; one reservation per sampled step keeps a
+        retracted request's recomputation from reusing or skipping coins.
+        """
+        if count < 0:
+            raise ValueError(f"cannot take {count} coins")
+        first = self.coin_offset
+        self.coin_offset += count
+        return first
 
     # -- invariants ----------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.step import StepOutput
 from eagletree.domain.batch import ForwardMode
+from eagletree.domain.coins import uniform_coins
 from eagletree.domain.request import FinishReason, SamplingParams
 from tests.conftest import requires_cuda
 from tests.fakes import FakeRunner, fake_engine_parts
@@ -423,7 +424,7 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
         plan = engine.scheduler.schedule()  # windows grow for two, two are admitted
         batches.extend(plan.prefill)
         batches.decode(plan.decode)
-        sample_next_tokens(logits, plan.prefill + plan.decode)
+        sample_next_tokens(logits, plan.prefill + plan.decode, uniform_coins)
         for request in plan.decode:
             request.mark_aborted()
         engine.scheduler.release_finished()  # frees rows and slots

@@ -29,8 +29,8 @@ class DecodeWindow:
 
     req_pool_indices: torch.Tensor  # (bs,) int64 device
     seq_lens: torch.Tensor  # (bs,) int64 device
-    seq_lens_cpu: torch.Tensor  # (bs,) int64 host copy (no sync needed to size things)
-    seq_lens_sum: int
+    seq_lens_cpu: torch.Tensor | None = None  # (bs,) int64 host copy; None on a GPU-only step
+    seq_lens_sum: int | None = None
 
     @staticmethod
     def of(requests: Sequence[Request], device: torch.device) -> DecodeWindow:
@@ -45,7 +45,7 @@ class DecodeWindow:
 
     @property
     def batch_size(self) -> int:
-        return int(self.seq_lens_cpu.shape[0])
+        return int(self.seq_lens.shape[0])
 
     def slots(self, req_to_token: torch.Tensor, width: int) -> torch.Tensor:
         """``req_to_token[row_b, L_b : L_b + width]`` of every request → (bs, width) int64."""
@@ -96,10 +96,28 @@ class DraftStateStore:
 
     def gather(self, requests: Sequence[Request]) -> DraftInput:
         """The state of ``requests`` (each must have been written since it got its row)."""
+        self.check_owned(requests)
+        return self.gather_rows(self._rows(requests))
+
+    def scatter(self, requests: Sequence[Request], state: DraftInput) -> None:
+        """Store row i of ``state`` as the state of ``requests[i]``."""
+        self.scatter_rows(self._rows(requests), state)
+        self.own(requests)
+
+    def check_owned(self, requests: Sequence[Request]) -> None:
+        """Raise unless the store holds a state written for each of ``requests`` (host only)."""
         for request in requests:
             if request.row is None or self._owner.get(request.row) != request.request_id:
                 raise RuntimeError(f"no draft state for {request}: it was never prefilled")
-        rows = self._rows(requests)
+
+    def own(self, requests: Sequence[Request]) -> None:
+        """Record that the rows of ``requests`` now hold their states (host only)."""
+        for request in requests:
+            assert request.row is not None, request
+            self._owner[request.row] = request.request_id
+
+    def gather_rows(self, rows: torch.Tensor) -> DraftInput:
+        """The states at ``rows`` (bs,) int64 device; device ops only."""
         return DraftInput(
             bonus_tokens=self.bonus_tokens[rows],
             topk_p=self.topk_p[rows],
@@ -107,16 +125,13 @@ class DraftStateStore:
             hidden_states=self.hidden_states[rows],
         )
 
-    def scatter(self, requests: Sequence[Request], state: DraftInput) -> None:
-        """Store row i of ``state`` as the state of ``requests[i]``."""
-        rows = self._rows(requests)
+    def scatter_rows(self, rows: torch.Tensor, state: DraftInput) -> None:
+        """Write row i of ``state`` at ``rows[i]``; device ops only (padding rows repeat one row:
+        whichever write lands is never read)."""
         self.bonus_tokens[rows] = state.bonus_tokens.to(torch.int64)
         self.topk_p[rows] = state.topk_p.float()
         self.topk_index[rows] = state.topk_index.to(torch.int64)
         self.hidden_states[rows] = state.hidden_states.to(self.hidden_states.dtype)
-        for request in requests:
-            assert request.row is not None, request
-            self._owner[request.row] = request.request_id
 
     def _rows(self, requests: Sequence[Request]) -> torch.Tensor:
         rows = torch.tensor([r.row for r in requests], dtype=torch.int64)

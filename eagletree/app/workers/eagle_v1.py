@@ -21,20 +21,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from eagletree.app.forward_batches import to_device
-from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.sampler import sampling_inputs
 from eagletree.app.scheduler import free_window_tail
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
 from eagletree.app.workers.step import StepOutput, speculative_step
-from eagletree.app.workers.tree_parts import build_tree_parts
+from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
 from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
+    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.memory import TokenSlotAllocator
@@ -61,6 +62,7 @@ class EagleWorkerV1:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        coins: CoinSource = uniform_coins,
     ) -> None:
         if draft.req_to_token_pool is not target.req_to_token_pool:
             raise ValueError(
@@ -73,18 +75,18 @@ class EagleWorkerV1:
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
         self.page_size = target.kv_pool.page_size
-        self._batches, self._drafter, self._verifier, self._extender, self._state = (
-            build_tree_parts(
-                target,
-                draft,
-                num_steps=num_steps,
-                topk=topk,
-                num_draft_tokens=num_draft_tokens,
-                draft_hidden_size=draft_hidden_size,
-                use_aux_hidden=use_aux_hidden,
-                mask_mode=mask_mode,
-            )
+        self._parts = build_tree_parts(
+            target,
+            draft,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            draft_hidden_size=draft_hidden_size,
+            use_aux_hidden=use_aux_hidden,
+            mask_mode=mask_mode,
+            coins=coins,
         )
+        self._batches, self._drafter, self._verifier, self._extender, self._state, _ = self._parts
         self.last_verification: Verification | None = None
 
     @property
@@ -108,27 +110,14 @@ class EagleWorkerV1:
         return speculative_step(plan, self._prefill, self._decode)
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
-        batch, last_rows = self._batches.extend(requests)
-        out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests).to(torch.int64)  # (bs,)
-        self._state.scatter(
-            requests, self._extender.extend_prefill(batch, last_rows, next_tokens, out)
-        )
-        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
-        return StepOutput(
-            requests=requests,
-            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.tokens_per_step - 1)),
-            num_emitted=torch.ones_like(next_tokens),
-            num_committed=to_device(committed, next_tokens.device),
-            num_forwards=2,
-            num_prefill=len(requests),
-        )
+        return prefill_tree_requests(self._parts, self._target, requests, self.tokens_per_step)
 
     def _decode(self, requests: list[Request]) -> StepOutput:
         n = self.num_draft_tokens
         window = DecodeWindow.of(requests, self._batches.device)
         tree = self._drafter.draft(window, self._state.gather(requests))
-        verification = self._verifier.verify(window, tree, requests)
+        sampling = sampling_inputs(requests, self._verifier.num_coins, self._batches.device)
+        verification = self._verifier.verify(window, tree, sampling)
         result = verification.result
         # v1 keeps its books on the host: which slots to keep or free, extend lengths
         accept_index: list[list[int]] = result.accept_index.tolist()  # SYNC: v1's bookkeeping
@@ -213,6 +202,7 @@ class EagleWorkerV1:
         first = torch.cumsum(lens, 0) - lens
         total = int(lens.sum())
         offsets = torch.arange(total) - torch.repeat_interleave(first, lens)
+        assert window.seq_lens_cpu is not None, "v1 builds its windows on the host"
         positions = to_device(torch.repeat_interleave(window.seq_lens_cpu, lens) + offsets, device)
         token_rows = torch.repeat_interleave(
             window.req_pool_indices, to_device(lens, device), output_size=total

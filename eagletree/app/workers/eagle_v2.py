@@ -14,26 +14,30 @@ One decode step (docs/speculative.md has the diagram):
 
 Nothing is allocated or freed here: the scheduler keeps ``2·max(S·k, N)`` slots backed past
 each request's committed length. Per-request device state (bonus token, top-k, draft hidden)
-lives in a ``DraftStateStore`` indexed by req_to_token row.
+lives in a ``DraftStateStore`` indexed by req_to_token row. Phases 1–6 are one function of the
+step's ``DecodeInputs`` (``_decode_on_device``), so a ``DecodeStepRunner`` can replay them from a
+CUDA graph per batch-size bucket.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from eagletree.app.forward_batches import to_device
-from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_state import DecodeWindow
 from eagletree.app.workers.step import StepOutput, speculative_step
-from eagletree.app.workers.tree_parts import build_tree_parts
+from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
+from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
+    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
@@ -44,8 +48,13 @@ class EagleWorkerV2:
 
     ``draft_hidden_size`` is the width of the draft's own hidden state (what it feeds its next
     draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
-    (EAGLE-3). ``last_tree`` / ``last_verification`` keep the latest decode step's device
-    results for inspection (tests, debugging); nothing reads them back on the host.
+    (EAGLE-3). ``coins`` computes sampling coins on the device (``domain.coins`` semantics).
+    ``graph_buckets``: batch sizes whose decode step runs padded to a fixed shape (and, with
+    ``use_cuda_graphs``, from a captured CUDA graph; ``capture_graphs`` records them); this
+    takes one req_to_token row for padding. ``last_tree`` / ``last_verification`` keep the
+    latest decode step's device results for inspection (tests, debugging; a verification's
+    predict and hidden states are compacted in place, see ``Verification``); nothing reads
+    them back on the host.
     """
 
     def __init__(
@@ -59,22 +68,31 @@ class EagleWorkerV2:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        coins: CoinSource = uniform_coins,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
     ) -> None:
         self._target = target
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
-        self._batches, self._drafter, self._verifier, self._extender, self._state = (
-            build_tree_parts(
-                target,
-                draft,
-                num_steps=num_steps,
-                topk=topk,
-                num_draft_tokens=num_draft_tokens,
-                draft_hidden_size=draft_hidden_size,
-                use_aux_hidden=use_aux_hidden,
-                mask_mode=mask_mode,
-            )
+        self._parts = build_tree_parts(
+            target,
+            draft,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            draft_hidden_size=draft_hidden_size,
+            use_aux_hidden=use_aux_hidden,
+            mask_mode=mask_mode,
+            coins=coins,
+        )
+        self._steps = DecodeStepRunner(
+            self._decode_on_device,
+            DecodeInputBuffers.for_pool(target.req_to_token_pool, padded=bool(graph_buckets)),
+            num_coins=self._parts.verifier.num_coins,
+            buckets=graph_buckets,
+            use_graphs=use_cuda_graphs,
         )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
@@ -92,7 +110,15 @@ class EagleWorkerV2:
     @property
     def num_tracked_requests(self) -> int:
         """Requests whose draft state the worker holds (the live ones after a step)."""
-        return len(self._state)
+        return len(self._parts.state)
+
+    @property
+    def step_runner(self) -> DecodeStepRunner:
+        return self._steps
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
+        return self._steps.capture(progress)
 
     def step(self, plan: SchedulePlan) -> StepOutput:
         """Prefill the plan's new requests, run one tree step over its running ones.
@@ -100,35 +126,37 @@ class EagleWorkerV2:
         A plan without requests runs an idle tree step (bs == 0) through every phase, as a
         data-parallel rank without requests must.
         """
-        self._state.retain(plan.prefill + plan.decode)
+        self._parts.state.retain(plan.prefill + plan.decode)
         return speculative_step(plan, self._prefill, self._decode)
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
-        batch, last_rows = self._batches.extend(requests)
-        out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests)  # (bs,)
-        self._state.scatter(
-            requests, self._extender.extend_prefill(batch, last_rows, next_tokens, out)
-        )
-        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
-        tokens = F.pad(next_tokens.to(torch.int64).unsqueeze(1), (0, self.tokens_per_step - 1))
+        return prefill_tree_requests(self._parts, self._target, requests, self.tokens_per_step)
+
+    def _decode(self, requests: list[Request]) -> StepOutput:
+        self._parts.state.check_owned(requests)
+        tokens, emitted = self._steps.run(requests)
+        self._parts.state.own(requests)
         return StepOutput(
             requests=requests,
             tokens=tokens,
-            num_emitted=torch.ones_like(next_tokens, dtype=torch.int64),
-            num_committed=to_device(committed, next_tokens.device),
-            num_forwards=2,
-            num_prefill=len(requests),
+            num_emitted=emitted,
+            num_committed=emitted,
+            num_forwards=self._parts.drafter.num_forwards + 2,
+            num_prefill=0,
         )
 
-    def _decode(self, requests: list[Request]) -> StepOutput:
-        n = self.num_draft_tokens
-        window = DecodeWindow.of(requests, self._batches.device)
-        tree = self._drafter.draft(window, self._state.gather(requests))
-        verification = self._verifier.verify(window, tree, requests)
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Phases 1–6 over ``inputs`` → tokens (bs, S + 1) int64 (the first ``emitted`` of each
+        row are the step's tokens), emitted (bs,) int64. Device work only."""
+        parts, n = self._parts, self.num_draft_tokens
+        window = DecodeWindow(
+            inputs.rows, inputs.seq_lens, inputs.seq_lens_cpu, inputs.seq_lens_sum
+        )
+        tree = parts.drafter.draft(window, parts.state.gather_rows(inputs.rows))
+        verification = parts.verifier.verify(window, tree, inputs.sampling)
         result = verification.result
         predict = result.predict  # (bs·N,) int32
-        features = self._extender.target_features(
+        features = parts.extender.target_features(
             verification.hidden_states, verification.aux_hidden_states
         )
         if self.topk > 1:  # a chain's accepted path is already at the front of its block
@@ -140,18 +168,11 @@ class EagleWorkerV2:
             self._target.kv_pool.move_kv_cache(tgt, src, independent_groups=groups)
             predict = compact_to_front(predict, result.accept_index, n, inplace=True)
             features = compact_to_front(features, result.accept_index, n, inplace=True)
-        next_state = self._extender.extend_block(
+        next_state = parts.extender.extend_block(
             window, predict, features, result.accept_length, verification.verify_slots, n
         )
-        self._state.scatter(requests, next_state)
+        parts.state.scatter_rows(inputs.rows, next_state)
         self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
-        emitted = result.accept_length.to(torch.int64) + 1
-        return StepOutput(
-            requests=requests,
-            tokens=predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64),
-            num_emitted=emitted,
-            num_committed=emitted,
-            num_forwards=self._drafter.num_forwards + 2,
-            num_prefill=0,
-        )
+        tokens = predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64)
+        return tokens, result.accept_length.to(torch.int64) + 1

@@ -30,15 +30,17 @@ import torch
 import torch.nn.functional as F
 
 from eagletree.app.forward_batches import BatchBuilder, to_device
-from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.sampler import sample_next_tokens, sampling_inputs
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
 from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.verifier import TreeVerifier, Verification
 from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.coins import uniform_coins
 from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
 
 if TYPE_CHECKING:
+    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
@@ -77,6 +79,7 @@ class MultiLayerEagleWorkerV2:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        coins: CoinSource = uniform_coins,
     ) -> None:
         hidden = target.hidden_size
         problems = []
@@ -101,8 +104,9 @@ class MultiLayerEagleWorkerV2:
         self.num_draft_tokens = num_draft_tokens
         self.mask_mode = mask_mode
         self._batches = BatchBuilder(target.req_to_token_pool)
+        self._coins = coins
         self._verifier = TreeVerifier(
-            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, coins=coins
         )
         self._state = DraftStateStore(
             num_rows=target.req_to_token_pool.size,
@@ -138,7 +142,7 @@ class MultiLayerEagleWorkerV2:
     def _prefill(self, requests: list[Request]) -> StepOutput:
         batch, last_rows = self._batches.extend(requests)
         out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests).to(torch.int64)  # (bs,)
+        next_tokens = sample_next_tokens(out.logits, requests, self._coins).to(torch.int64)
         tokens = shift_left(batch.input_ids, last_rows, next_tokens)
         drafts, probs = self._run_chain(batch, tokens, out.hidden_states, last_rows)
         next_state = self._next_state(next_tokens, drafts, probs, out.hidden_states, last_rows)
@@ -159,7 +163,8 @@ class MultiLayerEagleWorkerV2:
         window = DecodeWindow.of(requests, self._batches.device)
         state = self._state.gather(requests)
         tree = self._chain_tree(window, state)
-        verification = self._verifier.verify(window, tree, requests)
+        sampling = sampling_inputs(requests, self._verifier.num_coins, self._batches.device)
+        verification = self._verifier.verify(window, tree, sampling)
         result = verification.result
         batch, hidden, last_rows = self._decode_extend_batch(requests, window, state, verification)
         drafts, probs = self._run_chain(batch, batch.input_ids, hidden, last_rows)
@@ -204,6 +209,7 @@ class MultiLayerEagleWorkerV2:
         kept = state.hidden_states.reshape(bs * keep, self._target.hidden_size)
         verify_hidden = verification.hidden_states.to(kept.dtype)
         hidden = torch.cat([kept, verify_hidden]).index_select(0, source_dev)
+        assert window.seq_lens_cpu is not None, "the MTP worker builds its windows on the host"
         seq_lens_cpu = window.seq_lens_cpu - front_cpu
         total = int(lens_cpu.sum())
         positions_cpu = torch.repeat_interleave(seq_lens_cpu, lens_cpu) + (

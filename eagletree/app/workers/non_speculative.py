@@ -1,46 +1,100 @@
-"""Worker without speculation: prefill new requests, decode running ones, sample one token each."""
+"""Worker without speculation: prefill new requests, decode running ones, sample one token each.
+
+The decode forward and its sampling are one function of the step's ``DecodeInputs``, so a
+``DecodeStepRunner`` can replay it from a CUDA graph per batch-size bucket.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from eagletree.app.forward_batches import BatchBuilder, to_device
-from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.sampler import sample_next_tokens, sample_tokens
+from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.coins import uniform_coins
 
 if TYPE_CHECKING:
+    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.ports.model import ModelRunner
 
 
 class NonSpeculativeWorker:
-    """One EXTEND forward for the plan's new requests and one DECODE forward for the running."""
+    """One EXTEND forward for the plan's new requests and one DECODE forward for the running.
 
-    def __init__(self, runner: ModelRunner) -> None:
+    ``coins``, ``graph_buckets`` and ``use_cuda_graphs`` as ``EagleWorkerV2``'s.
+    """
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        coins: CoinSource = uniform_coins,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
+    ) -> None:
         self._runner = runner
         self._batches = BatchBuilder(runner.req_to_token_pool)
+        self._coins = coins
+        self._steps = DecodeStepRunner(
+            self._decode_on_device,
+            DecodeInputBuffers.for_pool(runner.req_to_token_pool, padded=bool(graph_buckets)),
+            num_coins=1,
+            buckets=graph_buckets,
+            use_graphs=use_cuda_graphs,
+        )
 
     @property
     def reserve_per_step(self) -> int:
         return 1  # the pending token's slot
 
+    @property
+    def step_runner(self) -> DecodeStepRunner:
+        return self._steps
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
+        return self._steps.capture(progress)
+
     def step(self, plan: SchedulePlan) -> StepOutput:
-        logits: list[torch.Tensor] = []  # each (rows, V)
+        tokens: list[torch.Tensor] = []  # each (rows,) int64
         if plan.prefill:
             batch, last_rows = self._batches.extend(plan.prefill)
-            logits.append(self._runner.forward(batch, last_rows).logits)
+            logits = self._runner.forward(batch, last_rows).logits
+            tokens.append(sample_next_tokens(logits, plan.prefill, self._coins))
         if plan.decode:
-            logits.append(self._runner.forward(self._batches.decode(plan.decode)).logits)
+            tokens.append(self._steps.run(plan.decode)[0])
         requests = plan.prefill + plan.decode
-        tokens = sample_next_tokens(torch.cat(logits), requests)  # (bs,)
+        next_tokens = torch.cat(tokens)  # (bs,)
         committed = [r.num_tokens - r.committed_len for r in plan.prefill] + [1] * len(plan.decode)
         return StepOutput(
             requests=requests,
-            tokens=tokens.unsqueeze(1),
-            num_emitted=torch.ones_like(tokens),
-            num_committed=to_device(torch.tensor(committed), tokens.device),
-            num_forwards=len(logits),
+            tokens=next_tokens.unsqueeze(1),
+            num_emitted=torch.ones_like(next_tokens),
+            num_committed=to_device(torch.tensor(committed), next_tokens.device),
+            num_forwards=len(tokens),
             num_prefill=len(plan.prefill),
         )
+
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor]:
+        """One DECODE forward of every row's pending token at its committed length, sampled →
+        ((bs,) int64 next tokens,). Device work only."""
+        table = self._runner.req_to_token_pool.req_to_token
+        batch = ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=inputs.last_tokens,
+            positions=inputs.seq_lens,
+            seq_lens=inputs.seq_lens,
+            req_pool_indices=inputs.rows,
+            out_cache_loc=table[inputs.rows, inputs.seq_lens].to(torch.int64),
+            seq_lens_cpu=inputs.seq_lens_cpu,
+            seq_lens_sum=inputs.seq_lens_sum,
+        )
+        logits = self._runner.forward(batch).logits  # (bs, V)
+        return (sample_tokens(logits, inputs.sampling, self._coins).to(torch.int64),)

@@ -4,25 +4,33 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from eagletree.app.forward_batches import BatchBuilder
+import torch
+import torch.nn.functional as F
+
+from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore
+from eagletree.app.workers.step import StepOutput
 from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.app.workers.verifier import TreeVerifier
 
 if TYPE_CHECKING:
+    from eagletree.app.sampler import CoinSource
+    from eagletree.domain.request import Request
     from eagletree.domain.tree import TreeMaskMode
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
 class TreeParts(NamedTuple):
-    """Batch builder, drafter, verifier, draft-extender and per-request draft state."""
+    """Batch builder, drafter, verifier, draft-extender, per-request draft state, coins."""
 
     batches: BatchBuilder
     drafter: TreeDrafter
     verifier: TreeVerifier
     extender: DraftExtender
     state: DraftStateStore
+    coins: CoinSource
 
 
 def build_tree_parts(
@@ -35,6 +43,7 @@ def build_tree_parts(
     draft_hidden_size: int,
     use_aux_hidden: bool,
     mask_mode: TreeMaskMode,
+    coins: CoinSource,
 ) -> TreeParts:
     """The parts of a tree worker over ``target`` and ``draft`` for one (S, k, N)."""
     batches = BatchBuilder(target.req_to_token_pool)
@@ -47,7 +56,9 @@ def build_tree_parts(
             num_draft_tokens=num_draft_tokens,
             mask_mode=mask_mode,
         ),
-        verifier=TreeVerifier(target, num_steps=num_steps, num_draft_tokens=num_draft_tokens),
+        verifier=TreeVerifier(
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, coins=coins
+        ),
         extender=DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden),
         state=DraftStateStore(
             num_rows=target.req_to_token_pool.size,
@@ -56,4 +67,25 @@ def build_tree_parts(
             hidden_dtype=draft.kv_pool.dtype,
             device=batches.device,
         ),
+        coins=coins,
+    )
+
+
+def prefill_tree_requests(
+    parts: TreeParts, target: ModelRunner, requests: list[Request], tokens_per_step: int
+) -> StepOutput:
+    """Target prefill, the first token of each request, and the draft prefill whose top-k is
+    the root of the request's first tree (the same for every EAGLE tree worker)."""
+    batch, last_rows = parts.batches.extend(requests)
+    out = target.forward(batch, last_rows)
+    next_tokens = sample_next_tokens(out.logits, requests, parts.coins).to(torch.int64)  # (bs,)
+    parts.state.scatter(requests, parts.extender.extend_prefill(batch, last_rows, next_tokens, out))
+    committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+    return StepOutput(
+        requests=requests,
+        tokens=F.pad(next_tokens.unsqueeze(1), (0, tokens_per_step - 1)),
+        num_emitted=torch.ones_like(next_tokens),
+        num_committed=to_device(committed, next_tokens.device),
+        num_forwards=2,
+        num_prefill=len(requests),
     )

@@ -17,6 +17,7 @@ from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.app.engine import Engine
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.model import DraftRunner, ModelRunner
 from tests.integration.models.harness import make_backend, make_pool
@@ -112,11 +113,22 @@ def plain_engine(
     max_running: int = 8,
     context_len: int = CONTEXT_LEN,
     eos_token_ids: Collection[int] = (),
+    graph_buckets: Sequence[int] = (),
+    use_cuda_graphs: bool = False,
 ) -> Engine:
-    memory = _memory(models.device, pool_size, max_running, context_len + 8)
-    return Engine.non_speculative(
-        _target_runner(models, memory, backend),
+    """A non-speculative engine; with ``graph_buckets`` its decode steps run padded (from CUDA
+    graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding."""
+    rows = max_running + (1 if graph_buckets else 0)
+    memory = _memory(models.device, pool_size, rows, context_len + 8)
+    runner = _target_runner(models, memory, backend)
+    worker = NonSpeculativeWorker(
+        runner, graph_buckets=graph_buckets, use_cuda_graphs=use_cuda_graphs
+    )
+    return Engine(
+        worker,
         memory.allocator,
+        memory.req_to_token_pool,
+        vocab_size=runner.vocab_size,
         max_context_len=context_len,
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
@@ -146,10 +158,14 @@ def speculative_engine(
     wrap_draft: Callable[[DraftModelRunner], DraftRunner] | None = None,
     wrap_target: Callable[[TargetModelRunner], ModelRunner] | None = None,
     mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+    graph_buckets: Sequence[int] = (),
+    use_cuda_graphs: bool = False,
 ) -> SpecEngine:
-    """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens)."""
+    """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
+    ``graph_buckets`` and ``use_cuda_graphs`` as ``plain_engine``'s."""
     reserve = 2 * max(num_steps * topk, num_draft_tokens)
-    memory = _memory(models.device, pool_size, max_running, context_len + reserve + 4)
+    rows = max_running + (1 if graph_buckets else 0)
+    memory = _memory(models.device, pool_size, rows, context_len + reserve + 4)
     real_target = _target_runner(models, memory, backend)
     target: ModelRunner = real_target if wrap_target is None else wrap_target(real_target)
     real_draft = draft_runner(models, memory, backend)
@@ -163,6 +179,8 @@ def speculative_engine(
         draft_hidden_size=real_draft.hidden_size,
         use_aux_hidden=models.kind == "eagle3",
         mask_mode=mask_mode,
+        graph_buckets=graph_buckets,
+        use_cuda_graphs=use_cuda_graphs,
     )
     engine = Engine(
         worker,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from eagletree.domain.request import (
     AcceptanceStats,
@@ -106,12 +105,22 @@ def test_window_never_shrinks() -> None:
         request.grow_window(request.allocated_len - 1)
 
 
-def test_coins_are_reproducible_per_seed_and_differ_between_seeds() -> None:
-    first = make_request(temperature=1.0, seed=5).draw_coins(6)
-    again = make_request(temperature=1.0, seed=5)
-    assert torch.equal(torch.cat([again.draw_coins(2), again.draw_coins(4)]), first)
-    assert not torch.equal(make_request(temperature=1.0, seed=6).draw_coins(6), first)
-    assert bool(((first >= 0) & (first < 1)).all())
+def test_coin_reservations_are_consecutive_and_the_seed_is_the_params_seed() -> None:
+    request = make_request(temperature=1.0, seed=5)
+    assert [request.take_coins(2), request.take_coins(4), request.take_coins(0)] == [0, 2, 6]
+    assert request.coin_offset == 6
+    assert request.coin_seed == 5
+    assert make_request(temperature=1.0, seed=-3).coin_seed == -3
+    assert make_request(temperature=1.0, seed=1 << 63).coin_seed == -(1 << 63)  # low 64 bits
+    with pytest.raises(ValueError, match="-1 coins"):
+        request.take_coins(-1)
+
+
+def test_unseeded_requests_draw_distinct_fixed_seeds() -> None:
+    first, second = make_request(temperature=1.0), make_request(temperature=1.0)
+    assert first.coin_seed == first.coin_seed  # drawn once
+    assert first.coin_seed != second.coin_seed
+    assert -(1 << 63) <= first.coin_seed < (1 << 63)
 
 
 def test_acceptance_stats_count_steps_by_emitted_tokens() -> None:

@@ -1,0 +1,163 @@
+"""The request side of one decode step, in fixed device buffers that a CUDA graph can read.
+
+A decode step needs little host data per request: its req_to_token row, its committed length,
+its pending token and its sampling parameters (plus, for some workers, a few more ints). They
+are written into one pinned host block and copied with one non-blocking copy into device
+buffers whose addresses never change, so a graph captured over views of them reads each step's
+values. Rows past the batch (padding up to a graph's batch size) point at a *padding row* of the
+req_to_token table whose slots are all 0, the pools' reserved dummy slot: a padded row reads and
+writes only slot 0 and the padding row's draft state, never a live request's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from eagletree.app.sampler import SamplingInputs, sampling_rows
+
+if TYPE_CHECKING:
+    from eagletree.domain.request import Request
+    from eagletree.ports.memory import ReqToTokenPool
+
+# int64 fields, in the order of the rows of the buffer block
+_INT_FIELDS = ("rows", "seq_lens", "last_tokens", "top_k", "seeds", "coin_offsets")
+_FLOAT_FIELDS = ("temperature", "top_p")
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeInputs:
+    """Device views of one step's request data, ``padded_size`` rows (live rows first)."""
+
+    rows: torch.Tensor  # (padded,) int64 req_to_token rows (padding: the padding row)
+    seq_lens: torch.Tensor  # (padded,) int64 committed lengths L_b (padding: 0)
+    last_tokens: torch.Tensor  # (padded,) int64 each request's pending token (padding: 0)
+    sampling: SamplingInputs  # padding rows are greedy
+    extra: torch.Tensor  # (padded, E) int64 worker-specific host data (padding: 0)
+    batch_size: int  # live rows
+    # (padded,) int64 host copy of seq_lens for eager steps; None in a captured graph, whose
+    # launches must not depend on the values of one step
+    seq_lens_cpu: torch.Tensor | None = None
+
+    @property
+    def seq_lens_sum(self) -> int | None:
+        return None if self.seq_lens_cpu is None else int(self.seq_lens_cpu.sum())
+
+    @property
+    def padded_size(self) -> int:
+        return int(self.rows.shape[0])
+
+
+class DecodeInputBuffers:
+    """Device buffers for up to ``capacity`` rows; ``fill`` writes a step into them.
+
+    ``padding_row`` is a req_to_token row no request owns, with every slot 0.
+    ``num_extra`` int64 columns per request are the caller's (``fill(..., extra=...)``).
+    Two pinned staging blocks alternate, so a step's copy never reads a block the host is
+    rewriting for the next step.
+    """
+
+    def __init__(
+        self, capacity: int, device: torch.device, padding_row: int, num_extra: int = 0
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.padding_row = padding_row
+        self.num_extra = num_extra
+        self._device = device
+        self._rows_total = len(_INT_FIELDS) + num_extra
+        # ints: (fields + E, capacity) int64; floats: (2, capacity) float32
+        self._ints = torch.zeros(self._rows_total, capacity, dtype=torch.int64, device=device)
+        self._floats = torch.zeros(len(_FLOAT_FIELDS), capacity, dtype=torch.float32, device=device)
+        pin = device.type == "cuda"
+        self._staging = [
+            (
+                torch.zeros(self._rows_total, capacity, dtype=torch.int64, pin_memory=pin),
+                torch.zeros(len(_FLOAT_FIELDS), capacity, dtype=torch.float32, pin_memory=pin),
+            )
+            for _ in range(2)
+        ]
+        self._turn = 0
+
+    @staticmethod
+    def for_pool(pool: ReqToTokenPool, *, padded: bool, num_extra: int = 0) -> DecodeInputBuffers:
+        """Buffers for every row of ``pool`` on its device. With ``padded`` one row is taken
+        from the pool for good and zeroed to be the padding row (every slot is slot 0)."""
+        padding_row = 0
+        if padded:
+            rows = pool.alloc(1)
+            if rows is None:
+                raise ValueError("the req_to_token pool has no free row for padding batches")
+            padding_row = rows[0]
+            pool.req_to_token[padding_row].zero_()
+        device = pool.req_to_token.device
+        return DecodeInputBuffers(pool.size, device, padding_row, num_extra)
+
+    def fill(
+        self,
+        requests: Sequence[Request],
+        padded_size: int,
+        num_coins: int,
+        extra: Sequence[Sequence[int]] | None = None,
+    ) -> DecodeInputs:
+        """Write ``requests`` (then padding up to ``padded_size``) and return device views.
+
+        Reserves ``num_coins`` coins of every sampling request. ``extra[i]`` holds
+        ``num_extra`` ints of request i.
+        """
+        bs = len(requests)
+        if not bs <= padded_size <= self.capacity:
+            raise ValueError(f"{bs} requests padded to {padded_size} > capacity {self.capacity}")
+        ints, floats = self._staging[self._turn]
+        self._turn ^= 1
+        ints[:, :padded_size].zero_()
+        floats[:, :padded_size].zero_()
+        ints[0, :padded_size] = self.padding_row
+        floats[1, :padded_size] = 1.0  # top_p of padding rows: keep all
+        if bs:
+            sampling_ints, sampling_floats = sampling_rows(requests, num_coins)
+            host_ints = [r.row for r in requests]
+            host_ints += [r.committed_len for r in requests]
+            host_ints += [r.last_token for r in requests]
+            ints[:6, :bs] = torch.tensor(host_ints + sampling_ints).view(6, bs)
+            floats[:, :bs] = torch.tensor(sampling_floats).view(2, bs)
+            if self.num_extra:
+                assert extra is not None and len(extra) == bs, "one extra row per request"
+                ints[6:, :bs] = torch.tensor(extra, dtype=torch.int64).view(bs, -1).t()
+        # whole blocks (a few KiB): contiguous copies, so they stay asynchronous from pinned memory
+        non_blocking = self._device.type == "cuda"
+        self._ints.copy_(ints, non_blocking=non_blocking)
+        self._floats.copy_(floats, non_blocking=non_blocking)
+        greedy = all(r.params.greedy for r in requests)
+        return self.views(padded_size, bs, all_greedy=greedy, seq_lens_cpu=ints[1, :padded_size])
+
+    def views(
+        self,
+        padded_size: int,
+        batch_size: int,
+        *,
+        all_greedy: bool,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> DecodeInputs:
+        """The device views of the first ``padded_size`` rows (what ``fill`` last wrote)."""
+        ints, floats = self._ints[:, :padded_size], self._floats[:, :padded_size]
+        return DecodeInputs(
+            rows=ints[0],
+            seq_lens=ints[1],
+            last_tokens=ints[2],
+            sampling=SamplingInputs(
+                temperature=floats[0],
+                top_k=ints[3],
+                top_p=floats[1],
+                seeds=ints[4],
+                coin_offsets=ints[5],
+                all_greedy=all_greedy,
+            ),
+            extra=ints[6:].t(),
+            batch_size=batch_size,
+            seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu.clone(),
+        )

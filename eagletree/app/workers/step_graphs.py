@@ -1,0 +1,139 @@
+"""Decode steps replayed from CUDA graphs: batch-size buckets, padding, capture and replay.
+
+A worker's decode step is a function of ``DecodeInputs`` (fixed device buffers) that returns
+device tensors and touches nothing but persistent device state (KV pools, draft state). Such a
+function can be captured once per batch-size bucket and replayed: a batch of ``bs`` requests
+runs in the smallest bucket ``>= bs``, its rows past ``bs`` padded (``decode_inputs``), and
+the first ``bs`` rows of the outputs are the answer. Batches above the largest bucket, and idle
+batches, run eagerly. Greedy steps use the greedy graph of a bucket; a step with sampling
+requests uses the bucket's sampling graph, captured the first time one is needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
+    from eagletree.domain.request import Request
+
+_log = logging.getLogger(__name__)
+
+DecodeFunction = Callable[["DecodeInputs"], tuple[torch.Tensor, ...]]
+Progress = Callable[[str], None]
+
+
+def graph_buckets(max_batch_size: int) -> tuple[int, ...]:
+    """Batch sizes to capture: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every 32, up to and
+    including ``max_batch_size`` (padding wastes at most a third of a step's rows)."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64]
+    while sizes[-1] < max_batch_size:
+        sizes.append(sizes[-1] + 32)
+    return (*(s for s in sizes if s < max_batch_size), max_batch_size)
+
+
+def bucket_for(batch_size: int, buckets: Sequence[int]) -> int | None:
+    """The smallest bucket that holds ``batch_size`` rows, or None (idle, or above them all)."""
+    if batch_size == 0:
+        return None
+    return next((b for b in sorted(buckets) if b >= batch_size), None)
+
+
+class _Captured:
+    """One captured graph and the output tensors its replays write."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: tuple[torch.Tensor, ...]) -> None:
+        self.graph = graph
+        self.outputs = outputs
+
+
+class DecodeStepRunner:
+    """Runs ``step`` over ``buffers``: eagerly, or by replaying the graph of a bucket.
+
+    ``buckets`` empty: every step runs eagerly on exactly its rows. With buckets and
+    ``use_graphs`` False, steps still run padded to their bucket, eagerly — the same
+    arithmetic as a replay, which is how the CPU tests check padding. ``num_coins``: coins a
+    step reserves per sampling request. ``capture`` records the greedy graph of every bucket.
+    """
+
+    def __init__(
+        self,
+        step: DecodeFunction,
+        buffers: DecodeInputBuffers,
+        *,
+        num_coins: int,
+        buckets: Sequence[int] = (),
+        use_graphs: bool = False,
+    ) -> None:
+        if buckets and max(buckets) > buffers.capacity:
+            raise ValueError(f"bucket {max(buckets)} exceeds the buffers' {buffers.capacity} rows")
+        self._step = step
+        self._buffers = buffers
+        self._num_coins = num_coins
+        self.buckets = tuple(sorted(set(buckets)))
+        self.use_graphs = use_graphs
+        self._graphs: dict[tuple[int, bool], _Captured] = {}
+        self._pool: Any = None  # the graph memory pool all of this runner's graphs share
+        self.num_replays = 0
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+    def run(
+        self, requests: Sequence[Request], extra: Sequence[Sequence[int]] | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """One step over ``requests`` → the step's outputs, first dimension ``len(requests)``."""
+        bs = len(requests)
+        bucket = bucket_for(bs, self.buckets)
+        greedy = all(r.params.greedy for r in requests)
+        if bucket is not None and self.use_graphs and (bucket, greedy) not in self._graphs:
+            self._capture(bucket, greedy)
+        padded = bs if bucket is None else bucket
+        inputs = self._buffers.fill(requests, padded, self._num_coins, extra)
+        captured = None if bucket is None else self._graphs.get((bucket, greedy))
+        if captured is None:
+            outputs = self._step(inputs)
+        else:
+            captured.graph.replay()
+            outputs = captured.outputs
+            self.num_replays += 1
+        return tuple(out[:bs] for out in outputs)
+
+    def capture(self, progress: Progress | None = None) -> float:
+        """Capture the greedy graph of every bucket, largest first (so the graph memory pool
+        and lazily grown buffers reach their final size first); returns the seconds it took."""
+        report = progress or _log.info
+        started = time.perf_counter()
+        for done, bucket in enumerate(reversed(self.buckets), start=1):
+            if (bucket, True) not in self._graphs:
+                self._capture(bucket, True)
+            report(f"capturing CUDA graphs: {done}/{len(self.buckets)} (batch size {bucket})")
+        elapsed = time.perf_counter() - started
+        report(f"captured {len(self.buckets)} CUDA graphs in {elapsed:.1f} s")
+        return elapsed
+
+    def _capture(self, bucket: int, greedy: bool) -> None:
+        if not greedy:
+            _log.info("capturing the sampling CUDA graph of batch size %d", bucket)
+        # every row is padding: the warm-up runs touch only the padding row and slot 0
+        inputs = self._buffers.fill([], bucket, self._num_coins)
+        inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # compiles kernels, sizes lazy buffers and workspaces
+            self._step(inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._step(inputs)
+        self._graphs[(bucket, greedy)] = _Captured(graph, outputs)

@@ -1,0 +1,56 @@
+"""Configuration: whether decode steps run from CUDA graphs, decided once and explained.
+
+``backend.cuda_graph = "auto"`` captures wherever it can and says why where it cannot; ``"on"``
+is a promise the settings must keep, so a contradiction is an error naming the setting to
+change; ``"off"`` never captures. What a graph needs: a CUDA device, an attention backend whose
+launches do not depend on host copies of the lengths (Triton: the torch and flash backends size
+their work from ``seq_lens_cpu``), and a worker whose decode step is one device function (the
+plain and v2 workers; v1 keeps host books every step, and the multi-layer MTP worker's ragged
+draft extend is sized on the host).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eagletree.config.eagle_hook import WorkerName
+from eagletree.config.settings import EngineSettings
+from eagletree.domain.errors import ConfigurationError
+
+GRAPH_WORKERS: frozenset[WorkerName] = frozenset({"none", "eagle_v2"})
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCudaGraphs:
+    """``enabled`` and, when it is not, why (None when the settings turned graphs off)."""
+
+    enabled: bool
+    reason: str | None
+
+
+def resolve_cuda_graphs(
+    settings: EngineSettings, device_type: str, worker: WorkerName
+) -> ResolvedCudaGraphs:
+    """Apply the rules above for a model on ``device_type`` ("cuda", "cpu", …) run by ``worker``."""
+    wanted = settings.backend.cuda_graph
+    if wanted == "off":
+        return ResolvedCudaGraphs(False, None)
+    problems = []
+    if device_type != "cuda":
+        problems.append(f"model.device is {device_type!r}, not a CUDA device")
+    if settings.backend.attention != "triton":
+        problems.append(
+            f"backend.attention = {settings.backend.attention!r} sizes its launches from host "
+            "lengths (use 'triton')"
+        )
+    if worker not in GRAPH_WORKERS:
+        problems.append(f"the {worker} worker runs its decode steps eagerly")
+    if not problems:
+        return ResolvedCudaGraphs(True, None)
+    reason = "; ".join(problems)
+    if wanted == "on" and worker in GRAPH_WORKERS:
+        raise ConfigurationError(
+            f"backend.cuda_graph = 'on' cannot be kept: {reason}; set backend.cuda_graph to "
+            "'auto' or 'off'"
+        )
+    return ResolvedCudaGraphs(False, reason)
