@@ -10,8 +10,9 @@ what is left is aborted afterwards, so the engine can measure the next batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -129,20 +130,30 @@ def profile_decode(engine: Engine, num_steps: int, cuda: bool) -> ProfileCounts:
             engine.step()
         _synchronize(cuda)
         wall_s = time.perf_counter() - started
-    events = profiler.events()
-    if cuda:
-        device = [e for e in events if e.device_type.name == "CUDA"]
-        launches = len(device)
-        device_ms: float | None = sum(e.time_range.elapsed_us() for e in device) / 1000.0
-    else:
-        launches = sum(_is_top_level_aten(e) for e in events)
-        device_ms = None
+    launches, device_ms = count_launches(profiler.events(), cuda)
     return ProfileCounts(
         num_steps,
         launches / num_steps,
         None if device_ms is None else device_ms / num_steps,
         1000.0 * wall_s / num_steps,
     )
+
+
+def count_launches(events: Iterable[Any], cuda: bool) -> tuple[int, float | None]:
+    """(launches, device ms) of profiler events: device activities and their summed time on
+    CUDA; top-level aten operators and no time on the CPU."""
+    if not cuda:
+        return sum(_is_top_level_aten(e) for e in events), None
+    device = [e for e in events if _is_device_activity(e)]
+    return len(device), sum(e.time_range.elapsed_us() for e in device) / 1000.0
+
+
+def _is_device_activity(event: Any) -> bool:
+    """A kernel, copy or memset on the GPU; GPU-side spans of ``record_function`` ranges are
+    device events too, but they overlap the kernels inside them and launch nothing."""
+    if event.device_type.name != "CUDA" or getattr(event, "is_user_annotation", False):
+        return False
+    return "annotation" not in str(getattr(event, "activity_type", "")).lower()
 
 
 def _is_top_level_aten(event: object) -> bool:

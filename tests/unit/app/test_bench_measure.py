@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import cast
 
 import pytest
+from torch._C._autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 from eagletree.app.bench.measure import (
     DecodeMeasurement,
     MeasurementError,
+    count_launches,
     measure_decode,
     token_budget,
 )
@@ -112,3 +115,42 @@ def test_a_request_that_ends_inside_the_window_fails_the_measurement() -> None:
     with pytest.raises(MeasurementError, match=r"1 request\(s\) finished .*EOS"):
         measure(engine, 2, 8, [])
     assert not engine.has_work()  # the other request was aborted all the same
+
+
+def _event(
+    name: str,
+    start_us: float,
+    end_us: float,
+    device: DeviceType = DeviceType.CPU,
+    activity: str | None = None,
+    parent: FunctionEvent | None = None,
+) -> FunctionEvent:
+    event = FunctionEvent(  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        id=0,
+        name=name,
+        thread=0,
+        start_us=start_us,
+        end_us=end_us,
+        device_type=device,
+        activity_type=activity,
+        is_user_annotation=activity == "gpu_user_annotation",
+    )
+    if parent is not None:
+        event.set_cpu_parent(parent)  # type: ignore[no-untyped-call]
+    return event
+
+
+def test_launches_are_device_activities_on_cuda_and_top_level_aten_ops_on_the_cpu() -> None:
+    linear = _event("aten::linear", 0, 10)
+    events = [
+        linear,
+        _event("aten::addmm", 1, 9, parent=linear),  # inside aten::linear: not dispatched anew
+        _event("aten::softmax", 10, 12),
+        _event("EagleWorkerV2.step", 0, 20),  # a Python range, not an operator
+        _event("gemm_kernel", 2, 6, DeviceType.CUDA, "kernel"),
+        _event("Memcpy HtoD", 6, 6.5, DeviceType.CUDA, "gpu_memcpy"),
+        _event("step", 0, 20, DeviceType.CUDA, "gpu_user_annotation"),  # spans the kernels
+    ]
+    launches, device_ms = count_launches(events, cuda=True)
+    assert launches == 2 and device_ms == pytest.approx(4.5 / 1000)
+    assert count_launches(events, cuda=False) == (2, None)
