@@ -28,6 +28,7 @@ from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.bench.configs import BenchConfig
+    from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.report import BenchRow, HFRow
     from eagletree.app.engine import Engine
@@ -163,7 +164,7 @@ def _measure_all(
     from eagletree.app.bench.measure import measure_decode
     from eagletree.app.bench.plan import settings_for
     from eagletree.app.bench.progress import ProgressBar
-    from eagletree.app.bench.report import BenchRow, with_break_even
+    from eagletree.app.bench.report import with_break_even
     from eagletree.app.engine import Engine
 
     rows: list[BenchRow] = []
@@ -188,22 +189,28 @@ def _measure_all(
                 on_tokens=bar.update,
             )
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
-            rows.append(
-                BenchRow(
-                    config=config.name,
-                    batch_size=bs,
-                    tokens_per_s=m.tokens_per_s,
-                    ms_per_step=m.ms_per_step,
-                    tokens_per_step=m.tokens_per_step,
-                    launches_per_step=None if m.profile is None else m.profile.launches_per_step,
-                    device_ms_per_step=None if m.profile is None else m.profile.device_ms_per_step,
-                )
-            )
+            rows.append(_row(config.name, m))
         if args.hf and not config.speculative:
             hf_rows = _measure_hf(plan, engine, args, err)
         del engine
         _release_memory(plan.cuda)
     return with_break_even(rows), hf_rows, used
+
+
+def _row(config: str, m: DecodeMeasurement) -> BenchRow:
+    from eagletree.app.bench.report import BenchRow
+
+    profile = m.profile
+    return BenchRow(
+        config=config,
+        batch_size=m.batch_size,
+        tokens_per_s=m.tokens_per_s,
+        ms_per_step=m.ms_per_step,
+        tokens_per_step=m.tokens_per_step,
+        launches_per_step=None if profile is None else profile.launches_per_step,
+        device_ms_per_step=None if profile is None else profile.device_ms_per_step,
+        profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
+    )
 
 
 def _measure_hf(

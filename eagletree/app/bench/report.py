@@ -28,6 +28,7 @@ class BenchRow:
     launches_per_step: float | None = None
     device_ms_per_step: float | None = None
     break_even: float | None = None  # speculative rows with a plain row at the same bs
+    profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
 
     @property
     def device_busy(self) -> float | None:
