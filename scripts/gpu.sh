@@ -4,9 +4,12 @@
 #   bash ../shared/gpu/fetch-wheels.sh .whl     # once, here
 #   device run: bash scripts/gpu.sh tests tests/unit/domain tests/contracts   (carry .whl)
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
+#               bash scripts/gpu.sh cli bench --preset llama3-8b --draft eagle3 --hf
 # Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
 # cases whose id names cuda run here, plus tests marked gpu); `bench NAME ARGS...` runs
-# benchmarks/NAME.py and saves its table as $OUT/NAME.md; `all` does the standard set.
+# benchmarks/NAME.py and saves its table as $OUT/NAME.md; `cli COMMAND ARGS...` runs
+# `eagletree COMMAND` (`cli bench ...` writes $OUT/bench.md and $OUT/bench.json unless --out
+# is given); `all` does the standard set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/eagletree-gpu-out}
@@ -29,6 +32,15 @@ tests)
 bench)
     name=$1; shift
     python3 "benchmarks/$name.py" --out "$OUT/$name.md" "$@" 2>&1 | tee -a "$OUT/bench.log" \
+        | tail -n 60
+    ;;
+cli)
+    command=$1; shift
+    extra=()
+    if [ "$command" = bench ]; then
+        case " $* " in *" --out "*) ;; *) extra+=(--out "$OUT/bench") ;; esac
+    fi
+    python3 -m eagletree.app.cli "$command" "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/cli.log" \
         | tail -n 60
     ;;
 *)

@@ -1,4 +1,5 @@
-"""The `eagletree` command: `generate`, `init-random`, `config show`, `config validate`, `demo`."""
+"""The `eagletree` command: `generate`, `bench`, `init-random`, `config show`, `config validate`,
+`demo`."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from eagletree.app import demo  # imported here: `config` does not need it
 
         return demo.main(argv[1:])
+    if argv[:1] == ["bench"]:  # parses its own options; imported here: it pulls in torch
+        from eagletree.app import bench_cli
+
+        return bench_cli.main(argv[1:])
     if argv[:1] == ["init-random"]:  # imported here: the checkpoint writer pulls in torch
         from eagletree.app import init_random_cli
 
@@ -78,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     generate_cli.add_parser(commands)
+    commands.add_parser(
+        "bench", help="decode throughput of plain, chain and tree configurations", add_help=False
+    )
     commands.add_parser(
         "init-random", help="write a random target and draft checkpoint", add_help=False
     )

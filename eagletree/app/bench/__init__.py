@@ -1,0 +1,1 @@
+"""Application: the pieces of `eagletree bench` (configs, checkpoints, measurement, report)."""

@@ -1,0 +1,200 @@
+"""Application: time and profile steady decode steps of an engine, prefill excluded.
+
+One measurement submits a batch of prompts, steps until every request is prefilled, runs a few
+warm-up steps (kernels compile, the allocator settles), times the decode steps that generate
+``new_tokens`` tokens per request, then runs ``profile_steps`` more under ``torch.profiler``.
+The requests get a token budget large enough that none finishes inside the measured window;
+what is left is aborted afterwards, so the engine can measure the next batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from eagletree.app.engine import Engine
+from eagletree.domain.errors import EagleTreeError
+from eagletree.domain.request import Request, RequestStatus, SamplingParams
+
+
+class MeasurementError(EagleTreeError, RuntimeError):
+    """The batch could not be measured as asked; the message says why."""
+
+
+def token_budget(
+    new_tokens: int, warmup_steps: int, profile_steps: int, max_tokens_per_step: int
+) -> int:
+    """``max_new_tokens`` of each measured request: enough that none finishes while measured."""
+    return new_tokens + (warmup_steps + profile_steps + 2) * max_tokens_per_step
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileCounts:
+    """Per-step counts from the profiler. On CUDA ``launches`` are device activities (kernels,
+    copies, memsets) and ``device_ms`` their summed duration; on the CPU ``launches`` are the
+    top-level aten operators (what Python dispatches) and there is no device time."""
+
+    num_steps: int
+    launches_per_step: float
+    device_ms_per_step: float | None
+    wall_ms_per_step: float  # under the profiler, so slower than the timed steps
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeMeasurement:
+    """The timed decode window of one batch, and the profiled steps after it."""
+
+    batch_size: int
+    num_steps: int
+    num_tokens: int  # tokens generated in the window, all requests together
+    seconds: float
+    tokens_per_step: float  # per request and step: the mean acceptance length, 1 without drafts
+    profile: ProfileCounts | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ms_per_step(self) -> float:
+        return 1000.0 * self.seconds / self.num_steps if self.num_steps else 0.0
+
+
+def measure_decode(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    *,
+    new_tokens: int,
+    max_tokens_per_step: int,
+    warmup_steps: int,
+    profile_steps: int,
+    cuda: bool,
+    on_tokens: Callable[[int], None] = lambda done: None,
+) -> DecodeMeasurement:
+    """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
+    request generated so far in the timed window after every step."""
+    budget = token_budget(new_tokens, warmup_steps, profile_steps, max_tokens_per_step)
+    requests = [engine.submit(prompt, SamplingParams(max_new_tokens=budget)) for prompt in prompts]
+    try:
+        _step_until(engine, lambda: all(r.is_prefilled for r in requests), "prefill")
+        retracted_before = engine.stats.num_retracted
+        for _ in range(warmup_steps):
+            engine.step()
+        outputs_before = [len(r.output_ids) for r in requests]
+        emitted_before = [len(r.emitted_per_step) for r in requests]
+        request_steps = num_steps = 0
+
+        def generated() -> int:
+            return min(len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True))
+
+        _synchronize(cuda)
+        started = time.perf_counter()
+        while generated() < new_tokens:
+            request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
+            engine.step()  # reads the step's tokens back: each step ends synchronised
+            num_steps += 1
+            on_tokens(generated())
+            _check_running(engine, requests, retracted_before, "the timed decode steps")
+        _synchronize(cuda)
+        seconds = time.perf_counter() - started
+        num_tokens = sum(
+            len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True)
+        )
+        emitted = [  # tokens each speculative verify step emitted, per request
+            count
+            for r, n in zip(requests, emitted_before, strict=True)
+            for count in r.emitted_per_step[n:]
+        ]
+        tokens_per_step = sum(emitted) / len(emitted) if emitted else num_tokens / request_steps
+        counts = profile_decode(engine, profile_steps, cuda) if profile_steps > 0 else None
+        _check_running(engine, requests, retracted_before, "the profiled steps")
+    finally:
+        for request in requests:
+            engine.abort(request.request_id)
+        _step_until(engine, lambda: not engine.has_work(), "abort")
+    return DecodeMeasurement(len(prompts), num_steps, num_tokens, seconds, tokens_per_step, counts)
+
+
+def profile_decode(engine: Engine, num_steps: int, cuda: bool) -> ProfileCounts:
+    """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as profiler:
+        _synchronize(cuda)
+        started = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        _synchronize(cuda)
+        wall_s = time.perf_counter() - started
+    launches, device_ms = count_launches(profiler.events(), cuda)
+    return ProfileCounts(
+        num_steps,
+        launches / num_steps,
+        None if device_ms is None else device_ms / num_steps,
+        1000.0 * wall_s / num_steps,
+    )
+
+
+def count_launches(events: Iterable[Any], cuda: bool) -> tuple[int, float | None]:
+    """(launches, device ms) of profiler events: device activities and their summed time on
+    CUDA; top-level aten operators and no time on the CPU."""
+    if not cuda:
+        return sum(_is_top_level_aten(e) for e in events), None
+    device = [e for e in events if _is_device_activity(e)]
+    return len(device), sum(e.time_range.elapsed_us() for e in device) / 1000.0
+
+
+def _is_device_activity(event: Any) -> bool:
+    """A kernel, copy or memset on the GPU; GPU-side spans of ``record_function`` ranges are
+    device events too, but they overlap the kernels inside them and launch nothing."""
+    if event.device_type.name != "CUDA" or getattr(event, "is_user_annotation", False):
+        return False
+    return "annotation" not in str(getattr(event, "activity_type", "")).lower()
+
+
+def _is_top_level_aten(event: object) -> bool:
+    name: str = getattr(event, "name", "")
+    if not name.startswith("aten::"):
+        return False
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if getattr(parent, "name", "").startswith("aten::"):
+            return False
+        parent = getattr(parent, "cpu_parent", None)
+    return True
+
+
+def _synchronize(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()  # SYNC: the wall clock must cover the queued kernels
+
+
+def _step_until(engine: Engine, done: Callable[[], bool], phase: str) -> None:
+    for _ in range(100_000):
+        if done():
+            return
+        if not engine.has_work():
+            raise MeasurementError(f"the engine ran out of work during {phase}")
+        engine.step()
+    raise MeasurementError(f"{phase} did not finish in 100000 steps")
+
+
+def _check_running(
+    engine: Engine, requests: Sequence[Request], retracted_before: int, phase: str
+) -> None:
+    """Every request must decode through the whole window, or the numbers mean less."""
+    finished = [r for r in requests if r.status is RequestStatus.FINISHED]
+    if finished:
+        raise MeasurementError(
+            f"{len(finished)} request(s) finished during {phase} ({finished[0].finish_reason}) "
+            "although their token budget was not spent"
+        )
+    if engine.stats.num_retracted != retracted_before:
+        raise MeasurementError(
+            f"requests were retracted during {phase}: the KV pool is too small for the batch "
+            "(raise memory.max_total_tokens)"
+        )

@@ -1,0 +1,134 @@
+"""Application: what one `eagletree bench` run builds: base settings, checkpoint, slot budget.
+
+Without a settings file the defaults follow the device (CPU: float32 and the torch backends;
+CUDA: bfloat16 and Triton); flags override either. The KV pool, the context and the number of
+running requests are sized for the largest batch and the longest configuration, so that no
+request is retracted or cut short while it is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagletree.app.bench.checkpoints import DraftKind, ensure_preset_checkpoint
+from eagletree.app.bench.configs import BenchConfig
+from eagletree.app.bench.measure import token_budget
+from eagletree.config.settings import EngineSettings, SpeculativeSettings
+from eagletree.domain.errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    """The settings every engine of the run starts from, and where the checkpoint is."""
+
+    base: EngineSettings
+    target: Path
+    draft: Path | None
+    draft_kind: DraftKind
+    cuda: bool
+
+
+def plan_run(
+    args: argparse.Namespace, configs: Sequence[BenchConfig], notify: Callable[[str], None]
+) -> BenchPlan:
+    """Settings and checkpoint for ``args`` (as ``bench_cli.parser()`` makes them); writes the
+    preset's checkpoint first when it is missing."""
+    base = EngineSettings.from_file(args.settings) if args.settings else EngineSettings()
+    device = args.device or (base.model.device if args.settings else None)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = torch.device(device).type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise ConfigurationError(f"device {device!r} but no CUDA device is visible: --device cpu")
+    by_device = not args.settings  # without a file the defaults follow the device
+
+    def choose(flag: str | None, from_file: str, on_cpu: str, on_cuda: str) -> str:
+        if flag is not None:
+            return flag
+        if not by_device:
+            return from_file
+        return on_cuda if cuda else on_cpu
+
+    backend = base.backend
+    model_update: dict[str, Any] = {
+        "device": device,
+        "dtype": choose(args.dtype, base.model.dtype, "float32", "bfloat16"),
+    }
+    backend_update = {
+        "attention": choose(args.attention, backend.attention, "torch", "triton"),
+        "kv_move": choose(args.kv_move, backend.kv_move, "torch", "triton"),
+        "cuda_graph": args.cuda_graph or backend.cuda_graph,
+    }
+    draft_kind: DraftKind = args.draft or _draft_kind_of(base)
+    if args.target is not None:
+        target, draft = args.target, args.draft_dir
+    elif args.preset is None and base.model.target_path is not None:
+        target = Path(base.model.target_path)
+        draft = None if base.model.draft_path is None else Path(base.model.draft_path)
+    else:
+        target, draft = ensure_preset_checkpoint(
+            args.preset or "tiny",
+            draft_kind,
+            args.checkpoint_dir,
+            device=device,
+            notify=notify,
+        )
+    if not (target / "config.json").is_file():
+        raise ConfigurationError(f"{target} holds no config.json: not a checkpoint directory")
+    spec = [c for c in configs if c.speculative]
+    most_per_step = max(c.max_tokens_per_step for c in configs)
+    context = (
+        args.prompt_len
+        + 1
+        + token_budget(args.new_tokens, args.warmup_steps, args.profile_steps, most_per_step)
+    )
+    window = max([2 * max(c.num_steps * c.topk, c.num_draft_tokens) for c in spec] or [2])
+    max_bs = max([*args.batch_sizes, 1])
+    needed_slots = max_bs * (context + window + 16)
+    memory_update = {
+        "max_running_requests": max_bs,
+        "max_total_tokens": max(needed_slots, base.memory.max_total_tokens)
+        if args.settings
+        else needed_slots,
+    }
+    model_update.update(
+        target_path=str(target),
+        draft_path=None if draft is None else str(draft),
+        max_context_len=context + window,
+    )
+    settings = base.model_copy(
+        update={
+            "model": base.model.model_copy(update=model_update),
+            "memory": base.memory.model_copy(update=memory_update),
+            "backend": backend.model_copy(update=backend_update),
+        }
+    )
+    return BenchPlan(settings, target, draft, draft_kind, cuda)
+
+
+def _draft_kind_of(settings: EngineSettings) -> DraftKind:
+    """The draft kind a settings file names (nextn is eagle), else EAGLE."""
+    algorithm = settings.speculative.algorithm
+    if algorithm in ("eagle3", "mtp"):
+        return algorithm
+    return "eagle"
+
+
+def settings_for(plan: BenchPlan, config: BenchConfig) -> EngineSettings:
+    """The run's base settings with the speculation of ``config`` (none for plain)."""
+    if not config.speculative:
+        speculative = SpeculativeSettings(algorithm="none")
+    else:
+        speculative = SpeculativeSettings(
+            algorithm=plan.draft_kind,
+            num_steps=config.num_steps,
+            eagle_topk=config.topk,
+            num_draft_tokens=config.num_draft_tokens,
+            version=plan.base.speculative.version,
+        )
+    return plan.base.model_copy(update={"speculative": speculative})

@@ -1,0 +1,142 @@
+"""Application: the rows of `eagletree bench` and their markdown and JSON forms.
+
+A row is one (configuration, batch size). ``break_even`` is the speculative row's step time
+divided by the plain row's at the same batch size: the mean acceptance length at which
+speculation starts to pay. On the CPU the launch column counts top-level aten operators and
+there is no device time, so those columns are named and filled accordingly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRow:
+    """One measured (configuration, batch size); None where a value was not measured."""
+
+    config: str
+    batch_size: int
+    tokens_per_s: float
+    ms_per_step: float
+    tokens_per_step: float
+    launches_per_step: float | None = None
+    device_ms_per_step: float | None = None
+    break_even: float | None = None  # speculative rows with a plain row at the same bs
+    profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
+
+    @property
+    def device_busy(self) -> float | None:
+        """Share of the (unprofiled) step wall time the device spent in kernels."""
+        if self.device_ms_per_step is None or self.ms_per_step <= 0:
+            return None
+        return self.device_ms_per_step / self.ms_per_step
+
+
+@dataclass(frozen=True, slots=True)
+class HFRow:
+    """transformers' ``generate`` at one batch size, compared with the engine's plain output."""
+
+    batch_size: int
+    tokens_per_s: float
+    ms_per_token: float
+    matching_share: float  # generated tokens before the first divergence, over all tokens
+
+    @property
+    def same_tokens(self) -> bool:
+        return self.matching_share == 1.0
+
+
+def with_break_even(rows: Sequence[BenchRow], plain: str = "plain") -> list[BenchRow]:
+    """``rows`` with ``break_even`` filled for every non-plain row that has a plain twin."""
+    plain_ms = {r.batch_size: r.ms_per_step for r in rows if r.config == plain}
+    result = []
+    for row in rows:
+        base = plain_ms.get(row.batch_size)
+        if row.config != plain and base:
+            row = dataclasses.replace(row, break_even=row.ms_per_step / base)
+        result.append(row)
+    return result
+
+
+def render_markdown(
+    header: str, rows: Sequence[BenchRow], hf_rows: Sequence[HFRow] = (), cuda: bool = True
+) -> str:
+    """The header line, the main table and (when given) the transformers table."""
+    launches = "kernels/step" if cuda else "aten ops/step"
+    lines = [
+        header,
+        "",
+        f"| config | bs | tok/s | ms/step | tokens/step | {launches} | GPU ms/step | GPU busy "
+        "| break-even τ |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            r.config,
+            str(r.batch_size),
+            _number(r.tokens_per_s),
+            _number(r.ms_per_step),
+            f"{r.tokens_per_step:.2f}",
+            "n/a" if r.launches_per_step is None else f"{r.launches_per_step:.0f}",
+            "n/a" if r.device_ms_per_step is None else f"{r.device_ms_per_step:.2f}",
+            "n/a" if r.device_busy is None else f"{r.device_busy:.0%}",
+            "—" if r.config == "plain" else _ratio(r.break_even),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if hf_rows:
+        lines += [
+            "",
+            "transformers `generate` on the same checkpoint (greedy, prefill included):",
+            "",
+            "| bs | tok/s | ms/token | same tokens as plain |",
+            "|---|---|---|---|",
+        ]
+        for h in hf_rows:
+            same = "yes" if h.same_tokens else f"no ({h.matching_share:.0%} before divergence)"
+            cells = [str(h.batch_size), _number(h.tokens_per_s), _number(h.ms_per_token), same]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def report_json(
+    header: Mapping[str, Any],
+    rows: Sequence[BenchRow],
+    hf_rows: Sequence[HFRow],
+    settings: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Everything the markdown shows, unrounded, plus the settings each engine was built from."""
+    return {
+        **header,
+        "rows": [{**dataclasses.asdict(r), "device_busy": r.device_busy} for r in rows],
+        "hf": [{**dataclasses.asdict(h), "same_tokens": h.same_tokens} for h in hf_rows],
+        "settings": dict(settings),
+    }
+
+
+def write_report(path: Path, markdown: str, data: Mapping[str, Any]) -> tuple[Path, Path]:
+    """Write ``PATH.md`` and ``PATH.json``; a trailing .md or .json on PATH is dropped first."""
+    base = path.with_suffix("") if path.suffix in (".md", ".json") else path
+    base.parent.mkdir(parents=True, exist_ok=True)
+    md, js = base.with_name(base.name + ".md"), base.with_name(base.name + ".json")
+    md.write_text(markdown)
+    js.write_text(json.dumps(data, indent=2) + "\n")
+    return md, js
+
+
+def _number(value: float) -> str:
+    """Three significant figures or so: 30.3, 132, 0.512."""
+    if value >= 100:
+        return f"{value:.0f}"
+    if value >= 1:
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

@@ -1,0 +1,285 @@
+"""The `eagletree bench` command: decode throughput of plain, chain and tree configurations.
+
+One run builds one engine per configuration (``Engine.from_settings``) and measures every batch
+size with it: steady decode steps after the prefill (tok/s, ms/step, tokens per step), then a
+few steps under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). A
+speculative row's break-even acceptance length is its step time over the plain row's; plain is
+added to the run whenever a speculative configuration is asked for. ``--hf`` also times
+transformers' ``generate`` on the same checkpoint. The progress goes to stderr, the markdown
+table to stdout, and with ``--out PATH`` to PATH.md and PATH.json (rows and settings).
+
+    eagletree bench --preset tiny --device cpu --batch-sizes 1 2 --new-tokens 8
+    eagletree bench --preset llama3-8b --draft eagle3 --configs plain tree:S5,k4,N8 --hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+
+from eagletree.domain.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from eagletree.app.bench.configs import BenchConfig
+    from eagletree.app.bench.measure import DecodeMeasurement
+    from eagletree.app.bench.plan import BenchPlan
+    from eagletree.app.bench.report import BenchRow, HFRow
+    from eagletree.app.engine import Engine
+
+DEFAULT_CONFIGS = ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32")
+DRAFT_KINDS = ("eagle", "eagle3", "mtp")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad flags end in one line on stderr and exit status 2, with no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``eagletree bench``."""
+    from eagletree.adapters.models.random_checkpoint import PRESETS
+
+    p = _Parser(
+        prog="eagletree bench",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    source = p.add_argument_group("checkpoint (default: --preset tiny)")
+    source.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="random bf16 target + draft head, written on first use (llama3-8b: 16 GB)",
+    )
+    source.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the preset is written; default: the user cache (bench-<preset>-<draft>-v1)",
+    )
+    source.add_argument("--settings", metavar="FILE", help="base settings (.toml/.yaml)")
+    source.add_argument("--target", type=Path, metavar="DIR", help="target checkpoint directory")
+    source.add_argument("--draft-dir", type=Path, metavar="DIR", help="draft head directory")
+    source.add_argument(
+        "--draft",
+        choices=DRAFT_KINDS,
+        help="draft head kind; default: the settings file's algorithm, else eagle",
+    )
+    runs = p.add_argument_group("what to measure")
+    runs.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(DEFAULT_CONFIGS),
+        metavar="SPEC",
+        help="plain, chain:S<n>, tree:S<n>,k<n>,N<n>",
+    )
+    runs.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32], metavar="BS")
+    runs.add_argument("--prompt-len", type=int, default=256, metavar="N")
+    runs.add_argument("--new-tokens", type=int, default=48, metavar="N", help="timed, per request")
+    runs.add_argument("--warmup-steps", type=int, default=2, metavar="N")
+    runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
+    runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
+    runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    engine = p.add_argument_group("engine (default: the settings file, else by device)")
+    engine.add_argument("--device", help="cuda if available, else cpu")
+    engine.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    engine.add_argument("--attention", choices=["torch", "triton", "flash"])
+    engine.add_argument("--kv-move", choices=["torch", "triton"])
+    engine.add_argument("--cuda-graph", choices=["auto", "on", "off"])
+    p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``eagletree bench``; 0 ok, 1 bad settings or a failed measurement, 2 bad flags."""
+    p = parser()
+    args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
+    _check_flags(p, args)
+    # kineto prints a line whenever a profile starts and stops; keep stderr for the progress
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")
+    return run(args)
+
+
+def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for flag, values, least in (
+        ("--batch-sizes", args.batch_sizes, 1),
+        ("--prompt-len", [args.prompt_len], 1),
+        ("--new-tokens", [args.new_tokens], 1),
+        ("--warmup-steps", [args.warmup_steps], 0),
+        ("--profile-steps", [args.profile_steps], 0),
+    ):
+        if any(value < least for value in values):
+            p.error(f"{flag} must be at least {least}, got {' '.join(map(str, values))}")
+    if args.target is not None and args.preset is not None:
+        p.error("give --preset or --target, not both")
+    if args.draft_dir is not None and args.target is None:
+        p.error("--draft-dir needs --target")
+    if args.checkpoint_dir is not None and args.target is not None:
+        p.error("--checkpoint-dir is where a --preset is written; with --target it means nothing")
+    from eagletree.app.bench.configs import parse_configs
+
+    try:
+        parse_configs(args.configs)
+    except ConfigurationError as error:
+        p.error(str(error))
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Measure, print and write the report; ``args`` as ``parser()`` makes them."""
+    from eagletree.app.bench.configs import parse_configs
+    from eagletree.app.bench.measure import MeasurementError
+    from eagletree.app.bench.plan import plan_run
+    from eagletree.app.bench.report import render_markdown, report_json, write_report
+
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        configs = parse_configs(args.configs)
+        plan = plan_run(args, configs, lambda message: print(message, file=err))
+        rows, hf_rows, used = _measure_all(plan, configs, args, err)
+    except (ConfigurationError, MeasurementError, OSError) as error:
+        print(f"error: {error}", file=err)
+        return 1
+    header = _header(plan, args)
+    markdown = render_markdown(header["title"], rows, hf_rows, cuda=plan.cuda)
+    print(markdown, end="", file=out)
+    if args.out is not None:
+        data = report_json(header, rows, hf_rows, {"argv": _argv(args), "engines": used})
+        md, js = write_report(args.out, markdown, data)
+        print(f"wrote {md} and {js}", file=err)
+    return 0
+
+
+def _measure_all(
+    plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
+) -> tuple[list[BenchRow], list[HFRow], dict[str, Any]]:
+    from eagletree.app.bench.measure import measure_decode
+    from eagletree.app.bench.plan import settings_for
+    from eagletree.app.bench.progress import ProgressBar
+    from eagletree.app.bench.report import with_break_even
+    from eagletree.app.engine import Engine
+
+    rows: list[BenchRow] = []
+    hf_rows: list[HFRow] = []
+    used: dict[str, Any] = {}
+    for config in configs:
+        settings = settings_for(plan, config)
+        used[config.name] = settings.model_dump()
+        engine = Engine.from_settings(settings)
+        # random weights: an EOS token would end a request at a random step
+        engine.eos_token_ids = frozenset()
+        for bs in args.batch_sizes:
+            bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}", args.new_tokens)
+            m = measure_decode(
+                engine,
+                _prompts(engine, bs, args),
+                new_tokens=args.new_tokens,
+                max_tokens_per_step=config.max_tokens_per_step,
+                warmup_steps=args.warmup_steps,
+                profile_steps=args.profile_steps,
+                cuda=plan.cuda,
+                on_tokens=bar.update,
+            )
+            bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
+            rows.append(_row(config.name, m))
+        if args.hf and not config.speculative:
+            hf_rows = _measure_hf(plan, engine, args, err)
+        del engine
+        _release_memory(plan.cuda)
+    return with_break_even(rows), hf_rows, used
+
+
+def _row(config: str, m: DecodeMeasurement) -> BenchRow:
+    from eagletree.app.bench.report import BenchRow
+
+    profile = m.profile
+    return BenchRow(
+        config=config,
+        batch_size=m.batch_size,
+        tokens_per_s=m.tokens_per_s,
+        ms_per_step=m.ms_per_step,
+        tokens_per_step=m.tokens_per_step,
+        launches_per_step=None if profile is None else profile.launches_per_step,
+        device_ms_per_step=None if profile is None else profile.device_ms_per_step,
+        profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
+    )
+
+
+def _measure_hf(
+    plan: BenchPlan, engine: Engine, args: argparse.Namespace, err: TextIO
+) -> list[HFRow]:
+    from eagletree.app.bench.hf_compare import load_hf_model, measure_hf
+    from eagletree.app.factories import torch_dtype
+
+    model = load_hf_model(plan.target, torch_dtype(plan.base.model.dtype), plan.base.model.device)
+    rows = []
+    for bs in sorted({1, *args.batch_sizes}):
+        prompts = _prompts(engine, bs, args)
+        reference = [r.output_ids for r in engine.generate(prompts, args.new_tokens)]
+        row = measure_hf(model, prompts, args.new_tokens, reference, plan.cuda)
+        print(
+            f"{'transformers':<20} bs {bs:>3}: {row.tokens_per_s:.1f} tok/s, "
+            f"{row.matching_share:.0%} of the engine's plain tokens",
+            file=err,
+        )
+        rows.append(row)
+    del model
+    _release_memory(plan.cuda)
+    return rows
+
+
+def _prompts(engine: Engine, bs: int, args: argparse.Namespace) -> list[list[int]]:
+    """The same random prompts for every configuration at one batch size."""
+    import torch
+
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + bs)
+    ids = torch.randint(0, engine.vocab_size, (bs, args.prompt_len), generator=generator)
+    prompts: list[list[int]] = ids.tolist()
+    return prompts
+
+
+def _release_memory(cuda: bool) -> None:
+    import torch
+
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    base = plan.base
+    device = torch.cuda.get_device_name() if plan.cuda else platform.processor() or "cpu"
+    date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    title = (
+        f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
+        f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
+        f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
+    )
+    return {
+        "title": title,
+        "device": device,
+        "torch": torch.__version__,
+        "dtype": base.model.dtype,
+        "launches": "CUDA kernels, copies and memsets" if plan.cuda else "top-level aten ops",
+        "date": date,
+        "target": str(plan.target),
+        "draft": None if plan.draft is None else str(plan.draft),
+    }
+
+
+def _argv(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

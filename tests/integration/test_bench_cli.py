@@ -1,0 +1,145 @@
+"""`eagletree bench` end to end on the CPU: the tiny preset, plain and a tree, table and JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagletree.app import cli
+
+TREE = "tree S2 k2 N3"
+
+
+def bench(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = cli.main(["bench", *argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def tiny_run(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "--preset", "tiny", "--checkpoint-dir", str(tmp_path / "checkpoint"),
+        "--device", "cpu", "--attention", "torch", "--kv-move", "torch",
+        "--prompt-len", "8", "--new-tokens", "4", "--warmup-steps", "1", "--profile-steps", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run over plain and a tree at bs 1 and 2: its exit status, streams and JSON."""
+    tmp_path = tmp_path_factory.mktemp("bench")
+    out, err = io.StringIO(), io.StringIO()  # capsys is per test: capture by hand
+    argv = tiny_run(tmp_path, "--configs", "tree:S2,k2,N3", "--batch-sizes", "1", "2")
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing goes to the user cache
+        status = cli.main(["bench", *argv, "--out", str(tmp_path / "run")])
+    data = json.loads((tmp_path / "run.json").read_text())
+    return {
+        "status": status,
+        "out": out.getvalue(),
+        "err": err.getvalue(),
+        "json": data,
+        "md": (tmp_path / "run.md").read_text(),
+        "checkpoint": tmp_path / "checkpoint",
+    }
+
+
+def test_bench_measures_every_configuration_at_every_batch_size(report: dict[str, Any]) -> None:
+    assert report["status"] == 0, report["err"]
+    rows = report["json"]["rows"]
+    assert [(r["config"], r["batch_size"]) for r in rows] == [
+        ("plain", 1), ("plain", 2), (TREE, 1), (TREE, 2),
+    ]  # fmt: skip
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and row["ms_per_step"] > 0
+        assert row["tokens_per_step"] >= 1.0
+        assert row["launches_per_step"] > 0  # aten ops on the CPU
+        assert row["device_ms_per_step"] is None and row["device_busy"] is None
+    plain = {r["batch_size"]: r for r in rows if r["config"] == "plain"}
+    for row in rows:
+        if row["config"] == "plain":
+            assert row["tokens_per_step"] == 1.0 and row["break_even"] is None
+        else:
+            expected = row["ms_per_step"] / plain[row["batch_size"]]["ms_per_step"]
+            assert row["break_even"] == pytest.approx(expected)
+    # a speculative step drafts, verifies a tree and re-extends: more ops than a plain one
+    assert rows[2]["launches_per_step"] > rows[0]["launches_per_step"]
+
+
+def test_the_json_records_the_settings_of_each_engine(report: dict[str, Any]) -> None:
+    data = report["json"]
+    assert data["device"] and data["torch"] and data["dtype"] == "float32"
+    engines = data["settings"]["engines"]
+    assert set(engines) == {"plain", TREE}
+    assert engines["plain"]["speculative"]["algorithm"] == "none"
+    tree = engines[TREE]["speculative"]
+    assert (tree["algorithm"], tree["num_steps"], tree["eagle_topk"]) == ("eagle", 2, 2)
+    assert tree["num_draft_tokens"] == 3
+    assert engines[TREE]["model"]["device"] == "cpu"
+    assert engines[TREE]["backend"]["attention"] == "torch"
+    assert engines[TREE]["memory"]["max_running_requests"] == 2
+    assert data["settings"]["argv"]["batch_sizes"] == [1, 2]
+
+
+def test_the_markdown_table_is_printed_and_written(report: dict[str, Any]) -> None:
+    assert report["out"] == report["md"]
+    lines = report["md"].splitlines()
+    assert lines[0].startswith("eagletree bench: ") and "torch " in lines[0]
+    assert "aten ops/step" in lines[2]
+    body = [line.split(" | ")[:2] for line in lines[4:]]
+    assert body == [["| plain", "1"], ["| plain", "2"], [f"| {TREE}", "1"], [f"| {TREE}", "2"]]
+    # the progress bar: one finished line per (config, bs) on stderr, and the first-use notice
+    finished = [line for line in report["err"].splitlines() if "tok/s" in line]
+    assert len(finished) == 4 and all("4/4 tokens" in line for line in finished)
+    assert "writing a random tiny" in report["err"]
+
+
+@pytest.mark.hf
+def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
+    report: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    checkpoint: Path = report["checkpoint"]
+    argv = tiny_run(checkpoint.parent, "--configs", "plain", "--batch-sizes", "1", "--hf")
+    status, out, err = bench(argv, capsys)
+    assert status == 0, err
+    assert "writing a random" not in err
+    # transformers' greedy tokens equal the engine's plain tokens in float32
+    assert "| 1 | " in out and out.rstrip().endswith("| yes |")
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        (["--configs", "tree:S5,k4"], 2, "bad --configs item 'tree:S5,k4': "),
+        (["--batch-sizes", "0"], 2, "--batch-sizes must be at least 1"),
+        (["--preset", "huge"], 2, "invalid choice: 'huge'"),
+        (["--new-tokens", "many"], 2, "invalid int value: 'many'"),
+        (["--draft-dir", "x"], 2, "--draft-dir needs --target"),
+        (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
+    ],
+)
+def test_bad_flags_end_in_one_line_and_an_exit_status(
+    argv: list[str], status: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code: int | str | None
+    try:
+        code = cli.main(["bench", *argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    assert code == status
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in captured.err

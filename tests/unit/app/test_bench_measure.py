@@ -1,0 +1,156 @@
+"""`eagletree bench` measurement on a scripted engine: prefill excluded, tokens/step, cleanup."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import pytest
+from torch._C._autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+
+from eagletree.app.bench.measure import (
+    DecodeMeasurement,
+    MeasurementError,
+    count_launches,
+    measure_decode,
+    token_budget,
+)
+from eagletree.app.engine import Engine
+from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
+
+
+@dataclass
+class _Stats:
+    num_retracted: int = 0
+
+
+class ScriptedEngine:
+    """Prefills one request per step; then every running request emits ``accept`` tokens per
+    step, recorded as a speculative step when ``speculative``. Counts the steps it ran."""
+
+    def __init__(self, accept: int, speculative: bool, finish_after: int | None = None) -> None:
+        self.accept = accept
+        self.speculative = speculative
+        self.finish_after = finish_after  # decode steps after which request 0 ends (EOS)
+        self.requests: list[Request] = []
+        self.stats = _Stats()
+        self.num_steps = 0
+        self.num_decode_steps = 0
+
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
+        request = Request(len(self.requests), prompt_ids, params, max_context_len=1 << 20)
+        self.requests.append(request)
+        return request
+
+    def step(self) -> list[Request]:
+        self.num_steps += 1
+        waiting = [r for r in self.requests if r.status is RequestStatus.WAITING]
+        if waiting:  # one prefill per step: the others wait, as a tight prefill budget makes them
+            waiting[0].status = RequestStatus.RUNNING
+            waiting[0].committed_len = len(waiting[0].prompt_ids)
+            waiting[0].output_ids.append(0)
+            return []
+        self.num_decode_steps += 1
+        for request in self.requests:
+            if request.status is RequestStatus.RUNNING:
+                request.output_ids.extend([1] * self.accept)
+                if self.speculative:
+                    request.emitted_per_step.append(self.accept)
+        if self.finish_after == self.num_decode_steps:
+            self.requests[0].status = RequestStatus.FINISHED
+            self.requests[0].finish_reason = FinishReason.EOS
+        return []
+
+    def abort(self, request_id: int) -> bool:
+        request = self.requests[request_id]
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = request.finish_reason or FinishReason.ABORT
+        return True
+
+    def has_work(self) -> bool:
+        return any(r.status is not RequestStatus.FINISHED for r in self.requests)
+
+
+def measure(
+    engine: ScriptedEngine, bs: int, new_tokens: int, progress: list[int]
+) -> DecodeMeasurement:
+    return measure_decode(
+        cast(Engine, engine),
+        [[5, 6, 7]] * bs,
+        new_tokens=new_tokens,
+        max_tokens_per_step=4,
+        warmup_steps=2,
+        profile_steps=1,
+        cuda=False,
+        on_tokens=progress.append,
+    )
+
+
+@pytest.mark.parametrize(("accept", "speculative"), [(1, False), (3, True)])
+def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptance(
+    accept: int, speculative: bool
+) -> None:
+    engine = ScriptedEngine(accept, speculative)
+    progress: list[int] = []
+    m = measure(engine, 3, 7, progress)
+    timed_steps = -(-7 // accept)  # enough steps for 7 tokens per request
+    assert m.batch_size == 3 and m.num_steps == timed_steps
+    assert m.num_tokens == 3 * accept * timed_steps
+    assert m.tokens_per_step == accept
+    assert progress == [accept * (i + 1) for i in range(timed_steps)]
+    assert m.seconds > 0 and m.tokens_per_s == pytest.approx(m.num_tokens / m.seconds)
+    # 3 prefill steps, 2 warm-up, the timed ones, 1 profiled; everything aborted afterwards
+    assert engine.num_steps == 3 + 2 + timed_steps + 1
+    assert m.profile is not None and m.profile.num_steps == 1
+    assert m.profile.device_ms_per_step is None  # no device on the CPU
+    assert not engine.has_work()
+    budget = token_budget(7, 2, 1, 4)
+    assert all(r.params.max_new_tokens == budget for r in engine.requests)
+
+
+def test_a_request_that_ends_inside_the_window_fails_the_measurement() -> None:
+    engine = ScriptedEngine(1, False, finish_after=4)
+    with pytest.raises(MeasurementError, match=r"1 request\(s\) finished .*EOS"):
+        measure(engine, 2, 8, [])
+    assert not engine.has_work()  # the other request was aborted all the same
+
+
+def _event(
+    name: str,
+    start_us: float,
+    end_us: float,
+    device: DeviceType = DeviceType.CPU,
+    activity: str | None = None,
+    parent: FunctionEvent | None = None,
+) -> FunctionEvent:
+    event = FunctionEvent(  # type: ignore[no-untyped-call]  # torch leaves it untyped
+        id=0,
+        name=name,
+        thread=0,
+        start_us=start_us,
+        end_us=end_us,
+        device_type=device,
+        activity_type=activity,
+        is_user_annotation=activity == "gpu_user_annotation",
+    )
+    if parent is not None:
+        event.set_cpu_parent(parent)  # type: ignore[no-untyped-call]
+    return event
+
+
+def test_launches_are_device_activities_on_cuda_and_top_level_aten_ops_on_the_cpu() -> None:
+    linear = _event("aten::linear", 0, 10)
+    events = [
+        linear,
+        _event("aten::addmm", 1, 9, parent=linear),  # inside aten::linear: not dispatched anew
+        _event("aten::softmax", 10, 12),
+        _event("EagleWorkerV2.step", 0, 20),  # a Python range, not an operator
+        _event("gemm_kernel", 2, 6, DeviceType.CUDA, "kernel"),
+        _event("Memcpy HtoD", 6, 6.5, DeviceType.CUDA, "gpu_memcpy"),
+        _event("step", 0, 20, DeviceType.CUDA, "gpu_user_annotation"),  # spans the kernels
+    ]
+    launches, device_ms = count_launches(events, cuda=True)
+    assert launches == 2 and device_ms == pytest.approx(4.5 / 1000)
+    assert count_launches(events, cuda=False) == (2, None)

@@ -1,0 +1,74 @@
+"""`eagletree bench` settings: defaults by device, a settings file, flags over both, sizing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagletree.app.bench.configs import parse_config, parse_configs
+from eagletree.app.bench.measure import token_budget
+from eagletree.app.bench.plan import plan_run, settings_for
+from eagletree.app.bench_cli import parser
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    """A directory that looks like a checkpoint (planning does not load weights)."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    return target
+
+
+def test_without_a_settings_file_the_cpu_defaults_are_float32_and_torch(
+    checkpoint: Path,
+) -> None:
+    args = parser().parse_args(
+        ["--target", str(checkpoint), "--device", "cpu", "--configs", "plain", "tree:S3,k2,N6"]
+    )
+    configs = parse_configs(args.configs)
+    p = plan_run(args, configs, notify=print)
+    base = p.base
+    assert (base.model.device, base.model.dtype) == ("cpu", "float32")
+    assert (base.backend.attention, base.backend.kv_move) == ("torch", "torch")
+    assert base.model.target_path == str(checkpoint) and base.model.draft_path is None
+    assert not p.cuda and p.draft_kind == "eagle"
+    # sized for bs 32 and the tree's longest step: nothing is retracted or cut short
+    assert base.memory.max_running_requests == 32
+    budget = token_budget(48, 2, 3, max_tokens_per_step=4)
+    assert base.model.max_context_len is not None
+    assert base.model.max_context_len >= 256 + budget + 1
+    assert base.memory.max_total_tokens >= 32 * base.model.max_context_len
+    tree = settings_for(p, configs[1]).speculative
+    assert (tree.algorithm, tree.num_steps, tree.eagle_topk, tree.num_draft_tokens) == (
+        "eagle",
+        3,
+        2,
+        6,
+    )
+    assert settings_for(p, configs[0]).speculative.algorithm == "none"
+
+
+def test_a_settings_file_gives_the_defaults_and_flags_override_it(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    file = tmp_path / "bench.toml"
+    file.write_text(
+        f'[model]\ntarget_path = "{checkpoint}"\ndevice = "cpu"\ndtype = "bfloat16"\n'
+        '[backend]\nattention = "triton"\nkv_move = "torch"\ncuda_graph = "off"\n'
+        '[speculative]\nalgorithm = "eagle3"\n'
+        "[memory]\nmax_total_tokens = 1000000\n"
+    )
+    args = parser().parse_args(["--settings", str(file), "--attention", "torch"])
+    p = plan_run(args, parse_configs(["chain:S2"]), notify=print)
+    assert p.base.model.dtype == "bfloat16" and p.base.backend.kv_move == "torch"
+    assert p.base.backend.attention == "torch"  # the flag wins
+    assert p.base.backend.cuda_graph == "off"
+    assert p.base.memory.max_total_tokens == 1_000_000  # the file's larger pool is kept
+    assert p.draft_kind == "eagle3"  # the file's algorithm names the draft head
+    chain = settings_for(p, parse_config("chain:S2")).speculative
+    assert (chain.algorithm, chain.num_draft_tokens) == ("eagle3", 3)
+    args = parser().parse_args(["--settings", str(file), "--cuda-graph", "on", "--draft", "eagle"])
+    p = plan_run(args, parse_configs(["plain"]), notify=print)
+    assert p.base.backend.cuda_graph == "on" and p.draft_kind == "eagle"

@@ -1,0 +1,107 @@
+"""`eagletree bench` output: break-even τ, the markdown table, the JSON file, the progress bar."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from eagletree.app.bench.progress import ProgressBar
+from eagletree.app.bench.report import (
+    BenchRow,
+    HFRow,
+    render_markdown,
+    report_json,
+    with_break_even,
+    write_report,
+)
+
+ROWS = [
+    BenchRow("plain", 1, 30.3, 30.0, 1.0, 1512, 7.5),
+    BenchRow("plain", 8, 132.0, 60.0, 1.0, 1512, 7.3),
+    BenchRow("tree S5 k4 N8", 1, 18.8, 45.0, 1.0, 2240, 11.19),
+    BenchRow("tree S5 k4 N8", 8, 150.0, 48.0, 1.0, 2100, 12.0),
+    BenchRow("chain S3 k1 N4", 32, 600.0, 43.2, 1.0, 1886, 11.09),  # no plain row at bs 32
+]
+
+
+def test_break_even_is_the_step_time_over_plain_at_the_same_batch_size() -> None:
+    rows = with_break_even(ROWS)
+    assert [r.break_even for r in rows] == [None, None, 45.0 / 30.0, 48.0 / 60.0, None]
+    assert rows[0].device_busy == pytest.approx(7.5 / 30.0)
+
+
+def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
+    text = render_markdown("eagletree bench: H200", with_break_even(ROWS))
+    lines = text.splitlines()
+    assert lines[0] == "eagletree bench: H200"
+    assert lines[2].split("|")[1:-1] == [
+        " config ",
+        " bs ",
+        " tok/s ",
+        " ms/step ",
+        " tokens/step ",
+        " kernels/step ",
+        " GPU ms/step ",
+        " GPU busy ",
+        " break-even τ ",
+    ]
+    body = [line.split(" | ") for line in lines[4:]]
+    assert len(body) == len(ROWS)
+    assert body[0] == ["| plain", "1", "30.3", "30.0", "1.00", "1512", "7.50", "25%", "— |"]
+    assert body[2][0] == "| tree S5 k4 N8" and body[2][-1] == "1.50 |"
+    assert body[3][-1] == "0.80 |"
+    assert body[4][-1] == "n/a |"  # speculative without a plain twin
+
+
+def test_on_the_cpu_the_launch_column_counts_aten_ops_and_device_time_is_absent() -> None:
+    rows = [BenchRow("plain", 1, 500.0, 2.0, 1.0, 590, None)]
+    lines = render_markdown("cpu", rows, cuda=False).splitlines()
+    assert "aten ops/step" in lines[2] and "kernels/step" not in lines[2]
+    assert lines[4] == "| plain | 1 | 500 | 2.0 | 1.00 | 590 | n/a | n/a | — |"
+
+
+def test_the_transformers_table_says_whether_the_tokens_match() -> None:
+    hf = [HFRow(1, 13.0, 76.9, 1.0), HFRow(8, 90.0, 88.9, 0.25)]
+    text = render_markdown("h", ROWS[:1], hf)
+    assert "| 1 | 13.0 | 76.9 | yes |" in text
+    assert "| 8 | 90.0 | 88.9 | no (25% before divergence) |" in text
+
+
+def test_the_report_is_written_as_markdown_and_json(tmp_path: Path) -> None:
+    rows = with_break_even(ROWS)
+    data = report_json({"device": "H200"}, rows, [HFRow(1, 13.0, 76.9, 1.0)], {"seed": 0})
+    md, js = write_report(tmp_path / "sub" / "run.md", "table\n", data)
+    assert (md.name, js.name) == ("run.md", "run.json")
+    assert md.read_text() == "table\n"
+    loaded = json.loads(js.read_text())
+    assert loaded["device"] == "H200" and loaded["settings"] == {"seed": 0}
+    assert [r["config"] for r in loaded["rows"]] == [r.config for r in rows]
+    assert loaded["rows"][2]["break_even"] == pytest.approx(1.5)
+    assert loaded["rows"][0]["device_busy"] == pytest.approx(0.25)
+    assert loaded["hf"][0]["same_tokens"] is True
+
+
+def test_the_progress_bar_writes_one_finished_line_when_not_on_a_terminal() -> None:
+    stream = io.StringIO()
+    bar = ProgressBar(stream, "plain bs 1", total=4)
+    for done in range(1, 6):
+        bar.update(done)
+    bar.close("30 tok/s")
+    assert stream.getvalue() == "plain bs 1 [########################] 4/4 tokens  30 tok/s\n"
+
+
+def test_the_progress_bar_redraws_its_line_on_a_terminal() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    bar = ProgressBar(stream, "tree", total=4)
+    bar.update(2)
+    bar.close()
+    text = stream.getvalue()
+    assert text.startswith("\rtree [############------------] 2/4 tokens\033[K")
+    assert text.endswith("\n") and text.count("\n") == 1
