@@ -87,6 +87,9 @@ def parser() -> argparse.ArgumentParser:
     runs.add_argument("--warmup-steps", type=int, default=2, metavar="N")
     runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
     runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
+    runs.add_argument(
+        "--breakdown", action="store_true", help="print each row's costliest kernels (CUDA)"
+    )
     runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
     engine = p.add_argument_group("engine (default: the settings file, else by device)")
     engine.add_argument("--device", help="cuda if available, else cpu")
@@ -149,7 +152,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"error: {error}", file=err)
         return 1
     header = _header(plan, args)
-    markdown = render_markdown(header["title"], rows, hf_rows, cuda=plan.cuda)
+    markdown = render_markdown(
+        header["title"], rows, hf_rows, cuda=plan.cuda, breakdown=args.breakdown
+    )
     print(markdown, end="", file=out)
     if args.out is not None:
         data = report_json(header, rows, hf_rows, {"argv": _argv(args), "engines": used})
@@ -173,7 +178,7 @@ def _measure_all(
     for config in configs:
         settings = settings_for(plan, config)
         used[config.name] = settings.model_dump()
-        engine = Engine.from_settings(settings)
+        engine = Engine.from_settings(settings, progress=lambda line: print(line, file=err))
         # random weights: an EOS token would end a request at a random step
         engine.eos_token_ids = frozenset()
         for bs in args.batch_sizes:
@@ -210,6 +215,7 @@ def _row(config: str, m: DecodeMeasurement) -> BenchRow:
         launches_per_step=None if profile is None else profile.launches_per_step,
         device_ms_per_step=None if profile is None else profile.device_ms_per_step,
         profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
+        top_kernels=() if profile is None else profile.top_kernels,
     )
 
 

@@ -43,6 +43,8 @@ class ProfileCounts:
     launches_per_step: float
     device_ms_per_step: float | None
     wall_ms_per_step: float  # under the profiler, so slower than the timed steps
+    # CUDA: the kernels that took the most device time, (name, launches/step, ms/step)
+    top_kernels: tuple[tuple[str, float, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +132,29 @@ def profile_decode(engine: Engine, num_steps: int, cuda: bool) -> ProfileCounts:
             engine.step()
         _synchronize(cuda)
         wall_s = time.perf_counter() - started
-    launches, device_ms = count_launches(profiler.events(), cuda)
+    events = profiler.events()
+    launches, device_ms = count_launches(events, cuda)
     return ProfileCounts(
         num_steps,
         launches / num_steps,
         None if device_ms is None else device_ms / num_steps,
         1000.0 * wall_s / num_steps,
+        top_kernels(events, num_steps) if cuda else (),
     )
+
+
+def top_kernels(
+    events: Iterable[Any], num_steps: int, limit: int = 12
+) -> tuple[tuple[str, float, float], ...]:
+    """The ``limit`` device activities with the most summed time, grouped by name, per step."""
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if _is_device_activity(event):
+            entry = totals.setdefault(event.name, [0.0, 0.0])
+            entry[0] += 1
+            entry[1] += event.time_range.elapsed_us() / 1000.0
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:limit]
+    return tuple((name[:80], count / num_steps, ms / num_steps) for name, (count, ms) in ranked)
 
 
 def count_launches(events: Iterable[Any], cuda: bool) -> tuple[int, float | None]:

@@ -29,6 +29,8 @@ class BenchRow:
     device_ms_per_step: float | None = None
     break_even: float | None = None  # speculative rows with a plain row at the same bs
     profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
+    # (kernel, launches/step, ms/step) of the costliest kernels (CUDA; JSON and --breakdown)
+    top_kernels: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def device_busy(self) -> float | None:
@@ -65,9 +67,14 @@ def with_break_even(rows: Sequence[BenchRow], plain: str = "plain") -> list[Benc
 
 
 def render_markdown(
-    header: str, rows: Sequence[BenchRow], hf_rows: Sequence[HFRow] = (), cuda: bool = True
+    header: str,
+    rows: Sequence[BenchRow],
+    hf_rows: Sequence[HFRow] = (),
+    cuda: bool = True,
+    breakdown: bool = False,
 ) -> str:
-    """The header line, the main table and (when given) the transformers table."""
+    """The header line, the main table, (when given) the transformers table and, with
+    ``breakdown``, each row's costliest kernels."""
     launches = "kernels/step" if cuda else "aten ops/step"
     lines = [
         header,
@@ -101,6 +108,13 @@ def render_markdown(
             same = "yes" if h.same_tokens else f"no ({h.matching_share:.0%} before divergence)"
             cells = [str(h.batch_size), _number(h.tokens_per_s), _number(h.ms_per_token), same]
             lines.append("| " + " | ".join(cells) + " |")
+    for r in rows if breakdown else ():
+        if not r.top_kernels:
+            continue
+        lines += ["", f"Costliest kernels of `{r.config}` at bs {r.batch_size}:", ""]
+        lines += ["| kernel | launches/step | ms/step |", "|---|---|---|"]
+        for name, calls, ms in r.top_kernels:
+            lines.append(f"| `{name}` | {calls:.0f} | {ms:.3f} |")
     return "\n".join(lines) + "\n"
 
 

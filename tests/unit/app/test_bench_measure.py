@@ -16,6 +16,7 @@ from eagletree.app.bench.measure import (
     count_launches,
     measure_decode,
     token_budget,
+    top_kernels,
 )
 from eagletree.app.engine import Engine
 from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
@@ -154,3 +155,18 @@ def test_launches_are_device_activities_on_cuda_and_top_level_aten_ops_on_the_cp
     launches, device_ms = count_launches(events, cuda=True)
     assert launches == 2 and device_ms == pytest.approx(4.5 / 1000)
     assert count_launches(events, cuda=False) == (2, None)
+
+
+def test_the_costliest_kernels_are_grouped_by_name_and_counted_per_step() -> None:
+    events = [
+        _event("gemm_kernel", 0, 6, DeviceType.CUDA, "kernel"),
+        _event("gemm_kernel", 6, 10, DeviceType.CUDA, "kernel"),
+        _event("rmsnorm", 10, 11, DeviceType.CUDA, "kernel"),
+        _event("softmax", 11, 14, DeviceType.CUDA, "kernel"),
+        _event("step", 0, 20, DeviceType.CUDA, "gpu_user_annotation"),  # not a kernel
+        _event("aten::mm", 0, 10),  # a host operator
+    ]
+    ranked = top_kernels(events, num_steps=2, limit=2)
+    assert [name for name, _, _ in ranked] == ["gemm_kernel", "softmax"]
+    assert ranked[0][1:] == pytest.approx((1.0, 5.0 / 1000))
+    assert ranked[1][1:] == pytest.approx((0.5, 1.5 / 1000))

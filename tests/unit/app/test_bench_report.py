@@ -105,3 +105,13 @@ def test_the_progress_bar_redraws_its_line_on_a_terminal() -> None:
     text = stream.getvalue()
     assert text.startswith("\rtree [############------------] 2/4 tokens\033[K")
     assert text.endswith("\n") and text.count("\n") == 1
+
+
+def test_the_breakdown_lists_each_row_s_costliest_kernels_only_when_asked() -> None:
+    kernels = (("gemm_kernel", 385.0, 4.5), ("merge", 32.0, 0.02))
+    rows = [BenchRow("plain", 1, 30.3, 30.0, 1.0, 1512, 7.5, top_kernels=kernels)]
+    assert "Costliest" not in render_markdown("h", rows)
+    text = render_markdown("h", rows, breakdown=True)
+    assert "Costliest kernels of `plain` at bs 1:" in text
+    assert "| `gemm_kernel` | 385 | 4.500 |" in text.splitlines()
+    assert "| `merge` | 32 | 0.020 |" in text.splitlines()
