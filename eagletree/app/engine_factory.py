@@ -234,6 +234,8 @@ def speculative_worker(
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
             coins=coins,
+            graph_buckets=graphs.buckets,
+            use_cuda_graphs=graphs.resolved.enabled,
         )
     raise ConfigurationError(f"no speculative worker is called {resolved.worker!r}")
 

@@ -5,8 +5,7 @@ is a promise the settings must keep, so a contradiction is an error naming the s
 change; ``"off"`` never captures. What a graph needs: a CUDA device, an attention backend whose
 launches do not depend on host copies of the lengths (Triton: the torch and flash backends size
 their work from ``seq_lens_cpu``), and a worker whose decode step is one device function (the
-plain and v2 workers; v1 keeps host books every step, and the multi-layer MTP worker's ragged
-draft extend is sized on the host).
+plain, v2 and multi-layer MTP v2 workers; v1 keeps host books every step).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from eagletree.config.eagle_hook import WorkerName
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
-GRAPH_WORKERS: frozenset[WorkerName] = frozenset({"none", "eagle_v2"})
+GRAPH_WORKERS: frozenset[WorkerName] = frozenset({"none", "eagle_v2", "multi_layer_eagle_v2"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,16 @@ target hidden states of the last S − 1 committed positions are kept per reques
 every layer's committed KV equals what that layer computes over the true sequence.
 
 One decode step: chain tree (root = bonus, node i = draft i) → TARGET_VERIFY (``TreeVerifier``)
-→ draft-extend over ``min(S − 1, L) + N`` rows per request (EXTEND, lengths known on the host),
-N = S + 1. No compaction: a chain's accepted path is already at the front of its block.
+→ draft-extend over ``S − 1 + N`` rows per request from ``L − S + 1`` (DRAFT_EXTEND, fixed width,
+N = S + 1), which is one device function a CUDA graph can replay; a step in which a request has
+fewer than S − 1 committed tokens extends ``min(S − 1, L) + N`` rows instead, sized on the host
+(``mtp_extend``). No compaction: a chain's accepted path is already at the front of its block.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,11 +33,14 @@ import torch.nn.functional as F
 
 from eagletree.app.forward_batches import BatchBuilder, to_device
 from eagletree.app.sampler import sample_next_tokens, sampling_inputs
+from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
+from eagletree.app.workers.mtp_extend import front_tokens, ragged_extend_batch
 from eagletree.app.workers.step import StepOutput, speculative_step
+from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.verifier import TreeVerifier, Verification
-from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
 
@@ -44,14 +49,6 @@ if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
-
-
-def token_at(request: Request, position: int) -> int:
-    """The request's token at ``position`` (prompt, then output)."""
-    prompt_len = len(request.prompt_ids)
-    if position < prompt_len:
-        return request.prompt_ids[position]
-    return request.output_ids[position - prompt_len]
 
 
 class MultiLayerEagleWorkerV2:
@@ -80,6 +77,8 @@ class MultiLayerEagleWorkerV2:
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         coins: CoinSource = uniform_coins,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
     ) -> None:
         hidden = target.hidden_size
         problems = []
@@ -115,8 +114,25 @@ class MultiLayerEagleWorkerV2:
             hidden_dtype=self._drafts[0].kv_pool.dtype,
             device=self._batches.device,
         )
+        self._steps = DecodeStepRunner(
+            self._decode_on_device,
+            DecodeInputBuffers.for_pool(
+                target.req_to_token_pool, padded=bool(graph_buckets), num_extra=num_steps - 1
+            ),
+            num_coins=self._verifier.num_coins,
+            buckets=graph_buckets,
+            use_graphs=use_cuda_graphs,
+        )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
+
+    @property
+    def step_runner(self) -> DecodeStepRunner:
+        return self._steps
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
+        return self._steps.capture(progress)
 
     @property
     def reserve_per_step(self) -> int:
@@ -160,81 +176,95 @@ class MultiLayerEagleWorkerV2:
     # -- decode ----------------------------------------------------------------------------------
 
     def _decode(self, requests: list[Request]) -> StepOutput:
-        window = DecodeWindow.of(requests, self._batches.device)
-        state = self._state.gather(requests)
-        tree = self._chain_tree(window, state)
-        sampling = sampling_inputs(requests, self._verifier.num_coins, self._batches.device)
-        verification = self._verifier.verify(window, tree, sampling)
-        result = verification.result
-        batch, hidden, last_rows = self._decode_extend_batch(requests, window, state, verification)
-        drafts, probs = self._run_chain(batch, batch.input_ids, hidden, last_rows)
-        bonus = batch.input_ids.index_select(0, last_rows)
-        self._state.scatter(requests, self._next_state(bonus, drafts, probs, hidden, last_rows))
-        self.last_tree, self.last_verification = tree, verification
-        emitted = result.accept_length.to(torch.int64) + 1
+        keep = self.num_steps - 1
+        self._state.check_owned(requests)
+        if all(r.committed_len >= keep for r in requests):  # every request: S − 1 + N rows
+            extra = [front_tokens(r, keep) for r in requests]
+            tokens, emitted = self._steps.run(requests, extra)
+        else:
+            tokens, emitted = self._decode_ragged(requests)
+        self._state.own(requests)
         return StepOutput(
             requests=requests,
-            tokens=result.predict.view(window.batch_size, self.num_draft_tokens).to(torch.int64),
+            tokens=tokens,
             num_emitted=emitted,
             num_committed=emitted,
             num_forwards=1 + self.num_steps,
             num_prefill=0,
         )
 
-    def _decode_extend_batch(
-        self,
-        requests: list[Request],
-        window: DecodeWindow,
-        state: DraftInput,
-        verification: Verification,
-    ) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
-        """Layer 0's EXTEND after a verify → (batch, target hidden states, bonus rows (bs,)).
-
-        Request b's rows: ``f_b = min(S − 1, L_b)`` rows before L_b (their tokens are on the
-        host, their target hidden states kept from earlier steps), then its N verify rows
-        (tokens = predict, the token after each node; hidden = the verify's). Every row's
-        input is the token after its position and the target's hidden state at it.
-        """
-        n, keep = self.num_draft_tokens, self.num_steps - 1
-        device = self._batches.device
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Verify, then layer 0..S−1 over a fixed ``S − 1 + N`` rows per request (DRAFT_EXTEND
+        from ``L − S + 1``; ``inputs.extra`` holds the S − 1 front rows' tokens) → tokens
+        (bs, N) int64, emitted (bs,) int64. Device work only."""
+        keep, n = self.num_steps - 1, self.num_draft_tokens
+        width = keep + n
+        window = DecodeWindow(
+            inputs.rows, inputs.seq_lens, inputs.seq_lens_cpu, inputs.seq_lens_sum
+        )
+        state = self._state.gather_rows(inputs.rows)
+        tree = self._chain_tree(window, state)
+        verification = self._verifier.verify(window, tree, inputs.sampling)
+        result = verification.result
         bs = window.batch_size
-        fronts = [min(keep, r.committed_len) for r in requests]  # host lengths, no device read
-        front_cpu = torch.tensor(fronts, dtype=torch.int64)
-        lens_cpu = front_cpu + n
-        starts_cpu = torch.cumsum(lens_cpu, 0) - lens_cpu
-        source, front_tokens = self._window_sources(requests, fronts)
-        source_dev = to_device(source, device)
-        predict = verification.result.predict.to(torch.int64).clamp(min=0)  # past a path: unused
-        tokens = torch.cat([to_device(front_tokens, device), predict]).index_select(0, source_dev)
-        kept = state.hidden_states.reshape(bs * keep, self._target.hidden_size)
-        verify_hidden = verification.hidden_states.to(kept.dtype)
-        hidden = torch.cat([kept, verify_hidden]).index_select(0, source_dev)
-        assert window.seq_lens_cpu is not None, "the MTP worker builds its windows on the host"
-        seq_lens_cpu = window.seq_lens_cpu - front_cpu
-        total = int(lens_cpu.sum())
-        positions_cpu = torch.repeat_interleave(seq_lens_cpu, lens_cpu) + (
-            torch.arange(total) - torch.repeat_interleave(starts_cpu, lens_cpu)
-        )
-        positions = to_device(positions_cpu, device)
-        token_rows = torch.repeat_interleave(
-            window.req_pool_indices, to_device(lens_cpu, device), output_size=total
-        )  # the output size given: no sync
+        predict = result.predict.to(torch.int64).view(bs, n)
+        # rows: the S − 1 kept positions, then the N verify nodes; past a path: unused
+        tokens = torch.cat([inputs.extra, predict.clamp(min=0)], dim=1).reshape(bs * width)
+        h = self._target.hidden_size
+        kept = state.hidden_states.view(bs, keep, h)
+        verify_hidden = verification.hidden_states.view(bs, n, h).to(kept.dtype)
+        hidden = torch.cat([kept, verify_hidden], dim=1).reshape(bs * width, h)
+        # padding rows have no committed tokens: clamp keeps their positions at 0..width − 1
+        start = (window.seq_lens - keep).clamp(min=0)  # (bs,)
+        positions = start.unsqueeze(1) + torch.arange(width, device=start.device)
         table = self._target.req_to_token_pool.req_to_token
+        start_cpu = None if window.seq_lens_cpu is None else window.seq_lens_cpu - keep
         batch = ForwardBatch(
-            mode=ForwardMode.EXTEND,
+            mode=ForwardMode.DRAFT_EXTEND,
             input_ids=tokens,
-            positions=positions,
-            seq_lens=to_device(seq_lens_cpu, device),
-            req_pool_indices=window.req_pool_indices,
-            out_cache_loc=table[token_rows, positions].to(torch.int64),
-            extend_lens=to_device(lens_cpu, device),
-            seq_lens_cpu=seq_lens_cpu,
-            seq_lens_sum=int(seq_lens_cpu.sum()),
-            extend_lens_cpu=lens_cpu,
+            positions=positions.reshape(bs * width),
+            seq_lens=start,
+            req_pool_indices=inputs.rows,
+            out_cache_loc=table[inputs.rows.unsqueeze(1), positions].reshape(-1).to(torch.int64),
+            seq_lens_cpu=start_cpu,
+            seq_lens_sum=None if start_cpu is None else int(start_cpu.sum()),
+            spec=DraftExtendSpec(num_tokens_per_request=width),
         )
-        accept_length = verification.result.accept_length.to(torch.int64)
-        last_rows = to_device(starts_cpu + front_cpu, device) + accept_length
-        return batch, hidden, last_rows
+        block_start = torch.arange(bs, dtype=torch.int64, device=start.device) * width
+        last_rows = block_start + keep + result.accept_length.to(torch.int64)
+        drafts, probs = self._run_chain(batch, tokens, hidden, last_rows)
+        bonus = tokens.index_select(0, last_rows)
+        next_state = self._next_state(bonus, drafts, probs, hidden, last_rows)
+        self._state.scatter_rows(inputs.rows, next_state)
+        self.last_tree, self.last_verification = tree, verification
+        return predict, result.accept_length.to(torch.int64) + 1
+
+    def _decode_ragged(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step when a request has fewer than S − 1 committed tokens (eager, host-sized)."""
+        device = self._batches.device
+        window = DecodeWindow.of(requests, device)
+        state = self._state.gather_rows(to_device(torch.tensor([r.row for r in requests]), device))
+        tree = self._chain_tree(window, state)
+        sampling = sampling_inputs(requests, self._verifier.num_coins, device)
+        verification = self._verifier.verify(window, tree, sampling)
+        result = verification.result
+        batch, hidden, last_rows = ragged_extend_batch(
+            requests,
+            window,
+            state,
+            verification,
+            self._target.req_to_token_pool.req_to_token,
+            num_steps=self.num_steps,
+            num_draft_tokens=self.num_draft_tokens,
+            hidden_size=self._target.hidden_size,
+        )
+        drafts, probs = self._run_chain(batch, batch.input_ids, hidden, last_rows)
+        bonus = batch.input_ids.index_select(0, last_rows)
+        next_state = self._next_state(bonus, drafts, probs, hidden, last_rows)
+        self._state.scatter_rows(window.req_pool_indices, next_state)
+        self.last_tree, self.last_verification = tree, verification
+        bs, n = window.batch_size, self.num_draft_tokens
+        return result.predict.view(bs, n).to(torch.int64), result.accept_length.to(torch.int64) + 1
 
     def _chain_tree(self, window: DecodeWindow, state: DraftInput) -> DraftTree:
         """The verify tree of each request: the bonus token, then its S drafts as a chain."""
@@ -252,32 +282,6 @@ class MultiLayerEagleWorkerV2:
             self.num_draft_tokens,
             self.mask_mode,
             seq_lens_sum=window.seq_lens_sum,
-        )
-
-    def _window_sources(
-        self, requests: list[Request], front: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Where each extend row's token and target hidden state come from (host).
-
-        Sources are indexed in ``cat([front table (bs·(S−1)), verify rows (bs·N)])``: front row
-        r of request b is entry ``b·(S−1) + (S−1−f_b) + r`` (the kept hidden states are the
-        last S − 1 positions, oldest first); verify row j is ``bs·(S−1) + b·N + j``. Returns
-        (source (Σ rows,) int64, front tokens (bs·(S−1),) int64: the token after each kept
-        position, which the host knows).
-        """
-        n, keep = self.num_draft_tokens, self.num_steps - 1
-        bs = len(requests)
-        source: list[int] = []
-        front_tokens = [0] * (bs * keep)
-        for b, (request, f) in enumerate(zip(requests, front, strict=True)):
-            base = request.committed_len - f  # position of the first front row
-            for r in range(f):
-                entry = b * keep + keep - f + r
-                front_tokens[entry] = token_at(request, base + r + 1)
-                source.append(entry)
-            source.extend(bs * keep + b * n + j for j in range(n))
-        return torch.tensor(source, dtype=torch.int64), torch.tensor(
-            front_tokens, dtype=torch.int64
         )
 
     # -- the layer chain -------------------------------------------------------------------------

@@ -120,9 +120,14 @@ class LayerOracle:
         logits_rows: torch.Tensor | None = None,
     ) -> ModelOutput:
         out = self._inner.forward(batch, hidden_states, logits_rows)
-        assert batch.mode is ForwardMode.EXTEND and batch.extend_lens is not None
         assert logits_rows is not None
-        owners = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens).tolist()
+        if batch.mode is ForwardMode.EXTEND:  # prefill, or a step with a short request
+            assert batch.extend_lens is not None
+            owners = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens).tolist()
+        else:  # the fixed-width draft extend: S − 1 + N rows per request
+            assert batch.mode is ForwardMode.DRAFT_EXTEND
+            width = batch.tokens_per_request()
+            owners = torch.repeat_interleave(batch.req_pool_indices, width).tolist()
         ids, positions = batch.input_ids.tolist(), batch.positions.tolist()
         logits = out.logits.clone()
         for i, row in enumerate(logits_rows.tolist()):
@@ -158,6 +163,8 @@ def mtp_engine(
     pool_size: int = 2048,
     max_running: int = 8,
     backend: str = "torch",
+    graph_buckets: Sequence[int] = (),
+    use_cuda_graphs: bool = False,
 ) -> MTPEngine:
     """An engine over ``num_steps`` MTP layers, each runner with its own KV pool (and its own
     req_to_token pool when ``own_tables``). With ``prompts`` the layers are oracles of their
@@ -166,7 +173,8 @@ def mtp_engine(
     n = num_steps + 1
     allocator = DeviceSlotAllocator(pool_size, models.device, debug_checks=True)
     width = CONTEXT_LEN + 2 * n + 4
-    table = TensorReqToTokenPool(max_running, width, models.device)
+    rows = max_running + (1 if graph_buckets else 0)  # the padding row of bucketed steps
+    table = TensorReqToTokenPool(rows, width, models.device)
     target_pool = make_pool(models.target.kv_layout, pool_size, models.dtype, models.device)
     target = TargetModelRunner(
         models.target, target_pool, table, make_backend(backend, target_pool, table)
@@ -176,7 +184,7 @@ def mtp_engine(
     for i in range(num_steps):
         layer = models.drafts[i]
         pools.append(make_pool(layer.kv_layout, pool_size, models.dtype, models.device))
-        own = TensorReqToTokenPool(max_running, width, models.device) if own_tables else table
+        own = TensorReqToTokenPool(rows, width, models.device) if own_tables else table
         if first_runners_pool and i > 0:
             pool, own = runners[0].kv_pool, runners[0].req_to_token_pool  # type: ignore[assignment]
             attention = runners[0].attention_backend
@@ -200,6 +208,8 @@ def mtp_engine(
         num_steps=num_steps,
         num_draft_tokens=n,
         draft_hidden_size=target.hidden_size,
+        graph_buckets=graph_buckets,
+        use_cuda_graphs=use_cuda_graphs,
     )
     holder.append(
         Engine(
@@ -539,3 +549,29 @@ def test_settings_with_mtp_on_a_target_with_two_mtp_layers_run_the_multi_layer_w
     engine = Engine.from_settings(settings)
     assert greedy_outputs(engine, prompts, 10) == expected
     assert engine.stats.acceptance is not None
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_bucketed_mtp_steps_emit_what_unpadded_steps_emit(
+    mtp_models: ModelCache, device: torch.device, temperature: float
+) -> None:
+    """Padding (and on CUDA graph replay) changes no token, on the fixed-width extend and, while
+    a one-token prompt is short of S − 1 committed tokens, on the ragged one."""
+    models = mtp_models("deepseek-mla", device)
+    backend = "triton" if device.type == "cuda" else "torch"
+    prompts = prompts_for([1, 7, 3, 12, 5], seed=90)
+    params = [SamplingParams(10, temperature=temperature, seed=i) for i in range(len(prompts))]
+
+    def outputs(engine: Engine) -> list[list[int]]:
+        requests = [engine.submit(p, q) for p, q in zip(prompts, params, strict=True)]
+        while engine.has_work():
+            engine.step()
+        return [r.output_ids for r in requests]
+
+    expected = outputs(mtp_engine(models, 3, backend=backend).engine)
+    bucketed = mtp_engine(
+        models, 3, backend=backend, graph_buckets=(2, 4, 8), use_cuda_graphs=device.type == "cuda"
+    )
+    assert outputs(bucketed.engine) == expected
+    if device.type == "cuda":
+        assert bucketed.worker.step_runner.num_replays > 0

@@ -1,0 +1,117 @@
+"""The multi-layer MTP worker's ragged draft-extend: for steps where a request is too short.
+
+After a verify, MTP layer 0 re-extends ``f_b = min(S − 1, L_b)`` rows before each request's
+committed length L_b and its N verify rows. While every request has ``L_b >= S − 1`` every
+request has the same ``S − 1 + N`` rows and the worker runs a fixed-width DRAFT_EXTEND (which a
+CUDA graph can replay); a step with a shorter request builds this EXTEND, sized on the host.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from eagletree.app.forward_batches import to_device
+from eagletree.domain.batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
+    from eagletree.app.workers.verifier import Verification
+    from eagletree.domain.request import Request
+
+
+def token_at(request: Request, position: int) -> int:
+    """The request's token at ``position`` (prompt, then output)."""
+    prompt_len = len(request.prompt_ids)
+    if position < prompt_len:
+        return request.prompt_ids[position]
+    return request.output_ids[position - prompt_len]
+
+
+def front_tokens(request: Request, front: int) -> list[int]:
+    """The tokens after each of the request's last ``front`` committed positions (host)."""
+    base = request.committed_len - front
+    return [token_at(request, base + r + 1) for r in range(front)]
+
+
+def ragged_extend_batch(
+    requests: list[Request],
+    window: DecodeWindow,
+    state: DraftInput,
+    verification: Verification,
+    req_to_token: torch.Tensor,
+    *,
+    num_steps: int,
+    num_draft_tokens: int,
+    hidden_size: int,
+) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
+    """Layer 0's EXTEND after a verify → (batch, target hidden states, bonus rows (bs,)).
+
+    Request b's rows: ``f_b`` rows before L_b (their tokens are on the host, their target
+    hidden states kept from earlier steps), then its N verify rows (tokens = predict, the token
+    after each node; hidden = the verify's). Every row's input is the token after its position
+    and the target's hidden state at it.
+    """
+    n, keep = num_draft_tokens, num_steps - 1
+    device = window.seq_lens.device
+    bs = window.batch_size
+    fronts = [min(keep, r.committed_len) for r in requests]  # host lengths, no device read
+    front_cpu = torch.tensor(fronts, dtype=torch.int64)
+    lens_cpu = front_cpu + n
+    starts_cpu = torch.cumsum(lens_cpu, 0) - lens_cpu
+    source, front_table = _window_sources(requests, fronts, keep, n)
+    source_dev = to_device(source, device)
+    predict = verification.result.predict.to(torch.int64).clamp(min=0)  # past a path: unused
+    tokens = torch.cat([to_device(front_table, device), predict]).index_select(0, source_dev)
+    kept = state.hidden_states.reshape(bs * keep, hidden_size)
+    verify_hidden = verification.hidden_states.to(kept.dtype)
+    hidden = torch.cat([kept, verify_hidden]).index_select(0, source_dev)
+    assert window.seq_lens_cpu is not None, "the ragged extend is sized on the host"
+    seq_lens_cpu = window.seq_lens_cpu - front_cpu
+    total = int(lens_cpu.sum())
+    positions_cpu = torch.repeat_interleave(seq_lens_cpu, lens_cpu) + (
+        torch.arange(total) - torch.repeat_interleave(starts_cpu, lens_cpu)
+    )
+    positions = to_device(positions_cpu, device)
+    token_rows = torch.repeat_interleave(
+        window.req_pool_indices, to_device(lens_cpu, device), output_size=total
+    )  # the output size given: no sync
+    batch = ForwardBatch(
+        mode=ForwardMode.EXTEND,
+        input_ids=tokens,
+        positions=positions,
+        seq_lens=to_device(seq_lens_cpu, device),
+        req_pool_indices=window.req_pool_indices,
+        out_cache_loc=req_to_token[token_rows, positions].to(torch.int64),
+        extend_lens=to_device(lens_cpu, device),
+        seq_lens_cpu=seq_lens_cpu,
+        seq_lens_sum=int(seq_lens_cpu.sum()),
+        extend_lens_cpu=lens_cpu,
+    )
+    accept_length = verification.result.accept_length.to(torch.int64)
+    last_rows = to_device(starts_cpu + front_cpu, device) + accept_length
+    return batch, hidden, last_rows
+
+
+def _window_sources(
+    requests: list[Request], front: list[int], keep: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each extend row's token and target hidden state come from (host).
+
+    Sources are indexed in ``cat([front table (bs·(S−1)), verify rows (bs·N)])``: front row
+    r of request b is entry ``b·(S−1) + (S−1−f_b) + r`` (the kept hidden states are the
+    last S − 1 positions, oldest first); verify row j is ``bs·(S−1) + b·N + j``. Returns
+    (source (Σ rows,) int64, front tokens (bs·(S−1),) int64: the token after each kept
+    position, which the host knows).
+    """
+    bs = len(requests)
+    source: list[int] = []
+    table = [0] * (bs * keep)
+    for b, (request, f) in enumerate(zip(requests, front, strict=True)):
+        for r, token in enumerate(front_tokens(request, f)):
+            entry = b * keep + keep - f + r
+            table[entry] = token
+            source.append(entry)
+        source.extend(bs * keep + b * n + j for j in range(n))
+    return torch.tensor(source, dtype=torch.int64), torch.tensor(table, dtype=torch.int64)
