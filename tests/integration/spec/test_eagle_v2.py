@@ -664,7 +664,7 @@ SETTINGS_CASES = {
 
 @pytest.mark.parametrize("name", list(SETTINGS_CASES))
 def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_lossless(
-    name: str, tmp_path: Path
+    name: str, tmp_path: Path, device: torch.device
 ) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
@@ -677,7 +677,7 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
     )
     backend = {"attention": "torch", "kv_move": "torch"}
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
-    model = {"target_path": target_path, "device": "cpu", "dtype": "float32"}
+    model = {"target_path": target_path, "device": str(device), "dtype": "float32"}
     plain = Engine.from_settings(EngineSettings(model=model, backend=backend, memory=memory))
     engine = Engine.from_settings(
         EngineSettings(
