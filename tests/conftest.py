@@ -3,6 +3,7 @@
 Every test that takes ``device`` runs on CPU and, when one is present, on CUDA. Tests that
 launch Triton kernels call ``requires_triton(device)`` first: on CPU they run only under the
 interpreter (``TRITON_INTERPRET=1``, which must be set before Triton kernels are defined).
+The hypothesis profiles are registered here (see ``tests/hypothesis_profiles.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ import os
 
 import pytest
 import torch
+
+from tests.hypothesis_profiles import load_profile_from_environment, register_profiles
+
+
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's own hook, so --hypothesis-profile wins
+def pytest_configure(config: pytest.Config) -> None:
+    register_profiles()
+    load_profile_from_environment()
+
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -18,7 +18,8 @@ def probs_from_logits(
 
     ``temperature`` (rows,): 0 means greedy (a one-hot on the argmax). ``top_k`` (rows,) int:
     keep the k most likely tokens (0 or >= V keeps all). ``top_p`` (rows,) float: keep the
-    smallest set of most likely tokens whose probability reaches p (1.0 keeps all).
+    smallest set of most likely tokens whose probability reaches p (>= 1 keeps all). A row that
+    neither filter cuts is exactly its tempered softmax, whatever the other rows ask for.
     """
     # logits: (rows, V)
     logits = logits.float()
@@ -32,16 +33,26 @@ def probs_from_logits(
         rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
         if top_k is not None:
             k = torch.where(top_k <= 0, vocab, top_k).unsqueeze(1)
-            sorted_p = torch.where(rank < k, sorted_p, 0.0)
-            sorted_p = sorted_p / sorted_p.sum(dim=1, keepdim=True)
+            sorted_p = _keep(sorted_p, rank < k)
         if top_p is not None:
+            # top_p >= 1 keeps every token by definition: the float32 cumulative sum may reach
+            # 1.0 before the tail, and a comparison against it would drop the tail's tokens
             mass_before = torch.cumsum(sorted_p, dim=1) - sorted_p
-            in_nucleus = (mass_before < top_p.unsqueeze(1).float()) | (rank == 0)
-            sorted_p = torch.where(in_nucleus, sorted_p, 0.0)
-            sorted_p = sorted_p / sorted_p.sum(dim=1, keepdim=True)
+            p = top_p.unsqueeze(1).float()
+            sorted_p = _keep(sorted_p, (p >= 1) | (mass_before < p) | (rank == 0))
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)
+
+
+def _keep(probs: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Zero the tokens outside ``kept`` and renormalise the rows that lost one; a row that keeps
+    every token is returned bit for bit, so a request's distribution does not depend on whether
+    its batch neighbours filter theirs."""
+    # probs, kept: (rows, V)
+    cut = torch.where(kept, probs, 0.0)
+    lost_any = (~kept).any(dim=1, keepdim=True)
+    return torch.where(lost_any, cut / cut.sum(dim=1, keepdim=True), probs)
 
 
 def sample_from_probs(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:

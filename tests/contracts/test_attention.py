@@ -2,7 +2,8 @@
 
 CPU: the torch reference everywhere, Triton under ``TRITON_INTERPRET=1`` (fp32/fp16, small
 shapes). CUDA: the same tests natively for torch, Triton and FlashAttention, plus bf16 and a
-host-sync check. The reference itself is checked against a naive per-query SDPA loop.
+host-sync check. The torch reference itself is checked against a naive per-query SDPA loop, in
+every mode, dtype and storage the other backends are compared in (never against itself).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tests.contracts.attention_cases import (
 # "flash-emulated": the FlashAttention backend with a torch stand-in for the FlashAttention call,
 # so that its gather, cascade and merge run on CPU too (both LSE layouts FA versions return)
 BACKENDS = ["torch", "triton", "flash", "flash-emulated"]
+CHECKED_BACKENDS = [b for b in BACKENDS if b != "torch"]  # compared with the torch reference
 MODES: list[ForwardMode] = [m for m in ForwardMode if m is not ForwardMode.IDLE]
 # (atol, rtol) against the fp32 reference; the kernels round their output to the input dtype
 TOLERANCE = {
@@ -173,7 +175,30 @@ def test_reference_matches_the_naive_loop_on_random_batches(
     torch.testing.assert_close(out.float(), naive_attention(case), atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_the_torch_reference_matches_the_naive_loop_in_every_dtype_and_writes_the_pool(
+    mode: ForwardMode, device: torch.device
+) -> None:
+    shapes = GPU_SHAPES if device.type == "cuda" else CPU_SHAPES
+    variants: list[tuple[torch.dtype, dict[str, object]]] = [
+        (dtype, {}) for dtype in dtypes_for(device, "torch")
+    ]
+    variants += [(torch.float16, {"bs": 4, "gpu_only": True})]
+    variants += [(torch.float16, {"bs": 3, "store_dtype": torch.float8_e4m3fn})]
+    for index, (shape_name, shape) in enumerate(shapes.items()):
+        for number, (dtype, extra) in enumerate(variants):
+            seed = 100 * index + 7 * number + MODES.index(mode)
+            case = random_case(mode, shape, device, dtype, seed, **extra)  # type: ignore[arg-type]
+            out = run(TorchAttentionBackend(case.pool, case.req_to_token), case)
+            atol, rtol = TOLERANCE[dtype]
+            assert out.dtype == dtype, shape_name
+            torch.testing.assert_close(
+                out.float().cpu(), naive_attention(case), atol=atol, rtol=rtol
+            )
+            assert_pool_holds_new_tokens(case)
+
+
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_backend_matches_the_reference_and_writes_the_pool(
     backend: str, mode: ForwardMode, device: torch.device
@@ -193,7 +218,7 @@ def test_backend_matches_the_reference_and_writes_the_pool(
             assert_pool_holds_new_tokens(case)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_gpu_only_batch_without_host_lengths_matches_the_reference(
     backend: str, mode: ForwardMode, device: torch.device
@@ -369,7 +394,7 @@ def test_save_kv_false_reads_rows_already_in_the_pool(
     torch.testing.assert_close(again, expected, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", CHECKED_BACKENDS)
 @pytest.mark.parametrize("mode", [ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY], ids=str)
 def test_fp8_storage_is_converted_to_the_compute_dtype(
     backend: str, mode: ForwardMode, device: torch.device

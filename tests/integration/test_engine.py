@@ -384,7 +384,7 @@ def test_llama_retract_under_a_tight_pool_keeps_the_transformers_output(
 
 @pytest.mark.hf
 def test_from_settings_wires_the_checkpoint_through_the_container(
-    hf_checkpoint: tuple[Any, Path],
+    hf_checkpoint: tuple[Any, Path], device: torch.device
 ) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
@@ -392,7 +392,7 @@ def test_from_settings_wires_the_checkpoint_through_the_container(
 
     hf_model, path = hf_checkpoint
     settings = EngineSettings(
-        model={"target_path": str(path), "device": "cpu", "dtype": "float32"},
+        model={"target_path": str(path), "device": str(device), "dtype": "float32"},
         backend={"attention": "torch", "kv_move": "torch"},
         memory={"max_total_tokens": 256, "max_running_requests": 2},
     )

@@ -490,7 +490,9 @@ def test_free_window_tail_frees_and_clears_exactly_the_tail_and_never_the_commit
     assert allocator.available_size() == 32 - 3
 
 
-def test_settings_with_page_size_4_and_a_tree_run_v1_end_to_end(tmp_path: Path) -> None:
+def test_settings_with_page_size_4_and_a_tree_run_v1_end_to_end(
+    tmp_path: Path, device: torch.device
+) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
     from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
@@ -503,7 +505,7 @@ def test_settings_with_page_size_4_and_a_tree_run_v1_end_to_end(tmp_path: Path) 
         "target_path": str(target_dir),
         "draft_path": str(draft_dir),
         "dtype": "float32",
-        "device": "cpu",
+        "device": str(device),
         "max_context_len": 64,
     }
     common = {"model": model, "backend": {"attention": "torch", "kv_move": "torch"}}

@@ -571,14 +571,22 @@ def test_a_v2_step_on_cuda_never_synchronises_with_the_host(
     assert bool((output.num_emitted >= 1).all())
 
 
+# The least share of tokens before each request's first divergence, per backend (measured on
+# the H200, docs/benchmarks.md). Torch and Triton match bf16 plain greedy on every
+# configuration. FlashAttention measured 87.5 % on each: its verify merges a prefix pass and a
+# tree pass by log-sum-exp, so it rounds differently from its own decode path and near-tie
+# argmaxes flip (it has no fp32 kernels to show exactness, as the other backends do above).
+BF16_MATCH_FLOOR = {"torch": 0.99, "triton": 0.99, "flash": 0.875}
+
+
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["torch", "triton", "flash"])  # flash has no fp32 kernels
-def test_bf16_speculation_mostly_matches_plain_greedy_and_reports_the_match_rate(
+@pytest.mark.parametrize("backend", list(BF16_MATCH_FLOOR))  # flash has no fp32 kernels
+def test_bf16_speculation_matches_plain_greedy_at_the_documented_rate(
     spec_models: ModelCache, backend: str
 ) -> None:
-    """bf16 verify and decode round differently, so near-tie argmaxes may flip: report the
-    share of tokens before each request's first divergence (fp32 is exact, tested above)."""
+    """bf16 verify and decode round differently, so near-tie argmaxes may flip: the share of
+    tokens before each request's first divergence must reach the documented rate."""
     models = spec_models("llama", "eagle", torch.device("cuda"), dtype=torch.bfloat16)
     prompts = prompts_for(6, seed=80)
     expected = greedy_outputs(plain_engine(models, backend=backend), prompts, MAX_NEW)
@@ -592,7 +600,7 @@ def test_bf16_speculation_mostly_matches_plain_greedy_and_reports_the_match_rate
             matched += diverged[0] if diverged else len(reference)
         rates.append(matched / sum(len(r) for r in expected))
         print(f"bf16 {backend} S={config[0]} k={config[1]} N={config[2]}: {rates[-1]:.1%}")
-    assert min(rates) >= 0.3
+    assert min(rates) >= BF16_MATCH_FLOOR[backend]
 
 
 # -- settings: Engine.from_settings and `eagletree generate` ------------------------------------
@@ -664,7 +672,7 @@ SETTINGS_CASES = {
 
 @pytest.mark.parametrize("name", list(SETTINGS_CASES))
 def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_lossless(
-    name: str, tmp_path: Path
+    name: str, tmp_path: Path, device: torch.device
 ) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
@@ -677,7 +685,7 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
     )
     backend = {"attention": "torch", "kv_move": "torch"}
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
-    model = {"target_path": target_path, "device": "cpu", "dtype": "float32"}
+    model = {"target_path": target_path, "device": str(device), "dtype": "float32"}
     plain = Engine.from_settings(EngineSettings(model=model, backend=backend, memory=memory))
     engine = Engine.from_settings(
         EngineSettings(

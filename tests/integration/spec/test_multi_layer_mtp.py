@@ -519,7 +519,7 @@ def test_settings_a_chain_of_mtp_layers_cannot_run_are_refused(
 
 
 def test_settings_with_mtp_on_a_target_with_two_mtp_layers_run_the_multi_layer_worker(
-    tmp_path: Path,
+    tmp_path: Path, device: torch.device
 ) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
@@ -533,7 +533,7 @@ def test_settings_with_mtp_on_a_target_with_two_mtp_layers_run_the_multi_layer_w
     config = json.loads((target_dir / "config.json").read_text())
     config["num_nextn_predict_layers"] = 2  # the layers themselves come from draft_dir
     (target_dir / "config.json").write_text(json.dumps(config))
-    model = {"target_path": str(target_dir), "dtype": "float32", "device": "cpu"}
+    model = {"target_path": str(target_dir), "dtype": "float32", "device": str(device)}
     common = {
         "backend": {"attention": "torch", "kv_move": "torch"},
         "memory": {"max_total_tokens": 1024, "max_running_requests": 4},

@@ -19,6 +19,7 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app.scheduler import SchedulePlan, Scheduler
 from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
+from tests.hypothesis_profiles import examples
 
 CONTEXT = 40
 
@@ -111,7 +112,7 @@ def test_windows_reach_the_reserve_past_the_committed_length_and_rows_hold_the_s
     check_slot_ownership(scheduler, allocator, table)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
     reserve_case=st.sampled_from([(1, 1), (4, 2), (8, 4), (12, 6)]),

@@ -292,7 +292,8 @@ def probs_reference(
     logits: list[float], temperature: float, top_k: int, top_p: float
 ) -> list[float]:
     """softmax(logits / T) → keep the top-k, renormalise → keep the smallest most-likely set
-    reaching top_p, renormalise (the SGLang order); T == 0 → one-hot on the first argmax."""
+    reaching top_p (top_p >= 1 keeps all), renormalise (the SGLang order); T == 0 → one-hot on
+    the first argmax."""
     vocab = len(logits)
     if temperature <= 0:
         best = max(range(vocab), key=lambda t: (logits[t], -t))
@@ -306,7 +307,7 @@ def probs_reference(
     kept: set[int] = set()
     mass = 0.0
     for t in order:
-        if t in keep and (not kept or mass < top_p):
+        if t in keep and (not kept or mass < top_p or top_p >= 1):
             kept.add(t)
             mass += probs[t]
     return [p / sum(probs[t] for t in kept) if t in kept else 0.0 for t, p in enumerate(probs)]

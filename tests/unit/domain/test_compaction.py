@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from eagletree.domain.compaction import accepted_move_plan, bonus_tokens, compact_to_front
 from eagletree.domain.kv_move import move_rows_reference
+from tests.hypothesis_profiles import examples
 
 from .brute_force import FakeKVPool, move_pairs_reference
 from .strategies import DEVICES, TreeBatch, tree_batches
@@ -93,7 +94,7 @@ def check_plan(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(trees=tree_batches(), seed=st.integers(0, 2**31 - 1), contiguous=st.booleans())
 def test_the_move_plan_puts_each_accepted_path_at_the_front_of_its_window(
     device: str, trees: TreeBatch, seed: int, contiguous: bool
@@ -139,7 +140,7 @@ def test_adversarial_paths_where_targets_are_also_sources(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(trees=tree_batches(), seed=st.integers(0, 2**31 - 1))
 def test_compact_to_front_and_bonus_tokens_read_the_accepted_nodes(
     device: str, trees: TreeBatch, seed: int
@@ -194,7 +195,7 @@ def test_an_empty_batch_plans_no_moves_and_compacts_nothing(device: str) -> None
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(trees=tree_batches(), seed=st.integers(0, 2**31 - 1))
 def test_inplace_compaction_writes_the_same_path_rows_into_its_input(
     device: str, trees: TreeBatch, seed: int

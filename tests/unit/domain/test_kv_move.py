@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagletree.domain.kv_move import move_rows_reference
+from tests.hypothesis_profiles import examples
 
 from .brute_force import FakeKVPool
 from .strategies import DEVICES
@@ -42,7 +43,7 @@ def random_moves(num_slots: int, rng: random.Random) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     num_slots=st.integers(1, 40),
     seed=st.integers(0, 2**31 - 1),

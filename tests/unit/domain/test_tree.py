@@ -14,6 +14,7 @@ from eagletree.domain.tree import (
     organize_draft_results,
     select_top_k_tokens,
 )
+from tests.hypothesis_profiles import examples
 
 from .brute_force import (
     ancestors_or_self,
@@ -25,7 +26,7 @@ from .brute_force import (
 )
 from .strategies import DEVICES, DraftCase, draft_cases
 
-PROPERTY = settings(max_examples=200, deadline=None)
+PROPERTY = settings(max_examples=examples(200), deadline=None)
 
 
 def run_beam(case: DraftCase, device: str) -> list[BeamStep]:

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
+from tests.hypothesis_profiles import examples
 
 from .brute_force import (
     VerifyReference,
@@ -75,7 +76,7 @@ def biased_target(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(trees=tree_batches(), vocab=st.integers(2, 12), seed=st.integers(0, 2**31 - 1))
 def test_greedy_verification_equals_the_brute_force_on_random_trees(
     device: str, trees: TreeBatch, vocab: int, seed: int

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 from eagletree.domain.verify import verify_tree_greedy, verify_tree_sampling
+from tests.hypothesis_profiles import examples
 
 from .brute_force import (
     child_lists,
@@ -52,7 +53,7 @@ def edgy_coins(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(trees=tree_batches(min_bs=1), seed=st.integers(0, 2**31 - 1))
 def test_sampling_verification_equals_the_brute_force_given_the_coins(
     device: str, trees: TreeBatch, seed: int
@@ -93,7 +94,7 @@ def test_sampling_verification_equals_the_brute_force_given_the_coins(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(trees=tree_batches(min_bs=1), seed=st.integers(0, 2**31 - 1))
 def test_sampling_at_temperature_zero_is_greedy_verification(
     device: str, trees: TreeBatch, seed: int
@@ -277,7 +278,7 @@ def test_an_empty_batch_gives_empty_results(device: str) -> None:
 # --- the sampling helpers -------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     vocab=st.integers(2, 10),
     rows=st.integers(1, 6),
@@ -319,7 +320,23 @@ def test_top_p_is_measured_on_the_top_k_renormalised_distribution() -> None:
     assert probs[0].tolist() == pytest.approx(expected)
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.mark.parametrize("device", DEVICES)
+def test_neutral_filters_keep_every_token_and_leave_the_softmax_bit_for_bit(device: str) -> None:
+    # three equal heads and a tail: the float32 running sum of the sorted probabilities reaches
+    # 1.0 before the tail, which "mass before < top_p" alone would drop at top_p = 1
+    spread = torch.cat([torch.full((3,), 15.0), torch.linspace(5.0, -15.0, 37)])
+    logits = spread.expand(4, 40).to(device)
+    temperature = torch.full((4,), 0.8, device=device)
+    softmax = torch.softmax(logits / 0.8, dim=1)
+    neutral_k = torch.tensor([0, 40, 41, 0], device=device)  # 0 and >= V keep all
+    neutral_p = torch.tensor([1.0, 1.0, 1.5, 1.0], device=device)
+    for top_k, top_p in [(neutral_k, None), (None, neutral_p), (neutral_k, neutral_p)]:
+        probs = probs_from_logits(logits, temperature, top_k, top_p)
+        assert torch.equal(probs, softmax)
+        assert bool((probs > 0).all())
+
+
+@settings(max_examples=examples(150), deadline=None)
 @given(vocab=st.integers(1, 9), rows=st.integers(1, 8), seed=st.integers(0, 2**31 - 1))
 def test_sample_from_probs_is_the_inverse_cdf_and_never_returns_a_zero_probability_token(
     vocab: int, rows: int, seed: int

@@ -1,0 +1,116 @@
+"""Tests of per-request sampling: a request's distribution and tokens do not depend on its batch.
+
+The sampler fills neutral values (top_k 0, top_p 1.0) for requests that set no filter whenever
+a neighbour sets one, so "alone" and "beside others" take different code paths through
+``probs_from_logits``; both must give the very same distribution.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from eagletree.app.sampler import SamplingBatch, sample_next_tokens
+from eagletree.domain.request import Request, SamplingParams
+
+VOCAB = 40
+NUM_DRAWS = 4000
+# the request under test: no filter, each filter, the filters at their neutral values, greedy
+TARGETS = {
+    "no filter": SamplingParams(max_new_tokens=1, temperature=0.8),
+    "top-p 1": SamplingParams(max_new_tokens=1, temperature=0.8, top_p=1.0),
+    "top-k = vocab": SamplingParams(max_new_tokens=1, temperature=1.2, top_k=VOCAB),
+    "top-k": SamplingParams(max_new_tokens=1, temperature=0.7, top_k=5),
+    "top-p": SamplingParams(max_new_tokens=1, temperature=1.3, top_p=0.9),
+    "greedy": SamplingParams(max_new_tokens=1),
+}
+NEIGHBOURS = [
+    SamplingParams(max_new_tokens=1, temperature=1.5, top_k=3),
+    SamplingParams(max_new_tokens=1, temperature=0.5, top_p=0.6),
+    SamplingParams(max_new_tokens=1),
+    SamplingParams(max_new_tokens=1, temperature=2.0, top_k=7, top_p=0.3),
+]
+
+
+def long_tailed_logits(rows: int) -> torch.Tensor:
+    """(rows, VOCAB) logits, row r rolled by 7·r: three equally likely tokens, then a tail
+    spread over 20 nats. On the CPU the float32 cumulative sum of row 0's sorted probabilities
+    reaches 1.0 before the tail at the temperatures used here (0.8, 1.2), so a "mass so far <
+    top_p" test at top_p = 1 would drop the tail (the test checks that the sum does reach 1.0)."""
+    spread = torch.cat([torch.full((3,), 15.0), torch.linspace(5.0, -15.0, VOCAB - 3)])
+    return torch.stack([spread.roll(7 * r) for r in range(rows)])
+
+
+def requests_of(params: list[SamplingParams], seeds: list[int]) -> list[Request]:
+    return [
+        Request(i, [1], dataclasses.replace(p, seed=seed), max_context_len=8)
+        for i, (p, seed) in enumerate(zip(params, seeds, strict=True))
+    ]
+
+
+def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson's test with the cells of expected count below 5 pooled; p from gammaincc."""
+    small = expected < 5
+    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
+    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
+    keep = exp > 0
+    statistic = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = torch.tensor((int(keep.sum()) - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, statistic / 2))
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_a_requests_distribution_is_the_same_alone_and_beside_other_filters(
+    name: str, device: torch.device
+) -> None:
+    target = TARGETS[name]
+    logits = long_tailed_logits(1 + len(NEIGHBOURS)).to(device)
+    alone = SamplingBatch.from_requests(requests_of([target], [0]), device).probs(logits[:1])
+    # the target sits in the middle of its neighbours, which set other filters and temperatures
+    params = [*NEIGHBOURS[:2], target, *NEIGHBOURS[2:]]
+    order = [1, 2, 0, 3, 4]  # logits row of each batch position: the target keeps row 0
+    batch = SamplingBatch.from_requests(requests_of(params, list(range(5))), device)
+    assert batch.top_k is not None and batch.top_p is not None  # neutral values were filled in
+    beside = batch.probs(logits[order])
+    assert torch.equal(beside[2], alone[0])  # bit for bit, the tail included
+    unfiltered = (target.top_k is None or target.top_k >= VOCAB) and (
+        target.top_p is None or target.top_p >= 1
+    )
+    if unfiltered and not target.greedy:  # the neutral filters keep every token, exactly
+        softmax = torch.softmax(logits[0] / target.temperature, dim=0)
+        assert torch.equal(alone[0], softmax)
+        assert bool((alone[0] > 0).all())
+        ranked = torch.sort(softmax, descending=True).values
+        mass_before = torch.cumsum(ranked, dim=0) - ranked
+        if device.type == "cpu":  # the hazard is there ("1.0" before the tail), on this device
+            assert float(mass_before[-1]) >= 1.0
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_sampled_tokens_do_not_depend_on_the_neighbours_and_follow_the_distribution(
+    name: str, device: torch.device
+) -> None:
+    target = TARGETS[name]
+    logits = long_tailed_logits(1).to(device)  # (1, V)
+    seeds = list(range(NUM_DRAWS))
+    # NUM_DRAWS copies of the target (seed i each), alone and each beside all the neighbours
+    alone = sample_next_tokens(
+        logits.expand(NUM_DRAWS, VOCAB), requests_of([target] * NUM_DRAWS, seeds)
+    )
+    width = 1 + len(NEIGHBOURS)
+    mixed = [p for _ in seeds for p in (target, *NEIGHBOURS)]
+    mixed_seeds = [s if j == 0 else 10**6 + s * width + j for s in seeds for j in range(width)]
+    other_logits = long_tailed_logits(width).to(device)
+    mixed_logits = torch.cat([logits, other_logits[1:]]).repeat(NUM_DRAWS, 1)  # (width·D, V)
+    beside = sample_next_tokens(mixed_logits, requests_of(mixed, mixed_seeds))[::width]
+    # same seed, same distribution: the same coins give the same tokens
+    assert torch.equal(beside.cpu(), alone.cpu())
+    expected = SamplingBatch.from_requests(requests_of([target], [0]), device).probs(logits)[0]
+    observed = torch.bincount(beside.cpu(), minlength=VOCAB).double()
+    assert observed[expected.cpu() == 0].sum() == 0  # no token outside the filters
+    if target.greedy:
+        assert set(beside.tolist()) == {int(logits[0].argmax())}
+    else:
+        assert chi_square_p_value(observed, NUM_DRAWS * expected.double().cpu()) > 1e-3
