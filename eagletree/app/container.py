@@ -17,6 +17,7 @@ from dependency_injector import containers, providers
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
 from eagletree.adapters.kernels.triton import coins as triton_coins
+from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
@@ -24,10 +25,10 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app import factories
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
-from eagletree.domain import coins as reference_coins
 
 # Slack past the v2 window, as upstream's "+ 4": the bonus token and an off-by-one at the limit.
 ROW_HEADROOM = 4
@@ -59,11 +60,16 @@ class Container(containers.DeclarativeContainer):
         debug_checks=False,
     )
 
-    # sampling coins on the device: one Triton launch on CUDA, the torch reference elsewhere
-    coin_source = providers.Selector(
-        config.derived.coin_backend,
-        torch=providers.Object(reference_coins.uniform_coins),
-        triton=providers.Object(triton_coins.uniform_coins),
+    # a step's fused device functions: one Triton launch each on CUDA, the torch references
+    # (domain/) elsewhere
+    step_kernels = providers.Selector(
+        config.derived.kernel_backend,
+        torch=providers.Object(REFERENCE_KERNELS),
+        triton=providers.Singleton(
+            StepKernels,
+            coins=triton_coins.uniform_coins,
+            verify_greedy=triton_tree_verify.verify_tree_greedy,
+        ),
     )
 
     req_to_token_pool = providers.Singleton(
@@ -160,6 +166,11 @@ def req_to_token_row_width(
     return max_context_len + 2 * tokens_allocated_per_step(resolved, page_size) + ROW_HEADROOM
 
 
+def _kernel_backend(device: str) -> str:
+    """Which implementation of the fused step functions runs on ``device``."""
+    return "triton" if torch.device(device).type == "cuda" else "torch"
+
+
 def container_values(
     settings: EngineSettings, target: TargetDescription, resolved: ResolvedSpeculative
 ) -> dict[str, Any]:
@@ -169,7 +180,7 @@ def container_values(
     values["target"] = dataclasses.asdict(target)
     max_context_len = settings.model.max_context_len or target.max_position_embeddings
     values["derived"] = {
-        "coin_backend": "triton" if torch.device(settings.model.device).type == "cuda" else "torch",
+        "kernel_backend": _kernel_backend(settings.model.device),
         # one row more than requests run at once: the padding row of CUDA-graph batches
         "req_to_token_rows": resolved.max_running_requests + 1,
         "max_context_len": max_context_len,

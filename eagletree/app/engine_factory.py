@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
-    from eagletree.app.sampler import CoinSource
     from eagletree.app.workers.step import Worker
+    from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.config.eagle_hook import ResolvedSpeculative
     from eagletree.config.settings import EngineSettings
     from eagletree.ports.memory import TokenSlotAllocator
@@ -91,12 +91,12 @@ def engine_from_settings(
     )
     if graphs.resolved.reason is not None:
         _log.info("decode steps run eagerly: %s", graphs.resolved.reason)
-    coins = container.coin_source()
+    kernels = container.step_kernels()
     worker: Worker
     if not resolved.enabled:
         worker = NonSpeculativeWorker(
             runner,
-            coins=coins,
+            kernels=kernels,
             graph_buckets=graphs.buckets,
             use_cuda_graphs=graphs.resolved.enabled,
         )
@@ -112,7 +112,7 @@ def engine_from_settings(
             container.slot_allocator(),
             draft_hidden_size=heads[0].hidden_size,
             use_aux_hidden=kind == "eagle3",
-            coins=coins,
+            kernels=kernels,
             graphs=graphs,
         )
     if graphs.resolved.enabled:
@@ -188,7 +188,7 @@ def speculative_worker(
     *,
     draft_hidden_size: int,
     use_aux_hidden: bool,
-    coins: CoinSource,
+    kernels: StepKernels,
     graphs: GraphPlan,
 ) -> Worker:
     """The worker ``resolved.worker`` names, over the target runner and the draft runner(s)."""
@@ -204,7 +204,7 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
-            coins=coins,
+            kernels=kernels,
             graph_buckets=graphs.buckets,
             use_cuda_graphs=graphs.resolved.enabled,
         )
@@ -220,7 +220,7 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
-            coins=coins,
+            kernels=kernels,
         )
     if resolved.worker == "multi_layer_eagle_v2":
         from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
@@ -233,7 +233,7 @@ def speculative_worker(
             num_draft_tokens=tokens,
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
-            coins=coins,
+            kernels=kernels,
             graph_buckets=graphs.buckets,
             use_cuda_graphs=graphs.resolved.enabled,
         )

@@ -7,7 +7,7 @@ so a request samples the same tokens alone or in any batch, eagerly or from a CU
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,10 +17,8 @@ from eagletree.app.forward_batches import to_device
 from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 
 if TYPE_CHECKING:
+    from eagletree.app.workers.step_kernels import CoinSource
     from eagletree.domain.request import Request
-
-# (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
-CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)

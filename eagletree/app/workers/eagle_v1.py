@@ -27,15 +27,14 @@ from eagletree.app.sampler import sampling_inputs
 from eagletree.app.scheduler import free_window_tail
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
 from eagletree.app.workers.step import StepOutput, speculative_step
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
 from eagletree.domain.batch import ForwardBatch, ForwardMode
-from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.memory import TokenSlotAllocator
@@ -62,7 +61,7 @@ class EagleWorkerV1:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
-        coins: CoinSource = uniform_coins,
+        kernels: StepKernels = REFERENCE_KERNELS,
     ) -> None:
         if draft.req_to_token_pool is not target.req_to_token_pool:
             raise ValueError(
@@ -84,7 +83,7 @@ class EagleWorkerV1:
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
             mask_mode=mask_mode,
-            coins=coins,
+            kernels=kernels,
         )
         self._batches, self._drafter, self._verifier, self._extender, self._state, _ = self._parts
         self.last_verification: Verification | None = None

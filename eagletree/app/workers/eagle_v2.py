@@ -30,14 +30,13 @@ from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_state import DecodeWindow
 from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
-from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
@@ -48,7 +47,7 @@ class EagleWorkerV2:
 
     ``draft_hidden_size`` is the width of the draft's own hidden state (what it feeds its next
     draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
-    (EAGLE-3). ``coins`` computes sampling coins on the device (``domain.coins`` semantics).
+    (EAGLE-3). ``kernels`` are the fused device functions of a step (``StepKernels``).
     ``graph_buckets``: batch sizes whose decode step runs padded to a fixed shape (and, with
     ``use_cuda_graphs``, from a captured CUDA graph; ``capture_graphs`` records them); this
     takes one req_to_token row for padding. ``last_tree`` / ``last_verification`` keep the
@@ -68,7 +67,7 @@ class EagleWorkerV2:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
-        coins: CoinSource = uniform_coins,
+        kernels: StepKernels = REFERENCE_KERNELS,
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
     ) -> None:
@@ -85,7 +84,7 @@ class EagleWorkerV2:
             draft_hidden_size=draft_hidden_size,
             use_aux_hidden=use_aux_hidden,
             mask_mode=mask_mode,
-            coins=coins,
+            kernels=kernels,
         )
         self._steps = DecodeStepRunner(
             self._decode_on_device,

@@ -39,13 +39,12 @@ from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftSta
 from eagletree.app.workers.mtp_extend import front_tokens, ragged_extend_batch
 from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.verifier import TreeVerifier, Verification
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
-from eagletree.domain.coins import uniform_coins
 from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
@@ -76,7 +75,7 @@ class MultiLayerEagleWorkerV2:
         draft_hidden_size: int,
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
-        coins: CoinSource = uniform_coins,
+        kernels: StepKernels = REFERENCE_KERNELS,
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
     ) -> None:
@@ -103,9 +102,9 @@ class MultiLayerEagleWorkerV2:
         self.num_draft_tokens = num_draft_tokens
         self.mask_mode = mask_mode
         self._batches = BatchBuilder(target.req_to_token_pool)
-        self._coins = coins
+        self._kernels = kernels
         self._verifier = TreeVerifier(
-            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, coins=coins
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, kernels=kernels
         )
         self._state = DraftStateStore(
             num_rows=target.req_to_token_pool.size,
@@ -158,7 +157,7 @@ class MultiLayerEagleWorkerV2:
     def _prefill(self, requests: list[Request]) -> StepOutput:
         batch, last_rows = self._batches.extend(requests)
         out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests, self._coins).to(torch.int64)
+        next_tokens = sample_next_tokens(out.logits, requests, self._kernels.coins).to(torch.int64)
         tokens = shift_left(batch.input_ids, last_rows, next_tokens)
         drafts, probs = self._run_chain(batch, tokens, out.hidden_states, last_rows)
         next_state = self._next_state(next_tokens, drafts, probs, out.hidden_states, last_rows)

@@ -16,11 +16,10 @@ from eagletree.app.sampler import sample_next_tokens, sample_tokens
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.step import StepOutput
 from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.batch import ForwardBatch, ForwardMode
-from eagletree.domain.coins import uniform_coins
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource
     from eagletree.app.scheduler import SchedulePlan
     from eagletree.ports.model import ModelRunner
 
@@ -28,20 +27,20 @@ if TYPE_CHECKING:
 class NonSpeculativeWorker:
     """One EXTEND forward for the plan's new requests and one DECODE forward for the running.
 
-    ``coins``, ``graph_buckets`` and ``use_cuda_graphs`` as ``EagleWorkerV2``'s.
+    ``kernels``, ``graph_buckets`` and ``use_cuda_graphs`` as ``EagleWorkerV2``'s.
     """
 
     def __init__(
         self,
         runner: ModelRunner,
         *,
-        coins: CoinSource = uniform_coins,
+        kernels: StepKernels = REFERENCE_KERNELS,
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
     ) -> None:
         self._runner = runner
         self._batches = BatchBuilder(runner.req_to_token_pool)
-        self._coins = coins
+        self._kernels = kernels
         self._steps = DecodeStepRunner(
             self._decode_on_device,
             DecodeInputBuffers.for_pool(runner.req_to_token_pool, padded=bool(graph_buckets)),
@@ -67,7 +66,7 @@ class NonSpeculativeWorker:
         if plan.prefill:
             batch, last_rows = self._batches.extend(plan.prefill)
             logits = self._runner.forward(batch, last_rows).logits
-            tokens.append(sample_next_tokens(logits, plan.prefill, self._coins))
+            tokens.append(sample_next_tokens(logits, plan.prefill, self._kernels.coins))
         if plan.decode:
             tokens.append(self._steps.run(plan.decode)[0])
         requests = plan.prefill + plan.decode
@@ -97,4 +96,4 @@ class NonSpeculativeWorker:
             seq_lens_sum=inputs.seq_lens_sum,
         )
         logits = self._runner.forward(batch).logits  # (bs, V)
-        return (sample_tokens(logits, inputs.sampling, self._coins).to(torch.int64),)
+        return (sample_tokens(logits, inputs.sampling, self._kernels.coins).to(torch.int64),)

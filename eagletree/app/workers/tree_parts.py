@@ -16,21 +16,21 @@ from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.app.workers.verifier import TreeVerifier
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource
+    from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.domain.request import Request
     from eagletree.domain.tree import TreeMaskMode
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
 class TreeParts(NamedTuple):
-    """Batch builder, drafter, verifier, draft-extender, per-request draft state, coins."""
+    """Batch builder, drafter, verifier, draft-extender, per-request draft state, kernels."""
 
     batches: BatchBuilder
     drafter: TreeDrafter
     verifier: TreeVerifier
     extender: DraftExtender
     state: DraftStateStore
-    coins: CoinSource
+    kernels: StepKernels
 
 
 def build_tree_parts(
@@ -43,7 +43,7 @@ def build_tree_parts(
     draft_hidden_size: int,
     use_aux_hidden: bool,
     mask_mode: TreeMaskMode,
-    coins: CoinSource,
+    kernels: StepKernels,
 ) -> TreeParts:
     """The parts of a tree worker over ``target`` and ``draft`` for one (S, k, N)."""
     batches = BatchBuilder(target.req_to_token_pool)
@@ -57,7 +57,7 @@ def build_tree_parts(
             mask_mode=mask_mode,
         ),
         verifier=TreeVerifier(
-            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, coins=coins
+            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, kernels=kernels
         ),
         extender=DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden),
         state=DraftStateStore(
@@ -67,7 +67,7 @@ def build_tree_parts(
             hidden_dtype=draft.kv_pool.dtype,
             device=batches.device,
         ),
-        coins=coins,
+        kernels=kernels,
     )
 
 
@@ -78,7 +78,7 @@ def prefill_tree_requests(
     the root of the request's first tree (the same for every EAGLE tree worker)."""
     batch, last_rows = parts.batches.extend(requests)
     out = target.forward(batch, last_rows)
-    next_tokens = sample_next_tokens(out.logits, requests, parts.coins).to(torch.int64)  # (bs,)
+    next_tokens = sample_next_tokens(out.logits, requests, parts.kernels.coins)  # (bs,) int64
     parts.state.scatter(requests, parts.extender.extend_prefill(batch, last_rows, next_tokens, out))
     committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
     return StepOutput(

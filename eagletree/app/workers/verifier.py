@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.batch import ForwardBatch, ForwardMode, TargetVerifySpec
-from eagletree.domain.coins import uniform_coins
 from eagletree.domain.tree import DraftTree, TreeMaskMode
-from eagletree.domain.verify import VerifyResult, verify_tree_greedy, verify_tree_sampling
+from eagletree.domain.verify import VerifyResult, verify_tree_sampling
 
 if TYPE_CHECKING:
-    from eagletree.app.sampler import CoinSource, SamplingInputs
+    from eagletree.app.sampler import SamplingInputs
     from eagletree.app.workers.draft_state import DecodeWindow
     from eagletree.ports.model import ModelRunner
 
@@ -52,7 +52,7 @@ def tree_mask_indptr(tree: DraftTree, window: DecodeWindow, num_draft_tokens: in
 
 class TreeVerifier:
     """Verifies draft trees with ``target``; free of host synchronisation. A sampling step uses
-    N + 1 coins per request (``num_coins``) from ``coins``."""
+    N + 1 coins per request (``num_coins``) from ``kernels.coins``."""
 
     def __init__(
         self,
@@ -60,12 +60,12 @@ class TreeVerifier:
         *,
         num_steps: int,
         num_draft_tokens: int,
-        coins: CoinSource = uniform_coins,
+        kernels: StepKernels = REFERENCE_KERNELS,
     ) -> None:
         self._target = target
         self.num_steps = num_steps
         self.num_draft_tokens = num_draft_tokens
-        self._coins = coins
+        self._kernels = kernels
 
     @property
     def num_coins(self) -> int:
@@ -111,9 +111,9 @@ class TreeVerifier:
         links = (tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling)
         if sampling.all_greedy:
             target_predict = logits.argmax(dim=-1).view(bs, n)
-            return verify_tree_greedy(candidates, *links, target_predict, num_steps)
+            return self._kernels.verify_greedy(candidates, *links, target_predict, num_steps)
         # every node of request b samples with request b's parameters; a greedy request's
         # one-hot rows accept exactly its argmax path whatever its coins
         probs = sampling.probs(logits, rows_per_request=n)  # (bs·N, V)
-        coins = sampling.coins(self._coins, n + 1)  # (bs, N + 1)
+        coins = sampling.coins(self._kernels.coins, n + 1)  # (bs, N + 1)
         return verify_tree_sampling(candidates, *links, probs, coins[:, :n], coins[:, n], num_steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
+from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
 from .brute_force import (
@@ -22,6 +24,18 @@ from .brute_force import (
 from .strategies import DEVICES, TreeBatch, tree_batches
 
 Links = tuple[list[int], list[int]]
+Verify = Callable[..., VerifyResult]
+# the torch reference and the one-launch Triton walk must give the same answers everywhere
+IMPLEMENTATIONS = ["torch", "triton"]
+
+
+def implementation(name: str, device: str) -> Verify:
+    if name == "torch":
+        return verify_tree_greedy
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.tree_verify import verify_tree_greedy as triton_verify
+
+    return triton_verify
 
 
 def verify_both(
@@ -31,6 +45,7 @@ def verify_both(
     target: list[list[int]],
     num_steps: int,
     num_nodes: int,
+    verify: Verify = verify_tree_greedy,
 ) -> tuple[VerifyResult, VerifyReference]:
     bs = len(links)
     retrieve_index = [[b * num_nodes + i for i in range(num_nodes)] for b in range(bs)]
@@ -40,7 +55,7 @@ def verify_both(
     def tensor(rows: list[list[int]]) -> torch.Tensor:
         return torch.tensor(rows, dtype=torch.int64, device=device).view(bs, num_nodes)
 
-    result = verify_tree_greedy(
+    result = verify(
         tensor(candidates),
         tensor(retrieve_index),
         tensor(next_token),
@@ -75,12 +90,14 @@ def biased_target(
     ]
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=examples(200), deadline=None)
 @given(trees=tree_batches(), vocab=st.integers(2, 12), seed=st.integers(0, 2**31 - 1))
 def test_greedy_verification_equals_the_brute_force_on_random_trees(
-    device: str, trees: TreeBatch, vocab: int, seed: int
+    impl: str, device: str, trees: TreeBatch, vocab: int, seed: int
 ) -> None:
+    verify = implementation(impl, device)
     rng = random.Random(seed)
     n = trees.num_draft_tokens
     # a small vocabulary makes equal sibling tokens common: the link order must decide
@@ -89,7 +106,7 @@ def test_greedy_verification_equals_the_brute_force_on_random_trees(
         biased_target(p, c, vocab, rng) for p, c in zip(trees.parents, candidates, strict=True)
     ]
     links = list(zip(trees.next_token, trees.next_sibling, strict=True))
-    result, reference = verify_both(device, links, candidates, target, trees.num_steps, n)
+    result, reference = verify_both(device, links, candidates, target, trees.num_steps, n, verify)
     assert_equal(result, reference, len(trees.parents), trees.num_steps)
 
 
@@ -133,12 +150,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_constructed_paths_are_accepted_exactly(device: str, name: str) -> None:
+def test_constructed_paths_are_accepted_exactly(impl: str, device: str, name: str) -> None:
+    verify = implementation(impl, device)
     links, tokens, path, expected_length = CASES[name]
     target = target_along(path, tokens)
-    result, reference = verify_both(device, [links], [tokens], [target], S, N)
+    result, reference = verify_both(device, [links], [tokens], [target], S, N, verify)
     assert_equal(result, reference, 1, S)
     assert result.accept_length.tolist() == [expected_length]
     assert result.accept_index.tolist() == [path + [-1] * (S + 1 - len(path))]
@@ -148,36 +167,41 @@ def test_constructed_paths_are_accepted_exactly(device: str, name: str) -> None:
     assert sum(p != -1 for p in result.predict.tolist()) == len(path)
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_constructed_cases_give_the_same_answers_batched(device: str) -> None:
+def test_constructed_cases_give_the_same_answers_batched(impl: str, device: str) -> None:
+    verify = implementation(impl, device)
     cases = list(CASES.values())
     links = [c[0] for c in cases]
     tokens = [c[1] for c in cases]
     targets = [target_along(c[2], c[1]) for c in cases]
-    result, reference = verify_both(device, links, tokens, targets, S, N)
+    result, reference = verify_both(device, links, tokens, targets, S, N, verify)
     assert_equal(result, reference, len(cases), S)
     assert result.accept_length.tolist() == [c[3] for c in cases]
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("device", DEVICES)
 def test_equal_sibling_tokens_are_resolved_by_the_link_order_not_the_index_order(
-    device: str,
+    impl: str, device: str
 ) -> None:
+    verify = implementation(impl, device)
     # nodes 1 and 2 both carry token 5; their children differ, so which one is taken shows
     parents = [-1, 0, 0, 1, 2, 0, 0, 0]
     tokens = [0, 5, 5, 6, 7, 8, 9, 10]
     target = [5, 99, 7, 99, 42, 99, 99, 99]  # after token 5 the target wants 7: node 2's child
     for order, expected_path in (([1, 2, 5, 6, 7], [0, 1]), ([2, 1, 5, 6, 7], [0, 2, 4])):
         links = ordered(parents, {0: order})
-        result, reference = verify_both(device, [links], [tokens], [target], S, N)
+        result, reference = verify_both(device, [links], [tokens], [target], S, N, verify)
         assert_equal(result, reference, 1, S)
         assert result.accept_index.tolist() == [expected_path + [-1] * (S + 1 - len(expected_path))]
 
 
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("device", DEVICES)
-def test_an_empty_batch_gives_empty_results(device: str) -> None:
+def test_an_empty_batch_gives_empty_results(impl: str, device: str) -> None:
     empty = torch.empty((0, N), dtype=torch.int64, device=device)
-    result = verify_tree_greedy(empty, empty, empty, empty, empty, S)
+    result = implementation(impl, device)(empty, empty, empty, empty, empty, S)
     assert result.predict.shape == (0,)
     assert result.accept_index.shape == (0, S + 1)
     assert result.accept_length.shape == (0,)

@@ -1,0 +1,33 @@
+"""The device functions a decode step calls where a fused kernel replaces many small ones.
+
+Each has its torch reference in ``domain/`` (the specification, and what the CPU runs) and a
+one-launch Triton kernel computing the same bits (what CUDA runs). The container picks the
+set; workers take it as a constructor argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from eagletree.domain.coins import uniform_coins
+from eagletree.domain.verify import VerifyResult, verify_tree_greedy
+
+# (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
+CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# domain.verify.verify_tree_greedy's signature
+GreedyVerify = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
+]
+
+
+class StepKernels(NamedTuple):
+    """Sampling coins and greedy tree verification (defaults: the torch references)."""
+
+    coins: CoinSource = uniform_coins
+    verify_greedy: GreedyVerify = verify_tree_greedy
+
+
+REFERENCE_KERNELS = StepKernels()
