@@ -17,6 +17,7 @@ from dependency_injector import containers, providers
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
 from eagletree.adapters.kernels.triton import coins as triton_coins
+from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
@@ -68,6 +69,7 @@ class Container(containers.DeclarativeContainer):
         triton=providers.Singleton(
             StepKernels,
             coins=triton_coins.uniform_coins,
+            top_k=triton_draft_topk.top_k_probs,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
         ),
     )

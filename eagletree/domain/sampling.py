@@ -68,3 +68,15 @@ def sample_from_probs(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     vocab = torch.arange(probs.shape[1], device=probs.device)
     last_nonzero = torch.where(probs > 0, vocab, 0).amax(dim=1) if probs.shape[1] else index
     return torch.minimum(index, last_nonzero)
+
+
+def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row and their softmax probabilities, best first.
+
+    ``logits`` (rows, V); −inf entries (outside an EAGLE-3 draft vocabulary) have probability 0.
+    Ties go to the lower token id. Returns (probabilities (rows, k) float32, tokens (rows, k)
+    int64).
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k].contiguous()
+    return torch.gather(probs, 1, order), order

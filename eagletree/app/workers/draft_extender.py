@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.workers.draft_state import DraftInput
-from eagletree.app.workers.tree_drafter import draft_topk
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
+from eagletree.domain.sampling import top_k_probs
 
 if TYPE_CHECKING:
     from eagletree.app.workers.draft_state import DecodeWindow
+    from eagletree.app.workers.step_kernels import TopK
     from eagletree.domain.model_output import ModelOutput
     from eagletree.ports.model import DraftRunner
 
@@ -41,8 +42,11 @@ class DraftExtender:
     """Runs ``draft`` over committed tokens; ``use_aux_hidden`` feeds it the target's aux hidden
     states (EAGLE-3) instead of the final-normed ones. Free of host synchronisation."""
 
-    def __init__(self, draft: DraftRunner, *, topk: int, use_aux_hidden: bool) -> None:
+    def __init__(
+        self, draft: DraftRunner, *, topk: int, use_aux_hidden: bool, top_k: TopK = top_k_probs
+    ) -> None:
         self._draft = draft
+        self._top_k = top_k
         self.topk = topk
         self.use_aux_hidden = use_aux_hidden
 
@@ -83,7 +87,7 @@ class DraftExtender:
         """An EXTEND of the draft whose ``input_ids`` already follow the draft convention; the
         next state comes from each request's last row (its input token is the bonus)."""
         out = self._draft.forward(batch, hidden_states, last_rows)
-        topk_p, topk_index = draft_topk(out.logits, self.topk)
+        topk_p, topk_index = self._top_k(out.logits, self.topk)
         return DraftInput(
             bonus_tokens=batch.input_ids.index_select(0, last_rows).to(torch.int64),
             topk_p=topk_p,

@@ -303,7 +303,8 @@ class MultiLayerEagleWorkerV2:
         for i, runner in enumerate(self._drafts):
             self._mirror_rows(runner, batch.req_pool_indices)
             out = runner.forward(dataclasses.replace(batch, input_ids=tokens), hidden, last_rows)
-            p, token = torch.softmax(out.logits.float(), dim=-1).max(dim=-1)  # (bs,) each
+            top_p, top_token = self._kernels.top_k(out.logits, 1)  # (bs, 1) each
+            p, token = top_p[:, 0], top_token[:, 0]
             drafts.append(token)
             probs.append(p)
             if i + 1 < len(self._drafts):

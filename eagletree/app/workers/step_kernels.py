@@ -13,10 +13,13 @@ from typing import NamedTuple
 import torch
 
 from eagletree.domain.coins import uniform_coins
+from eagletree.domain.sampling import top_k_probs
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 
 # (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# (logits (rows, V), k) -> (probabilities (rows, k) float32, tokens (rows, k) int64)
+TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 # domain.verify.verify_tree_greedy's signature
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
@@ -24,9 +27,11 @@ GreedyVerify = Callable[
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins and greedy tree verification (defaults: the torch references)."""
+    """Sampling coins, the draft's top-k and greedy tree verification (defaults: the torch
+    references)."""
 
     coins: CoinSource = uniform_coins
+    top_k: TopK = top_k_probs
     verify_greedy: GreedyVerify = verify_tree_greedy
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.domain.batch import DraftDecodeSpec, ForwardBatch, ForwardMode
+from eagletree.domain.sampling import top_k_probs
 from eagletree.domain.tree import (
     BeamStep,
     DraftTree,
@@ -32,15 +33,8 @@ from eagletree.domain.tree import (
 
 if TYPE_CHECKING:
     from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
+    from eagletree.app.workers.step_kernels import TopK
     from eagletree.ports.model import DraftRunner
-
-
-def draft_topk(logits: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draft's k most likely next tokens per row → (probabilities, tokens), each (rows, k)."""
-    # logits: (rows, V) float32; −inf entries (outside an EAGLE-3 draft vocabulary) get p = 0
-    probs = torch.softmax(logits.float(), dim=-1)
-    topk_p, topk_index = torch.topk(probs, topk, dim=-1)
-    return topk_p, topk_index
 
 
 class TreeDrafter:
@@ -59,6 +53,7 @@ class TreeDrafter:
         topk: int,
         num_draft_tokens: int,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        top_k: TopK = top_k_probs,
     ) -> None:
         if num_steps < 1 or topk < 1 or num_draft_tokens < 2:
             raise ValueError(
@@ -71,6 +66,7 @@ class TreeDrafter:
                 "beam's candidates plus the root"
             )
         self._draft = draft
+        self._top_k = top_k
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
@@ -93,7 +89,7 @@ class TreeDrafter:
                 self._branch_batch(window, beam, own_slots, ancestors, step - 1),
                 beam.hidden_states,
             )
-            topk_p, topk_index = draft_topk(out.logits, k)  # (bs·k, k) each
+            topk_p, topk_index = self._top_k(out.logits, k)  # (bs·k, k) each
             beam = select_top_k_tokens(step, topk_p, topk_index, out.hidden_states, beam.scores, k)
             steps.append(beam)
             ancestors = _survivor_ancestors(beam, ancestors, own_slots, bs, k, step)

@@ -55,11 +55,14 @@ def build_tree_parts(
             topk=topk,
             num_draft_tokens=num_draft_tokens,
             mask_mode=mask_mode,
+            top_k=kernels.top_k,
         ),
         verifier=TreeVerifier(
             target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, kernels=kernels
         ),
-        extender=DraftExtender(draft, topk=topk, use_aux_hidden=use_aux_hidden),
+        extender=DraftExtender(
+            draft, topk=topk, use_aux_hidden=use_aux_hidden, top_k=kernels.top_k
+        ),
         state=DraftStateStore(
             num_rows=target.req_to_token_pool.size,
             topk=topk,

@@ -1,0 +1,67 @@
+"""The draft's top-k with probabilities: the torch reference against a brute force, and the
+two-launch Triton kernel against the reference (token ids exact, probabilities to rounding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagletree.domain.sampling import top_k_probs
+from tests.conftest import requires_triton
+
+
+def logits_with_hazards(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Random logits with an exact tie for the top spot in row 1 and a −inf half in row 0
+    (an EAGLE-3 draft vocabulary leaves the rest of the target vocabulary at −inf)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=generator) * 3
+    logits[0, : vocab // 2] = float("-inf")
+    if rows > 1:
+        top = float(logits[1].max()) + 1
+        logits[1, vocab - 1] = logits[1, 3] = top  # the lower id must come first
+    return logits
+
+
+def brute_force(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    probs = torch.softmax(logits.double(), dim=-1)
+    probs_out, tokens_out = [], []
+    for row in probs.tolist():
+        ranked = sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+        tokens_out.append(ranked)
+        probs_out.append([row[i] for i in ranked])
+    return probs_out, tokens_out
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k"), [(3, 96, 4), (2, 13, 1), (4, 80, 13)])
+def test_the_reference_takes_the_most_likely_tokens_with_ties_to_the_lower_id(
+    rows: int, vocab: int, k: int
+) -> None:
+    logits = logits_with_hazards(rows, vocab, seed=k)
+    probs, tokens = top_k_probs(logits, k)
+    expected_probs, expected_tokens = brute_force(logits, k)
+    assert tokens.dtype == torch.int64 and probs.dtype == torch.float32
+    assert tokens.tolist() == expected_tokens
+    expected = torch.tensor(expected_probs, dtype=torch.float64)
+    torch.testing.assert_close(probs.double(), expected, rtol=1e-6, atol=1e-12)
+    assert tokens[1, 0] == 3  # the tie for the top: the lower id first
+    if k > 1:
+        assert tokens[1, 1] == vocab - 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"), [(3, 96, 4), (5, 9000, 8), (2, 130, 1), (4, 4097, 16), (0, 50, 2)]
+)
+def test_the_triton_kernel_equals_the_reference(
+    device: torch.device, rows: int, vocab: int, k: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draft_topk import top_k_probs as triton_top_k
+
+    logits = logits_with_hazards(max(rows, 2), vocab, seed=vocab)[:rows]
+    expected_probs, expected_tokens = top_k_probs(logits, k)
+    for dtype in (torch.float32, torch.bfloat16):  # the draft's lm_head may return either
+        probs, tokens = triton_top_k(logits.to(device, dtype), k)
+        ref_probs, ref_tokens = top_k_probs(logits.to(dtype), k)
+        assert torch.equal(tokens.cpu(), ref_tokens)
+        torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
+    assert expected_probs.shape == probs.shape == (rows, k)
