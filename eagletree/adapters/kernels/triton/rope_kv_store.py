@@ -4,7 +4,9 @@ What it replaces, operation for operation: ``RopeTables.rotate`` on q and k (pro
 sum each rounded to the activation dtype, as torch's elementwise ops round), then the pool's
 ``set_kv_buffer`` (rows converted to the storage dtype at ``out_cache_loc``; for fp8 e4m3 both
 round to nearest even and saturate at ±448). One program per (token, head): q heads first,
-then the kv heads, whose programs also copy that head's v.
+then the kv heads, whose programs also copy that head's v. The launch turns off FMA
+contraction, which would otherwise fuse a product into the sum and round once where torch
+rounds twice.
 """
 
 from __future__ import annotations
@@ -66,15 +68,17 @@ def _rope_kv_store_kernel(
     out_lo = ((lo * cos_lo).to(act).to(tl.float32) - (hi * sin_lo).to(act).to(tl.float32)).to(act)
     out_hi = ((hi * cos_hi).to(act).to(tl.float32) + (lo * sin_hi).to(act).to(tl.float32)).to(act)
     if is_q:
-        dst = q_out_ptr + token * stride_q_out_tok + head * stride_q_out_head
-        tl.store(dst + cols, out_lo, mask=mask)
-        tl.store(dst + half + cols, out_hi, mask=mask)
+        q_dst = q_out_ptr + token * stride_q_out_tok + head * stride_q_out_head
+        tl.store(q_dst + cols, out_lo, mask=mask)
+        tl.store(q_dst + half + cols, out_hi, mask=mask)
     else:
         kv_head = head - num_q_heads
         slot = tl.load(loc_ptr + token).to(tl.int64)
-        dst = k_buf_ptr + slot * stride_k_buf_slot + kv_head * stride_k_buf_head
-        tl.store(dst + cols, out_lo.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + half + cols, out_hi.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask)
+        k_dst = k_buf_ptr + slot * stride_k_buf_slot + kv_head * stride_k_buf_head
+        tl.store(k_dst + cols, out_lo.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            k_dst + half + cols, out_hi.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask
+        )
         v_cols = tl.arange(0, BLOCK_V)
         v_mask = v_cols < v_dim
         v = tl.load(
@@ -156,5 +160,6 @@ def rope_kv_store(
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         BLOCK_V=triton.next_power_of_2(v_dim),
         num_warps=1 if head_dim <= 128 else 2,
+        enable_fp_fusion=False,  # no FMA: a product and the sum are rounded apart, as in torch
     )
     return q_out
