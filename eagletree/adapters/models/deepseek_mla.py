@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_store
 from eagletree.adapters.models.config import MLAConfig
+from eagletree.adapters.models.kv_rows import mla_kv_buffer
 from eagletree.adapters.models.layers import (
     AttentionContext,
     RMSNorm,
@@ -45,7 +47,9 @@ def mla_softmax_scale(config: MLAConfig) -> float:
 
 class MLAAttention(nn.Module):
     """With a q LoRA, ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the same input and run as one
-    GEMM (``fused_qkv_a_proj``, filled from both checkpoint tensors)."""
+    GEMM (``fused_qkv_a_proj``, filled from both checkpoint tensors). With ``fused_kernels`` and
+    an MLA pool in the context, one kernel normalises the latent, rotates q_rope and k_rope and
+    stores the pool row, and the backend runs with ``save_kv=False``."""
 
     def __init__(self, config: MLAConfig, layer_id: int, fused_kernels: bool = False) -> None:
         super().__init__()
@@ -69,6 +73,7 @@ class MLAAttention(nn.Module):
             config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
         )
         self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
+        self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
             num_q_heads=heads,
@@ -98,18 +103,32 @@ class MLAAttention(nn.Module):
             q.view(num_tokens, heads, nope + rope_dim), [nope, rope_dim], -1
         )
         latent, k_rope = torch.split(compressed, [rank, rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
-        q_rope = rope.rotate(q_rope)
-        k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
         # kv_b: (heads, nope + v_head_dim, rank); its rows map a latent to [k_nope; v] per head
         kv_b = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, rank)
         # q_latent: (heads, num_tokens, rank) = q_nope · W_uk per head
         q_latent = torch.bmm(q_nope.transpose(0, 1), kv_b[:, :nope, :])
-        # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
-        q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
-        k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
-        # o_latent: (num_tokens, heads * rank)
-        o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
+        kv_buffer = mla_kv_buffer(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
+        if kv_buffer is not None:
+            norm = self.kv_a_layernorm
+            # q: (num_tokens, heads, rank + rope) with its rope columns rotated; the pool rows
+            # at out_cache_loc get [norm(latent); rotate(k_rope)]
+            q = mla_rope_kv_store(
+                q_rope, latent, k_rope, norm.weight, norm.eps, rope.cos, rope.sin,
+                rope.interleaved, ctx.batch.out_cache_loc, kv_buffer,
+            )  # fmt: skip
+            q[..., :rank].copy_(q_latent.transpose(0, 1))
+            # k is ignored with save_kv=False: the backend reads every key from the pool
+            k = compressed.unsqueeze(1)
+            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch, save_kv=False)
+        else:
+            latent = self.kv_a_layernorm(latent)
+            q_rope = rope.rotate(q_rope)
+            k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
+            # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
+            q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
+            k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
+            # o_latent: (num_tokens, heads * rank)
+            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
         # o: (heads, num_tokens, v_head_dim) = o_latent · W_uv^T per head
         o = torch.bmm(
             o_latent.view(num_tokens, heads, rank).transpose(0, 1),

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from eagletree.adapters.attention.pool_access import is_mla_pool
 from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
 from eagletree.adapters.models.config import LlamaConfig
+from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import (
     AttentionContext,
     RMSNorm,
@@ -30,18 +30,6 @@ from eagletree.adapters.models.stack import (
     run_decoder_stack,
 )
 from eagletree.domain.attention_layer import AttentionLayer
-from eagletree.ports.memory import KVPool, MHAKVCache
-
-
-def direct_kv_buffers(
-    pool: KVPool | None, layer_id: int
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(K, V) of an MHA pool whose rows a kernel may write at token slots, as ``set_kv_buffer``
-    would; None for pools that translate slots or hold another layout (MLA, hybrid)."""
-    if pool is None or is_mla_pool(pool) or not hasattr(pool, "get_key_buffer"):
-        return None
-    mha: MHAKVCache = pool  # type: ignore[assignment]
-    return mha.get_key_buffer(layer_id), mha.get_value_buffer(layer_id)
 
 
 class LlamaAttention(nn.Module):
@@ -92,7 +80,7 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, layer.num_q_heads, layer.head_dim)
         k = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
         v = v.view(num_tokens, layer.num_kv_heads, layer.head_dim)
-        buffers = direct_kv_buffers(ctx.kv_pool, layer.layer_id) if self.fused_kernels else None
+        buffers = mha_kv_buffers(ctx.kv_pool, layer.layer_id) if self.fused_kernels else None
         if buffers is not None and not rope.interleaved:
             k_buffer, v_buffer = buffers
             out_cache_loc = ctx.batch.out_cache_loc

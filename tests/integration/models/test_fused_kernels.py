@@ -3,15 +3,19 @@
 A tiny Llama target and an EAGLE-1 / EAGLE-3 head run a ragged prefill, a chunk and decode
 steps (and a draft step on its own output) through their runners twice — once with the Triton
 kernels (RMSNorm, add + RMSNorm, SiLU-and-mul, RoPE fused with the KV store) and once with the
-torch code — over the same weights. fp32, so the only differences are the kernels' summation orders.
+torch code — over the same weights; so does a tiny DeepSeek MLA target (the MLA prologue
+kernel, both RoPE layouts). fp32, so the only differences are the kernels' summation orders.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from eagletree.adapters.models.config import LlamaConfig, RopeConfig
+from eagletree.adapters.models.config import LlamaConfig, MLAConfig, RopeConfig
+from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
 from eagletree.adapters.models.eagle import EagleDraft, SharedTargetModules
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.llama import LlamaForCausalLM
@@ -103,3 +107,49 @@ def test_fused_kernels_give_the_logits_of_the_torch_path(
         assert torch.equal(torch.isfinite(draft.logits), finite)
         assert relative_error(draft.logits[finite], ref_draft.logits[finite]) < TOLERANCE
         assert relative_error(draft.hidden_states, ref_draft.hidden_states) < TOLERANCE
+
+
+MLA = MLAConfig(
+    vocab_size=64,
+    hidden_size=40,
+    intermediate_size=56,
+    num_hidden_layers=2,
+    num_attention_heads=3,
+    q_lora_rank=24,
+    kv_lora_rank=20,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=6,
+    v_head_dim=10,
+    rms_norm_eps=1e-6,
+    rope=RopeConfig(theta=10000.0),
+    max_position_embeddings=256,
+)
+
+
+@pytest.mark.parametrize("interleave", [True, False], ids=["interleaved", "half-split"])
+def test_an_mla_target_with_fused_kernels_gives_the_logits_of_the_torch_path(
+    device: torch.device, interleave: bool
+) -> None:
+    requires_triton(device)
+    config = dataclasses.replace(MLA, rope_interleave=interleave)
+    logits = []
+    for fused in (True, False):
+        model = DeepseekMLAForCausalLM(config, fused_kernels=fused)
+        perturb_parameters(model, seed=8)
+        model = model.to(device).eval()
+        memory = Memory(device)
+        runner = TargetModelRunner(
+            model, *memory.runner_parts(model.kv_layout, "triton", torch.float32)
+        )
+        requests = Requests(memory, 2)
+        steps = []
+        for mode, chunks in chunked_schedule(config.vocab_size, seed=9)[:4]:
+            batch = (
+                requests.extend(chunks)
+                if mode == "extend"
+                else requests.decode([c[0] for c in chunks])
+            )
+            steps.append(runner.forward(batch).logits)
+        logits.append(steps)
+    for fused_step, reference_step in zip(*logits, strict=True):
+        assert relative_error(fused_step, reference_step) < TOLERANCE
