@@ -20,6 +20,7 @@ from eagletree.adapters.models.layers import (
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
+    concat_norms,
 )
 from eagletree.adapters.models.llama import LlamaAttention
 from eagletree.adapters.models.stack import MHALayout
@@ -42,7 +43,7 @@ class Eagle3MidLayer(nn.Module):
     ) -> torch.Tensor:
         # embeds, h: (num_tokens, H); the residual stream starts at the fused hidden state, which
         # may be the caller's tensor, so the first add writes a new one
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), dim=-1)
+        x = concat_norms(self.input_layernorm, embeds, self.hidden_norm, h)
         attn = self.self_attn(x, rope, ctx)
         x, residual = self.post_attention_layernorm.add(attn, h, reuse_residual=False)
         out: torch.Tensor = residual + self.mlp(x)

@@ -40,6 +40,13 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` written into ``out`` (e.g. one half of a concatenation), returned."""
+        # x, out: (num_tokens, hidden); out may be a column block of a wider tensor
+        if self.fused_kernels and x.dim() == 2 and x.stride(-1) == 1:
+            return rmsnorm(x, self.weight, self.eps, out)
+        return out.copy_(self(x))
+
     def add(
         self, x: torch.Tensor, residual: torch.Tensor, reuse_residual: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,6 +73,17 @@ def input_step(
     if norm is None:
         raise ValueError("only a stack's first layer may skip its input norm")
     return norm.add(h, residual)
+
+
+def concat_norms(first: RMSNorm, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
+    """``cat((first(x), second(y)), -1)``; the fused kernels write their halves in place."""
+    # x: (num_tokens, H1), y: (num_tokens, H2) -> (num_tokens, H1 + H2)
+    if not first.fused_kernels:
+        return torch.cat((first(x), second(y)), dim=-1)
+    out = x.new_empty(x.shape[0], x.shape[1] + y.shape[1])
+    first.into(x, out[:, : x.shape[1]])
+    second.into(y, out[:, x.shape[1] :])
+    return out
 
 
 class SwiGLU(nn.Module):

@@ -15,7 +15,12 @@ from torch import nn
 from eagletree.adapters.models.config import LlamaConfig, MLAConfig
 from eagletree.adapters.models.deepseek_mla import MLADecoderLayer, mla_rotary
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    RMSNorm,
+    RotaryEmbedding,
+    concat_norms,
+)
 from eagletree.adapters.models.llama import LlamaDecoderLayer
 from eagletree.adapters.models.stack import KVLayout, MHALayout, MLALayout
 
@@ -78,7 +83,7 @@ class MTPLayer(nn.Module):
     ) -> torch.Tensor:
         # input_ids, positions: (num_tokens,); hidden_states: (num_tokens, H) -> (num_tokens, H)
         embeds = self.shared.embed_tokens(input_ids)
-        fused = torch.cat((self.enorm(embeds), self.hnorm(hidden_states.to(embeds.dtype))), -1)
+        fused = concat_norms(self.enorm, embeds, self.hnorm, hidden_states.to(embeds.dtype))
         h = self.eh_proj(fused)
         h, residual = self.decoder(h, None, self.rotary(positions, h.dtype), ctx)
         out, _ = self.shared_head.norm.add(h, residual)

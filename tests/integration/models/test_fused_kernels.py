@@ -1,10 +1,11 @@
 """Models with ``fused_kernels=True`` give the logits of the torch reference path (Triton backend).
 
-A tiny Llama target and an EAGLE-1 / EAGLE-3 head run a ragged prefill, a chunk and decode
-steps (and a draft step on its own output) through their runners twice — once with the Triton
-kernels (RMSNorm, add + RMSNorm, SiLU-and-mul, RoPE fused with the KV store) and once with the
-torch code — over the same weights; so does a tiny DeepSeek MLA target (the MLA prologue
-kernel, both RoPE layouts). fp32, so the only differences are the kernels' summation orders.
+A tiny Llama target and an EAGLE-1 / EAGLE-3 head or a Llama MTP layer run a ragged prefill,
+a chunk and decode steps (and a draft step on its own output) through their runners twice —
+once with the Triton kernels (RMSNorm, add + RMSNorm, SiLU-and-mul, RoPE fused with the KV
+store) and once with the torch code — over the same weights; so does a tiny DeepSeek MLA
+target (the MLA prologue kernel, both RoPE layouts). fp32, so the only differences are the
+kernels' summation orders.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
 from eagletree.adapters.models.eagle import EagleDraft, SharedTargetModules
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.llama import LlamaForCausalLM
+from eagletree.adapters.models.mtp import MTPLayer
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.domain.model_output import ModelOutput
 from tests.conftest import requires_triton
@@ -50,9 +52,11 @@ def build(fused: bool, head_kind: str, device: torch.device) -> tuple[LlamaForCa
     target = LlamaForCausalLM(CONFIG, aux, fused_kernels=fused)
     perturb_parameters(target, seed=5)
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
-    head: EagleDraft | Eagle3Draft
+    head: EagleDraft | Eagle3Draft | MTPLayer
     if head_kind == "eagle":
         head = EagleDraft(CONFIG, shared, fc_bias=True, fused_kernels=fused)
+    elif head_kind == "mtp":
+        head = MTPLayer(CONFIG, shared, fused_kernels=fused)
     else:
         head = Eagle3Draft(CONFIG, shared, 48, CONFIG.hidden_size, fused_kernels=fused)
     perturb_parameters(head, seed=6)
@@ -61,7 +65,7 @@ def build(fused: bool, head_kind: str, device: torch.device) -> tuple[LlamaForCa
 
 def run(fused: bool, head_kind: str, device: torch.device) -> list[tuple[ModelOutput, ModelOutput]]:
     target, head = build(fused, head_kind, device)
-    assert isinstance(head, EagleDraft | Eagle3Draft)
+    assert isinstance(head, EagleDraft | Eagle3Draft | MTPLayer)
     memory = Memory(device)
     target_runner = TargetModelRunner(
         target, *memory.runner_parts(target.kv_layout, "triton", torch.float32)
@@ -90,7 +94,7 @@ def run(fused: bool, head_kind: str, device: torch.device) -> list[tuple[ModelOu
     return outputs
 
 
-@pytest.mark.parametrize("head_kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("head_kind", ["eagle", "eagle3", "mtp"])
 def test_fused_kernels_give_the_logits_of_the_torch_path(
     device: torch.device, head_kind: str
 ) -> None:

@@ -77,3 +77,15 @@ def test_the_fused_rmsnorm_module_path_matches_its_reference_path(device: torch.
     ref_out, ref_sum = reference.add(x, residual)
     assert torch.equal(summed, ref_sum)
     assert_computed_close(out, ref_out)
+
+
+def test_rmsnorm_writes_into_a_column_block_and_nothing_else(device: torch.device) -> None:
+    requires_triton(device)
+    norm = reference_norm(80, torch.float32, device)
+    x = rows(13, 80, 9, device)
+    buffer = torch.full((13, 112), 7.0, device=device)
+    out = rmsnorm(x, norm.weight, norm.eps, buffer[:, 16:96])
+    assert out.data_ptr() == buffer[:, 16:].data_ptr()
+    assert_computed_close(buffer[:, 16:96], norm(x))
+    assert torch.equal(buffer[:, :16], torch.full((13, 16), 7.0, device=device))
+    assert torch.equal(buffer[:, 96:], torch.full((13, 16), 7.0, device=device))

@@ -84,11 +84,17 @@ def _launch(
     )
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``weight * (x · rsqrt(mean(x²) + eps)).to(x.dtype)`` per row, as a new tensor."""
+def rmsnorm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``weight * (x · rsqrt(mean(x²) + eps)).to(x.dtype)`` per row, into ``out`` (any row
+    stride, e.g. the columns of a concatenation) or a new tensor."""
     # x: (num_tokens, hidden) -> (num_tokens, hidden) in x's dtype
     _check(x, weight)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit x {tuple(x.shape)}")
     _launch(x, x, x, weight, out, eps, add_residual=False)
     return out
 
