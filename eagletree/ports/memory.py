@@ -151,7 +151,8 @@ class MLAKVCache(KVPool, Protocol):
     """KV pool of multi-head latent attention: per layer one buffer of latent + rope key.
 
     ``get_kv_buffer(layer)``: (size + page_size, 1, kv_lora_rank + qk_rope_head_dim).
-    ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last).
+    ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last); as
+    for MHA, row ``slot`` is that slot's storage and a kernel may write it directly.
     """
 
     @property
