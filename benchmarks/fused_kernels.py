@@ -8,7 +8,10 @@ bf16, for 1, 8, 32 and 256 tokens. Rows of the timing table:
 * "add+rmsnorm": ``residual + x`` then ``RMSNorm`` vs ``fused_add_rmsnorm`` (in place);
 * "silu*mul": ``silu(gate) * up`` over the merged gate/up output vs ``silu_and_mul``;
 * "rope+kv store": ``RopeTables.rotate`` on q and k then ``MHAKVPool.set_kv_buffer`` vs
-  ``rope_kv_store`` (a bf16 pool of 65 536 slots, the new tokens at scattered slots).
+  ``rope_kv_store`` (a bf16 pool of 65 536 slots, the new tokens at scattered slots);
+* "mla prologue" (DeepSeek-V3 shapes: 128 heads, latent 512, rope 64, interleaved):
+  ``kv_a_layernorm``, the rotations of q_rope and k_rope, the row ``cat`` and
+  ``MLAKVPool.set_kv_buffer`` vs ``mla_rope_kv_store``.
 
 "µs" is the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed before each call,
 so small calls measure their launch too); "launches" counts kernels with the CUDA profiler.
@@ -35,10 +38,12 @@ from typing import NamedTuple
 import torch
 
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
+from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_store
 from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm, rmsnorm
 from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
 from eagletree.adapters.kernels.triton.silu_and_mul import silu_and_mul
 from eagletree.adapters.memory.mha_pool import MHAKVPool
+from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.models.config import LlamaConfig, RopeConfig
@@ -60,6 +65,7 @@ class Shape(NamedTuple):
 LLAMA_8B = Shape(4096, 14336, 32, 8, 128, 65_536)
 SMOKE = Shape(80, 112, 4, 2, 16, 64)
 TOKENS = (1, 8, 32, 256)
+MLA_HEADS, MLA_RANK, MLA_ROPE = 128, 512, 64  # DeepSeek-V3
 Case = tuple[Callable[[], object], Callable[[], object]]  # (torch reference, Triton kernel)
 
 
@@ -123,6 +129,25 @@ def cases(shape: Shape, tokens: int, device: torch.device) -> dict[str, Case]:
         pool.set_kv_buffer(0, loc, rope.rotate(k), v)
         return rope.rotate(q)
 
+    mla_q = randn(tokens, MLA_HEADS, 128 + MLA_ROPE)[..., 128:]
+    compressed = randn(tokens, MLA_RANK + MLA_ROPE)
+    latent, k_rope = compressed[:, :MLA_RANK], compressed[:, MLA_RANK:]
+    latent_norm = RMSNorm(MLA_RANK, 1e-6).to(device, dtype)
+    mla_rotary = RotaryEmbedding(RopeConfig(theta=10000.0), MLA_ROPE, interleaved=True)
+    mla_rope: RopeTables = mla_rotary.to(device)(positions, dtype)
+    mla_pool = MLAKVPool(shape.slots, 1, MLA_RANK, MLA_ROPE, dtype, device, TorchRowMover())
+
+    def torch_mla() -> torch.Tensor:
+        row = torch.cat((latent_norm(latent)[:, None], mla_rope.rotate(k_rope[:, None])), -1)
+        mla_pool.set_kv_buffer(0, loc, row)
+        return mla_rope.rotate(mla_q)
+
+    def triton_mla() -> torch.Tensor:
+        return mla_rope_kv_store(
+            mla_q, latent, k_rope, latent_norm.weight, latent_norm.eps, mla_rope.cos,
+            mla_rope.sin, True, loc, mla_pool.get_kv_buffer(0),
+        )  # fmt: skip
+
     return {
         "rmsnorm": (lambda: norm(x), lambda: rmsnorm(x, norm.weight, norm.eps)),
         "add+rmsnorm": (
@@ -134,6 +159,7 @@ def cases(shape: Shape, tokens: int, device: torch.device) -> dict[str, Case]:
             torch_rope,
             lambda: rope_kv_store(q, k, v, rope.cos, rope.sin, loc, k_buf, v_buf),
         ),
+        "mla prologue": (torch_mla, triton_mla),
     }
 
 
