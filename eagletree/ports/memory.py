@@ -122,6 +122,8 @@ class MHAKVCache(KVPool, Protocol):
     ``get_key_buffer(layer)``: (size + page_size, kv_heads, head_dim) in the storage dtype;
     ``get_value_buffer(layer)``: (size + page_size, kv_heads, v_head_dim). With an fp8 storage
     dtype the caller converts gathered rows to ``dtype``; ``set_kv_buffer`` converts on write.
+    Row ``slot`` of these buffers is that slot's storage, so a kernel may write new rows there
+    directly (converting as ``set_kv_buffer`` does) instead of calling it.
     """
 
     @property
@@ -149,7 +151,8 @@ class MLAKVCache(KVPool, Protocol):
     """KV pool of multi-head latent attention: per layer one buffer of latent + rope key.
 
     ``get_kv_buffer(layer)``: (size + page_size, 1, kv_lora_rank + qk_rope_head_dim).
-    ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last).
+    ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last); as
+    for MHA, row ``slot`` is that slot's storage and a kernel may write it directly.
     """
 
     @property

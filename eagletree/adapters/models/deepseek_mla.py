@@ -14,15 +14,19 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_store
 from eagletree.adapters.models.config import MLAConfig
+from eagletree.adapters.models.kv_rows import mla_kv_buffer
 from eagletree.adapters.models.layers import (
     AttentionContext,
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
+    input_step,
     yarn_mscale,
 )
+from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.stack import (
     MLALayout,
     TargetHidden,
@@ -42,26 +46,34 @@ def mla_softmax_scale(config: MLAConfig) -> float:
 
 
 class MLAAttention(nn.Module):
-    def __init__(self, config: MLAConfig, layer_id: int) -> None:
+    """With a q LoRA, ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the same input and run as one
+    GEMM (``fused_qkv_a_proj``, filled from both checkpoint tensors). With ``fused_kernels`` and
+    an MLA pool in the context, one kernel normalises the latent, rotates q_rope and k_rope and
+    stores the pool row, and the backend runs with ``save_kv=False``."""
+
+    def __init__(self, config: MLAConfig, layer_id: int, fused_kernels: bool = False) -> None:
         super().__init__()
         self.config = config
         hidden, heads = config.hidden_size, config.num_attention_heads
-        bias = config.attention_bias
+        bias, eps = config.attention_bias, config.rms_norm_eps
+        kv_a_rows = config.kv_lora_rank + config.qk_rope_head_dim
+        self.q_proj: nn.Linear | None = None
+        self.kv_a_proj_with_mqa: nn.Linear | None = None
+        self.fused_qkv_a_proj: MergedLinear | None = None
         if config.q_lora_rank is None:
-            self.q_proj: nn.Linear | None = nn.Linear(hidden, heads * config.qk_head_dim, False)
+            self.q_proj = nn.Linear(hidden, heads * config.qk_head_dim, False)
+            self.kv_a_proj_with_mqa = nn.Linear(hidden, kv_a_rows, bias=bias)
         else:
-            self.q_proj = None
-            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, config.rms_norm_eps)
+            parts = (("q_a_proj", config.q_lora_rank), ("kv_a_proj_with_mqa", kv_a_rows))
+            self.fused_qkv_a_proj = MergedLinear(hidden, parts, bias=bias)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps, fused_kernels)
             self.q_b_proj = nn.Linear(config.q_lora_rank, heads * config.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(
-            hidden, config.kv_lora_rank + config.qk_rope_head_dim, bias=bias
-        )
-        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, config.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, eps, fused_kernels)
         self.kv_b_proj = nn.Linear(
             config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
         )
         self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
+        self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
             num_q_heads=heads,
@@ -72,34 +84,51 @@ class MLAAttention(nn.Module):
             is_mla=True,
         )
 
-    def _query(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q_proj is not None:
-            q: torch.Tensor = self.q_proj(x)
-            return q
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        return q
+    def _query_and_compressed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: (num_tokens, hidden) -> q (num_tokens, heads·qk_head_dim), (num_tokens, rank + rope)
+        if self.fused_qkv_a_proj is None:
+            assert self.q_proj is not None and self.kv_a_proj_with_mqa is not None
+            return self.q_proj(x), self.kv_a_proj_with_mqa(x)
+        q_a, compressed = self.fused_qkv_a_proj.split(self.fused_qkv_a_proj(x))
+        q: torch.Tensor = self.q_b_proj(self.q_a_layernorm(q_a))
+        return q, compressed
 
     def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
         # x: (num_tokens, hidden)
         cfg = self.config
         num_tokens, heads = x.shape[0], cfg.num_attention_heads
         nope, rope_dim, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
-        q = self._query(x).view(num_tokens, heads, nope + rope_dim)
-        q_nope, q_rope = torch.split(q, [nope, rope_dim], dim=-1)
-        compressed: torch.Tensor = self.kv_a_proj_with_mqa(x)
+        q, compressed = self._query_and_compressed(x)
+        q_nope, q_rope = torch.split(
+            q.view(num_tokens, heads, nope + rope_dim), [nope, rope_dim], -1
+        )
         latent, k_rope = torch.split(compressed, [rank, rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
-        q_rope = rope.rotate(q_rope)
-        k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
         # kv_b: (heads, nope + v_head_dim, rank); its rows map a latent to [k_nope; v] per head
         kv_b = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, rank)
         # q_latent: (heads, num_tokens, rank) = q_nope · W_uk per head
         q_latent = torch.bmm(q_nope.transpose(0, 1), kv_b[:, :nope, :])
-        # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
-        q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
-        k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
-        # o_latent: (num_tokens, heads * rank)
-        o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
+        kv_buffer = mla_kv_buffer(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
+        if kv_buffer is not None:
+            norm = self.kv_a_layernorm
+            # q: (num_tokens, heads, rank + rope) with its rope columns rotated; the pool rows
+            # at out_cache_loc get [norm(latent); rotate(k_rope)]
+            q = mla_rope_kv_store(
+                q_rope, latent, k_rope, norm.weight, norm.eps, rope.cos, rope.sin,
+                rope.interleaved, ctx.batch.out_cache_loc, kv_buffer,
+            )  # fmt: skip
+            q[..., :rank].copy_(q_latent.transpose(0, 1))
+            # k is ignored with save_kv=False: the backend reads every key from the pool
+            k = compressed.unsqueeze(1)
+            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch, save_kv=False)
+        else:
+            latent = self.kv_a_layernorm(latent)
+            q_rope = rope.rotate(q_rope)
+            k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
+            # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
+            q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
+            k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
+            # o_latent: (num_tokens, heads * rank)
+            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
         # o: (heads, num_tokens, v_head_dim) = o_latent · W_uv^T per head
         o = torch.bmm(
             o_latent.view(num_tokens, heads, rank).transpose(0, 1),
@@ -111,18 +140,27 @@ class MLAAttention(nn.Module):
 
 
 class MLADecoderLayer(nn.Module):
-    def __init__(self, config: MLAConfig, layer_id: int) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = MLAAttention(config, layer_id)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+    """Pre-norm MLA and SwiGLU blocks on a carried residual stream (see ``LlamaDecoderLayer``)."""
 
-    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
-        # h: (num_tokens, hidden) residual stream in and out
-        h = h + self.self_attn(self.input_layernorm(h), rope, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+    def __init__(self, config: MLAConfig, layer_id: int, fused_kernels: bool = False) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.self_attn = MLAAttention(config, layer_id, fused_kernels)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, fused_kernels=fused_kernels)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
+        x, residual = input_step(self.input_layernorm, h, residual)
+        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
+        return self.mlp(x), residual
 
 
 def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
@@ -132,15 +170,17 @@ def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
 class DeepseekMLAForCausalLM(nn.Module):
     """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head."""
 
-    def __init__(self, config: MLAConfig, aux_layer_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, config: MLAConfig, aux_layer_ids: Sequence[int] = (), fused_kernels: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            MLADecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            MLADecoderLayer(config, i, fused_kernels) for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = mla_rotary(config)
         self.tie_weights()

@@ -31,13 +31,19 @@ class EagleDraft(nn.Module):
     """EAGLE-1: ``hidden_states`` are the target's final-normed features (H) or this head's own
     output from the previous draft step."""
 
-    def __init__(self, config: LlamaConfig, shared: SharedTargetModules, fc_bias: bool) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        shared: SharedTargetModules,
+        fc_bias: bool,
+        fused_kernels: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.shared = shared
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, skip_input_norm=(i == 0))
+            LlamaDecoderLayer(config, i, skip_input_norm=(i == 0), fused_kernels=fused_kernels)
             for i in range(config.num_hidden_layers)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
@@ -66,9 +72,10 @@ class EagleDraft(nn.Module):
         embeds = self.shared.embed_tokens(input_ids)
         h = self.fc(torch.cat((embeds, hidden_states.to(embeds.dtype)), dim=-1))
         rope = self.rotary(positions, h.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            h = layer(h, rope, ctx)
-        out: torch.Tensor = h
+            h, residual = layer(h, residual, rope, ctx)
+        out: torch.Tensor = h if residual is None else residual + h
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

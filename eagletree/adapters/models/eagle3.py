@@ -20,28 +20,33 @@ from eagletree.adapters.models.layers import (
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
+    concat_norms,
 )
 from eagletree.adapters.models.llama import LlamaAttention
 from eagletree.adapters.models.stack import MHALayout
 
 
 class Eagle3MidLayer(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, fused_kernels: bool = False) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = RMSNorm(hidden, eps)
-        self.hidden_norm = RMSNorm(hidden, eps)
-        self.self_attn = LlamaAttention(config, layer_id=0, input_size=2 * hidden)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias)
+        self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.hidden_norm = RMSNorm(hidden, eps, fused_kernels)
+        self.self_attn = LlamaAttention(
+            config, layer_id=0, input_size=2 * hidden, fused_kernels=fused_kernels
+        )
+        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels)
 
     def forward(
         self, embeds: torch.Tensor, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext
     ) -> torch.Tensor:
-        # embeds, h: (num_tokens, H); the residual stream starts at the fused hidden state
-        x = torch.cat((self.input_layernorm(embeds), self.hidden_norm(h)), dim=-1)
-        h = h + self.self_attn(x, rope, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        # embeds, h: (num_tokens, H); the residual stream starts at the fused hidden state, which
+        # may be the caller's tensor, so the first add writes a new one
+        x = concat_norms(self.input_layernorm, embeds, self.hidden_norm, h)
+        attn = self.self_attn(x, rope, ctx)
+        x, residual = self.post_attention_layernorm.add(attn, h, reuse_residual=False)
+        out: torch.Tensor = residual + self.mlp(x)
         return out
 
 
@@ -58,6 +63,7 @@ class Eagle3Draft(nn.Module):
         shared: SharedTargetModules,
         draft_vocab_size: int,
         target_hidden_size: int,
+        fused_kernels: bool = False,
     ) -> None:
         super().__init__()
         if 3 * target_hidden_size == config.hidden_size:
@@ -70,8 +76,8 @@ class Eagle3Draft(nn.Module):
         self.shared = shared
         self.draft_vocab_size = draft_vocab_size
         self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
-        self.midlayer = Eagle3MidLayer(config)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.midlayer = Eagle3MidLayer(config, fused_kernels)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = nn.Linear(config.hidden_size, draft_vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         # d2t: (draft_vocab,) int64 offsets as published; draft_to_target: draft id -> target id

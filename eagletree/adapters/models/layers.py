@@ -1,7 +1,9 @@
 """Adapter: the building blocks every model here shares — RMSNorm, rotary embedding, SwiGLU MLP.
 
 The arithmetic follows Hugging Face transformers operation for operation (norms in fp32, cos/sin
-cast to the activation dtype), so that fp32 logits match it to rounding.
+cast to the activation dtype), so that fp32 logits match it to rounding. With
+``fused_kernels`` a block runs its Triton kernels instead (``adapters.kernels.triton``), which
+round the same way; the torch code stays the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -12,37 +14,104 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import nn
 
+from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm, rmsnorm
+from eagletree.adapters.kernels.triton.silu_and_mul import silu_and_mul
 from eagletree.adapters.models.config import RopeConfig
+from eagletree.adapters.models.merged_linear import MergedLinear
 
 if TYPE_CHECKING:
     from eagletree.domain.batch import ForwardBatch
     from eagletree.ports.attention import AttentionBackend
+    from eagletree.ports.memory import KVPool
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, fused_kernels: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.fused_kernels = fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden); the statistics are computed in fp32 whatever the input dtype
+        if self.fused_kernels and x.dim() == 2 and x.stride(-1) == 1:
+            return rmsnorm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` written into ``out`` (e.g. one half of a concatenation), returned."""
+        # x, out: (num_tokens, hidden); out may be a column block of a wider tensor
+        if self.fused_kernels and x.dim() == 2 and x.stride(-1) == 1:
+            return rmsnorm(x, self.weight, self.eps, out)
+        return out.copy_(self(x))
+
+    def add(
+        self, x: torch.Tensor, residual: torch.Tensor, reuse_residual: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): the pre-norm residual stream's step.
+
+        ``reuse_residual``: the caller owns ``residual``, so the sum may be written over it
+        (the fused kernel does; the torch reference always returns a new tensor).
+        """
+        # x, residual: (num_tokens, hidden)
+        if self.fused_kernels:
+            out = None if reuse_residual else torch.empty_like(residual)
+            return fused_add_rmsnorm(x, residual, self.weight, self.eps, out)
+        summed = residual + x
+        return self(summed), summed
+
+
+def input_step(
+    norm: RMSNorm | None, h: torch.Tensor, residual: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's (attention input, residual stream): the stream is ``h`` for the first layer,
+    ``residual + h`` after it."""
+    if residual is None:
+        return (h if norm is None else norm(h)), h
+    if norm is None:
+        raise ValueError("only a stack's first layer may skip its input norm")
+    return norm.add(h, residual)
+
+
+def concat_norms(first: RMSNorm, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
+    """``cat((first(x), second(y)), -1)``; the fused kernels write their halves in place."""
+    # x: (num_tokens, H1), y: (num_tokens, H2) -> (num_tokens, H1 + H2)
+    if not first.fused_kernels:
+        return torch.cat((first(x), second(y)), dim=-1)
+    out = x.new_empty(x.shape[0], x.shape[1] + y.shape[1])
+    first.into(x, out[:, : x.shape[1]])
+    second.into(y, out[:, x.shape[1] :])
+    return out
+
 
 class SwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))``, the MLP of Llama and of DeepSeek's dense layers."""
+    """``down(silu(gate(x)) * up(x))``, the MLP of Llama and of DeepSeek's dense layers, with
+    gate and up merged into one GEMM (the checkpoint's ``gate_proj`` / ``up_proj``)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        fused_kernels: bool = False,
+    ) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        parts = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
+        self.gate_up_proj = MergedLinear(hidden_size, parts, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.fused_kernels = fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate)
+        gate_up = self.gate_up_proj(x)
+        if self.fused_kernels:
+            act = silu_and_mul(gate_up)
+        else:
+            gate, up = self.gate_up_proj.split(gate_up)
+            act = nn.functional.silu(gate) * up
+        out: torch.Tensor = self.down_proj(act)
         return out
 
 
@@ -160,7 +229,10 @@ class RopeTables(NamedTuple):
 
 
 class AttentionContext(NamedTuple):
-    """Where a layer's attention goes in one forward: the runner's backend and the batch."""
+    """Where a layer's attention goes in one forward: the runner's backend, the batch and the
+    runner's KV pool (the one the backend reads), so that a layer may store its new k/v
+    itself — fused with RoPE — and call the backend with ``save_kv=False``."""
 
     backend: AttentionBackend
     batch: ForwardBatch
+    kv_pool: KVPool | None = None

@@ -11,14 +11,18 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
 from eagletree.adapters.models.config import LlamaConfig
+from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import (
     AttentionContext,
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
+    input_step,
 )
+from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.stack import (
     MHALayout,
     TargetHidden,
@@ -29,9 +33,20 @@ from eagletree.domain.attention_layer import AttentionLayer
 
 
 class LlamaAttention(nn.Module):
-    """GQA attention; ``input_size`` differs from hidden_size only in EAGLE-3's midlayer (2·H)."""
+    """GQA attention; ``input_size`` differs from hidden_size only in EAGLE-3's midlayer (2·H).
 
-    def __init__(self, config: LlamaConfig, layer_id: int, input_size: int | None = None) -> None:
+    q, k and v come from one GEMM (``qkv_proj``, filled from the checkpoint's q/k/v_proj). With
+    ``fused_kernels`` and an MHA pool in the context, one kernel rotates q and k and stores k and
+    v in the pool, and the backend runs with ``save_kv=False``.
+    """
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        layer_id: int,
+        input_size: int | None = None,
+        fused_kernels: bool = False,
+    ) -> None:
         super().__init__()
         heads, kv_heads, head_dim = (
             config.num_attention_heads,
@@ -40,10 +55,14 @@ class LlamaAttention(nn.Module):
         )
         width = config.hidden_size if input_size is None else input_size
         bias = config.attention_bias
-        self.q_proj = nn.Linear(width, heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(width, kv_heads * head_dim, bias=bias)
+        parts = (
+            ("q_proj", heads * head_dim),
+            ("k_proj", kv_heads * head_dim),
+            ("v_proj", kv_heads * head_dim),
+        )
+        self.qkv_proj = MergedLinear(width, parts, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
             num_q_heads=heads,
@@ -54,55 +73,80 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
-        # x: (num_tokens, width)
+        # x: (num_tokens, width); q, k, v: strided head views of qkv (num_tokens, (H + 2·Hk)·D)
         layer = self.layer
         num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, layer.num_q_heads, layer.head_dim)
-        k = self.k_proj(x).view(num_tokens, layer.num_kv_heads, layer.head_dim)
-        v = self.v_proj(x).view(num_tokens, layer.num_kv_heads, layer.head_dim)
-        q, k = rope.rotate(q), rope.rotate(k)
-        # o: (num_tokens, num_q_heads * head_dim)
-        o = ctx.backend.forward(q, k, v, layer, ctx.batch)
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = q.view(num_tokens, layer.num_q_heads, layer.head_dim)
+        k = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
+        v = v.view(num_tokens, layer.num_kv_heads, layer.head_dim)
+        buffers = mha_kv_buffers(ctx.kv_pool, layer.layer_id) if self.fused_kernels else None
+        if buffers is not None and not rope.interleaved:
+            k_buffer, v_buffer = buffers
+            out_cache_loc = ctx.batch.out_cache_loc
+            q = rope_kv_store(q, k, v, rope.cos, rope.sin, out_cache_loc, k_buffer, v_buffer)
+            # k, v are ignored with save_kv=False: the backend reads every key from the pool
+            o = ctx.backend.forward(q, k, v, layer, ctx.batch, save_kv=False)
+        else:
+            q, k = rope.rotate(q), rope.rotate(k)
+            # o: (num_tokens, num_q_heads * head_dim)
+            o = ctx.backend.forward(q, k, v, layer, ctx.batch)
         out: torch.Tensor = self.o_proj(o)
         return out
 
 
 class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and SwiGLU blocks with residuals.
+    """Pre-norm attention and SwiGLU blocks on a residual stream carried beside the layer output.
 
+    ``forward(h, residual)`` -> (mlp output, residual): the stream after this layer is their
+    sum, added by the next layer's input norm (or the final norm) in the same kernel. The first
+    layer gets ``residual=None`` and ``h`` is the stream itself.
     ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
     goes straight into attention), as SafeAILab's reference and SGLang do.
     """
 
-    def __init__(self, config: LlamaConfig, layer_id: int, skip_input_norm: bool = False) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        layer_id: int,
+        skip_input_norm: bool = False,
+        fused_kernels: bool = False,
+    ) -> None:
         super().__init__()
-        self.input_layernorm = (
-            None if skip_input_norm else RMSNorm(config.hidden_size, config.rms_norm_eps)
-        )
-        self.self_attn = LlamaAttention(config, layer_id)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = None if skip_input_norm else RMSNorm(hidden, eps, fused_kernels)
+        self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels)
 
-    def forward(self, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
-        # h: (num_tokens, hidden) residual stream in and out
-        x = h if self.input_layernorm is None else self.input_layernorm(h)
-        h = h + self.self_attn(x, rope, ctx)
-        out: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
-        return out
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
+        x, residual = input_step(self.input_layernorm, h, residual)
+        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
+        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured)."""
 
-    def __init__(self, config: LlamaConfig, aux_layer_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, config: LlamaConfig, aux_layer_ids: Sequence[int] = (), fused_kernels: bool = False
+    ) -> None:
         super().__init__()
         self.config = config
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels)
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()

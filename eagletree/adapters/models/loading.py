@@ -6,7 +6,11 @@ Formats: HF ``LlamaForCausalLM`` and ``DeepseekV3ForCausalLM`` targets; EAGLE-1 
 ``t2d``); MTP layers either inside a DeepSeek-V3 checkpoint (``model.layers.{L + i}.*``) or in
 an exported ``*ForCausalLMNextN`` directory (``model.layers.{i}.*``). Every tensor name may carry a
 leading ``model.``. Models are built on the meta device and filled in place, so no random
-initialisation is spent on multi-gigabyte weights.
+initialisation is spent on multi-gigabyte weights. Merged projections (q/k/v, gate/up, MLA's
+q_a/kv_a) are filled from the checkpoint's separate tensors (``MergedLinear``).
+
+``fused_kernels`` picks the models' Triton kernels over the torch reference code; left None it
+is on for CUDA and off elsewhere (the CPU runs Triton only in the interpreter, far too slowly).
 """
 
 from __future__ import annotations
@@ -69,6 +73,15 @@ def materialize(build: Callable[[], M], dtype: torch.dtype, device: torch.device
     return module
 
 
+def default_fused_kernels(device: torch.device | str) -> bool:
+    """Triton kernels on CUDA, the torch reference elsewhere."""
+    return torch.device(device).type == "cuda"
+
+
+def _fused(fused_kernels: bool | None, device: torch.device | str) -> bool:
+    return default_fused_kernels(device) if fused_kernels is None else fused_kernels
+
+
 def _strip_model(name: str) -> str:
     return name.removeprefix("model.")
 
@@ -78,17 +91,21 @@ def load_target(
     dtype: torch.dtype,
     device: torch.device | str,
     aux_layer_ids: Sequence[int] = (),
+    fused_kernels: bool | None = None,
 ) -> TargetModel:
     """The target model of an HF checkpoint directory, capturing ``aux_layer_ids`` (EAGLE-3)."""
     reader = ConfigReader.from_dir(path)
     architecture = reader.architecture()
+    fused = _fused(fused_kernels, device)
     model: TargetModel
     if architecture == "LlamaForCausalLM":
         llama = parse_llama_config(reader)
-        model = materialize(lambda: LlamaForCausalLM(llama, aux_layer_ids), dtype, device)
+        model = materialize(lambda: LlamaForCausalLM(llama, aux_layer_ids, fused), dtype, device)
     elif architecture == "DeepseekV3ForCausalLM":
         mla = parse_mla_config(reader)
-        model = materialize(lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids), dtype, device)
+        model = materialize(
+            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused), dtype, device
+        )
     else:
         raise reader.error(
             f"target architecture {architecture!r} is not supported "
@@ -158,7 +175,9 @@ def _shared(target: TargetModel) -> SharedTargetModules:
     return SharedTargetModules(target.embed_tokens, target.lm_head)
 
 
-def load_eagle_draft(path: str | Path, target: TargetModel, dtype: torch.dtype) -> EagleDraft:
+def load_eagle_draft(
+    path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
+) -> EagleDraft:
     reader = ConfigReader.from_dir(path)
     _check_architecture(reader, "EAGLE", EAGLE_ARCHITECTURES)
     config = parse_llama_config(reader)
@@ -166,7 +185,8 @@ def load_eagle_draft(path: str | Path, target: TargetModel, dtype: torch.dtype) 
     files = TensorFiles(path)
     fc_bias = any(_strip_model(name) == "fc.bias" for name in files.names())
     device = target.embed_tokens.weight.device
-    draft = materialize(lambda: EagleDraft(config, _shared(target), fc_bias), dtype, device)
+    fused = _fused(fused_kernels, device)
+    draft = materialize(lambda: EagleDraft(config, _shared(target), fc_bias, fused), dtype, device)
 
     def rename(name: str) -> str | None:
         rest = _strip_model(name)
@@ -176,7 +196,9 @@ def load_eagle_draft(path: str | Path, target: TargetModel, dtype: torch.dtype) 
     return draft
 
 
-def load_eagle3_draft(path: str | Path, target: TargetModel, dtype: torch.dtype) -> Eagle3Draft:
+def load_eagle3_draft(
+    path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
+) -> Eagle3Draft:
     reader = ConfigReader.from_dir(path)
     _check_architecture(reader, "EAGLE-3", EAGLE3_ARCHITECTURES)
     config = parse_llama_config(reader)
@@ -190,8 +212,11 @@ def load_eagle3_draft(path: str | Path, target: TargetModel, dtype: torch.dtype)
     if not 0 < draft_vocab <= config.vocab_size:
         raise reader.error(f"draft_vocab_size {draft_vocab} is outside 1..{config.vocab_size}")
     device = target.embed_tokens.weight.device
+    fused = _fused(fused_kernels, device)
     draft = materialize(
-        lambda: Eagle3Draft(config, _shared(target), draft_vocab, target_hidden), dtype, device
+        lambda: Eagle3Draft(config, _shared(target), draft_vocab, target_hidden, fused),
+        dtype,
+        device,
     )
     draft.d2t.zero_()  # an identity map when the checkpoint has no d2t (full vocabulary)
 
@@ -230,7 +255,9 @@ def _check_vocab_map(draft: Eagle3Draft, files: TensorFiles, source: str) -> Non
             raise ConfigurationError(f"{files.file_of(t2d_names[0])}: t2d does not match d2t")
 
 
-def load_mtp_layers(path: str | Path, target: TargetModel, dtype: torch.dtype) -> list[MTPLayer]:
+def load_mtp_layers(
+    path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
+) -> list[MTPLayer]:
     """Every MTP layer of ``path`` (a NextN export, or a DeepSeek-V3 checkpoint that has them)."""
     reader = ConfigReader.from_dir(path)
     architecture = _check_architecture(reader, "MTP", MTP_ARCHITECTURES)
@@ -253,9 +280,10 @@ def load_mtp_layers(path: str | Path, target: TargetModel, dtype: torch.dtype) -
         raise reader.error("the checkpoint has no MTP layers (num_nextn_predict_layers = 0)")
     files = TensorFiles(path)
     device = target.embed_tokens.weight.device
+    fused = _fused(fused_kernels, device)
     layers = []
     for i in range(count):
-        layer = materialize(lambda: MTPLayer(config, _shared(target)), dtype, device)
+        layer = materialize(lambda: MTPLayer(config, _shared(target), fused), dtype, device)
         fill_module(layer, files, _mtp_rename(f"model.layers.{first + i}."), f"MTP layer {i}")
         layers.append(layer)
     return layers
@@ -276,13 +304,17 @@ def _mtp_rename(prefix: str) -> Rename:
 
 
 def load_draft(
-    path: str | Path, kind: DraftKind, target: TargetModel, dtype: torch.dtype
+    path: str | Path,
+    kind: DraftKind,
+    target: TargetModel,
+    dtype: torch.dtype,
+    fused_kernels: bool | None = None,
 ) -> list[DraftModel]:
     if kind == "eagle":
-        return [load_eagle_draft(path, target, dtype)]
+        return [load_eagle_draft(path, target, dtype, fused_kernels)]
     if kind == "eagle3":
-        return [load_eagle3_draft(path, target, dtype)]
-    return list(load_mtp_layers(path, target, dtype))
+        return [load_eagle3_draft(path, target, dtype, fused_kernels)]
+    return list(load_mtp_layers(path, target, dtype, fused_kernels))
 
 
 def load_models(
@@ -291,13 +323,15 @@ def load_models(
     draft_kind: DraftKind | None,
     dtype: torch.dtype,
     device: torch.device | str,
+    fused_kernels: bool | None = None,
 ) -> LoadedModels:
     """Target and draft(s) together: an EAGLE-3 draft decides which target layers are captured."""
     aux: tuple[int, ...] = ()
     if draft_kind == "eagle3" and draft_path is not None:
         num_layers = ConfigReader.from_dir(target_path).get_int("num_hidden_layers")
         aux = eagle3_aux_layer_ids(draft_path, num_layers)
-    target = load_target(target_path, dtype, device, aux)
+    target = load_target(target_path, dtype, device, aux, fused_kernels)
     if draft_kind is None or draft_path is None:
         return LoadedModels(target, [])
-    return LoadedModels(target, load_draft(draft_path, draft_kind, target, dtype))
+    drafts = load_draft(draft_path, draft_kind, target, dtype, fused_kernels)
+    return LoadedModels(target, drafts)

@@ -15,7 +15,12 @@ from torch import nn
 from eagletree.adapters.models.config import LlamaConfig, MLAConfig
 from eagletree.adapters.models.deepseek_mla import MLADecoderLayer, mla_rotary
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    RMSNorm,
+    RotaryEmbedding,
+    concat_norms,
+)
 from eagletree.adapters.models.llama import LlamaDecoderLayer
 from eagletree.adapters.models.stack import KVLayout, MHALayout, MLALayout
 
@@ -23,31 +28,36 @@ from eagletree.adapters.models.stack import KVLayout, MHALayout, MLALayout
 class SharedHead(nn.Module):
     """Holds ``shared_head.norm`` under the checkpoint's name."""
 
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, fused_kernels: bool) -> None:
         super().__init__()
-        self.norm = RMSNorm(hidden_size, eps)
+        self.norm = RMSNorm(hidden_size, eps, fused_kernels)
 
 
 class MTPLayer(nn.Module):
     """``hidden_states``: the target's final-normed features or the previous MTP layer's output."""
 
-    def __init__(self, config: LlamaConfig | MLAConfig, shared: SharedTargetModules) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig | MLAConfig,
+        shared: SharedTargetModules,
+        fused_kernels: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.shared = shared
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.enorm = RMSNorm(hidden, eps)
-        self.hnorm = RMSNorm(hidden, eps)
+        self.enorm = RMSNorm(hidden, eps, fused_kernels)
+        self.hnorm = RMSNorm(hidden, eps, fused_kernels)
         self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.decoder: LlamaDecoderLayer | MLADecoderLayer
         self.rotary: RotaryEmbedding
         if isinstance(config, MLAConfig):
-            self.decoder = MLADecoderLayer(config, layer_id=0)
+            self.decoder = MLADecoderLayer(config, layer_id=0, fused_kernels=fused_kernels)
             self.rotary = mla_rotary(config)
         else:
-            self.decoder = LlamaDecoderLayer(config, layer_id=0)
+            self.decoder = LlamaDecoderLayer(config, layer_id=0, fused_kernels=fused_kernels)
             self.rotary = RotaryEmbedding(config.rope, config.head_dim)
-        self.shared_head = SharedHead(hidden, eps)
+        self.shared_head = SharedHead(hidden, eps, fused_kernels)
 
     @property
     def vocab_size(self) -> int:
@@ -73,10 +83,10 @@ class MTPLayer(nn.Module):
     ) -> torch.Tensor:
         # input_ids, positions: (num_tokens,); hidden_states: (num_tokens, H) -> (num_tokens, H)
         embeds = self.shared.embed_tokens(input_ids)
-        fused = torch.cat((self.enorm(embeds), self.hnorm(hidden_states.to(embeds.dtype))), -1)
+        fused = concat_norms(self.enorm, embeds, self.hnorm, hidden_states.to(embeds.dtype))
         h = self.eh_proj(fused)
-        h = self.decoder(h, self.rotary(positions, h.dtype), ctx)
-        out: torch.Tensor = self.shared_head.norm(h)
+        h, residual = self.decoder(h, None, self.rotary(positions, h.dtype), ctx)
+        out, _ = self.shared_head.norm.add(h, residual)
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

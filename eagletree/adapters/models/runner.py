@@ -3,7 +3,8 @@
 A runner is given its KV pool, its req_to_token pool and an attention backend built over those
 two; target and draft pools are sized from one slot allocator, so a slot id indexes both.
 ``forward`` plans the backend's metadata for the batch, runs the layers (each writes its new
-k/v at ``batch.out_cache_loc`` through the backend) and returns a ``ModelOutput``.
+k/v at ``batch.out_cache_loc``, through the backend or — fused with RoPE — straight into the
+pool the context names) and returns a ``ModelOutput``.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class TargetModelRunner:
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, logits_rows: torch.Tensor | None = None) -> ModelOutput:
         self._attention_backend.init_forward_metadata(batch)
-        ctx = AttentionContext(self._attention_backend, batch)
+        ctx = AttentionContext(self._attention_backend, batch, self._kv_pool)
         out = self._model(batch.input_ids, batch.positions, ctx)
         logits = self._model.compute_logits(_logit_rows(out.hidden, logits_rows))
         return ModelOutput(logits=logits, hidden_states=out.hidden, aux_hidden_states=out.aux)
@@ -186,7 +187,7 @@ class DraftModelRunner:
                 f"draft forward: {hidden_states.shape[0]} hidden rows for {batch.num_tokens} tokens"
             )
         self._attention_backend.init_forward_metadata(batch)
-        ctx = AttentionContext(self._attention_backend, batch)
+        ctx = AttentionContext(self._attention_backend, batch, self._kv_pool)
         hidden = self._model(batch.input_ids, batch.positions, hidden_states, ctx)
         logits = self._model.compute_logits(_logit_rows(hidden, logits_rows))
         return ModelOutput(logits=logits, hidden_states=hidden)

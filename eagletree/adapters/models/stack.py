@@ -70,14 +70,20 @@ def run_decoder_stack(
     positions: torch.Tensor,
     ctx: AttentionContext,
 ) -> TargetHidden:
-    # input_ids, positions: (num_tokens,)
+    # input_ids, positions: (num_tokens,); each layer: (h, residual) -> (its output, residual),
+    # the stream between layers being residual + h (see LlamaDecoderLayer)
     h = embed_tokens(input_ids)
     rope = rotary(positions, h.dtype)
+    residual: torch.Tensor | None = None
     captured: dict[int, torch.Tensor] = {}
     for i, layer in enumerate(layers):
-        if i in aux_layer_ids:
-            captured[i] = h
-        h = layer(h, rope, ctx)
-    captured[len(layers)] = h
+        if i in aux_layer_ids:  # a copy: the fused path updates the stream in place
+            captured[i] = h.clone() if residual is None else residual + h
+        h, residual = layer(h, residual, rope, ctx)
+    if residual is None:  # no layers: the embedding is the output
+        normed, stream = norm(h), h
+    else:
+        normed, stream = norm.add(h, residual)
+    captured[len(layers)] = stream
     aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
-    return TargetHidden(norm(h), aux)
+    return TargetHidden(normed, aux)

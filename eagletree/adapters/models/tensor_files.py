@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.domain.errors import ConfigurationError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -85,8 +86,19 @@ class TensorFiles:
 
 
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter (tied ones once) and persistent buffer a checkpoint must fill."""
-    tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
+    """Every parameter (tied ones once) and persistent buffer a checkpoint must fill, by
+    checkpoint name: a ``MergedLinear``'s weight appears as the row views of its parts."""
+    merged = {name: sub for name, sub in module.named_modules() if isinstance(sub, MergedLinear)}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, param in module.named_parameters():
+        owner, _, _ = name.rpartition(".")
+        sub = merged.get(owner)
+        if sub is None:
+            tensors[name] = param
+        elif name == f"{owner}.weight":  # every part's weight and bias, in checkpoint order
+            parent = owner.rpartition(".")[0]
+            prefix = f"{parent}." if parent else ""
+            tensors.update((prefix + part, view) for part, view in sub.checkpoint_parts())
     persistent = module.state_dict(keep_vars=True)
     for name, buffer in module.named_buffers():
         if name in persistent:

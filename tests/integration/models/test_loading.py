@@ -27,6 +27,7 @@ from eagletree.adapters.models.random_checkpoint import (
     write_random_checkpoint,
 )
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
+from eagletree.adapters.models.tensor_files import module_tensors
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.models.harness import Memory, Requests, random_prompts
 
@@ -60,14 +61,14 @@ def read_all(directory: Path) -> dict[str, torch.Tensor]:
 
 def target_tensor(model: torch.nn.Module, name: str) -> torch.Tensor:
     path = name if name.startswith("lm_head.") else name.removeprefix("model.")
-    return model.get_parameter(path)
+    return module_tensors(model)[path]  # merged projections appear as their parts
 
 
 def draft_tensor(drafts: list[DraftModel], name: str) -> torch.Tensor:
     if isinstance(drafts[0], MTPLayer):
         _, _, index, rest = name.split(".", 3)
         own = rest.startswith(("enorm.", "hnorm.", "eh_proj.", "shared_head."))
-        return drafts[int(index)].get_parameter(rest if own else f"decoder.{rest}")
+        return module_tensors(drafts[int(index)])[rest if own else f"decoder.{rest}"]
     if name in ("d2t", "t2d"):
         head = drafts[0]
         assert isinstance(head, Eagle3Draft)
@@ -76,7 +77,7 @@ def draft_tensor(drafts: list[DraftModel], name: str) -> torch.Tensor:
         t2d = torch.zeros(head.vocab_size, dtype=torch.bool)
         t2d[head.draft_to_target] = True
         return t2d
-    return drafts[0].get_parameter(name)
+    return module_tensors(drafts[0])[name]
 
 
 @pytest.mark.parametrize(("arch", "draft"), CASES)

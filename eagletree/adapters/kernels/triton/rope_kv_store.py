@@ -1,0 +1,165 @@
+"""Triton: rotate q and k (Llama's half-split RoPE) and store k and v in the KV pool, one launch.
+
+What it replaces, operation for operation: ``RopeTables.rotate`` on q and k (products and their
+sum each rounded to the activation dtype, as torch's elementwise ops round), then the pool's
+``set_kv_buffer`` (rows converted to the storage dtype at ``out_cache_loc``; for fp8 e4m3 both
+round to nearest even and saturate at ±448). One program per (token, head): q heads first,
+then the kv heads, whose programs also copy that head's v. The launch turns off FMA
+contraction, which would otherwise fuse a product into the sum and round once where torch
+rounds twice.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_kv_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    loc_ptr,
+    q_out_ptr,
+    k_buf_ptr,
+    v_buf_ptr,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_tok,
+    stride_k_head,
+    stride_v_tok,
+    stride_v_head,
+    stride_rope,
+    stride_q_out_tok,
+    stride_q_out_head,
+    stride_k_buf_slot,
+    stride_k_buf_head,
+    stride_v_buf_slot,
+    stride_v_buf_head,
+    num_q_heads,
+    half,
+    v_dim,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK_HALF)
+    mask = cols < half
+    rope_row = cos_ptr + token * stride_rope
+    cos_lo = tl.load(rope_row + cols, mask=mask, other=0.0).to(tl.float32)
+    cos_hi = tl.load(rope_row + half + cols, mask=mask, other=0.0).to(tl.float32)
+    rope_row = sin_ptr + token * stride_rope
+    sin_lo = tl.load(rope_row + cols, mask=mask, other=0.0).to(tl.float32)
+    sin_hi = tl.load(rope_row + half + cols, mask=mask, other=0.0).to(tl.float32)
+    act = q_out_ptr.dtype.element_ty
+    is_q = head < num_q_heads
+    if is_q:
+        src = q_ptr + token * stride_q_tok + head * stride_q_head
+    else:
+        src = k_ptr + token * stride_k_tok + (head - num_q_heads) * stride_k_head
+    lo = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+    hi = tl.load(src + half + cols, mask=mask, other=0.0).to(tl.float32)
+    # x·cos + rotate_half(x)·sin, each product and the sum rounded like torch's bf16/fp16 ops
+    out_lo = ((lo * cos_lo).to(act).to(tl.float32) - (hi * sin_lo).to(act).to(tl.float32)).to(act)
+    out_hi = ((hi * cos_hi).to(act).to(tl.float32) + (lo * sin_hi).to(act).to(tl.float32)).to(act)
+    if is_q:
+        q_dst = q_out_ptr + token * stride_q_out_tok + head * stride_q_out_head
+        tl.store(q_dst + cols, out_lo, mask=mask)
+        tl.store(q_dst + half + cols, out_hi, mask=mask)
+    else:
+        kv_head = head - num_q_heads
+        slot = tl.load(loc_ptr + token).to(tl.int64)
+        k_dst = k_buf_ptr + slot * stride_k_buf_slot + kv_head * stride_k_buf_head
+        tl.store(k_dst + cols, out_lo.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            k_dst + half + cols, out_hi.to(tl.float32).to(k_buf_ptr.dtype.element_ty), mask=mask
+        )
+        v_cols = tl.arange(0, BLOCK_V)
+        v_mask = v_cols < v_dim
+        v = tl.load(
+            v_ptr + token * stride_v_tok + kv_head * stride_v_head + v_cols, mask=v_mask, other=0.0
+        )
+        v_dst = v_buf_ptr + slot * stride_v_buf_slot + kv_head * stride_v_buf_head
+        tl.store(v_dst + v_cols, v.to(tl.float32).to(v_buf_ptr.dtype.element_ty), mask=v_mask)
+
+
+def rope_kv_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+) -> torch.Tensor:
+    """Rotated q as a new tensor; rotated k and v written to ``*_buffer[out_cache_loc]``.
+
+    Slots are trusted (no bounds check; the pool's own writer checks them on the CPU).
+    """
+    # q: (n, Hq, D), k: (n, Hk, D), v: (n, Hk, Dv), any token/head strides, unit column stride;
+    # cos, sin: (n, D) in q's dtype; out_cache_loc: (n,) int; k_buffer: (slots, Hk, D),
+    # v_buffer: (slots, Hk, Dv) in the storage dtype -> q rotated: (n, Hq, D) contiguous
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, v_dim = k.shape[1], v.shape[2]
+    if (
+        head_dim % 2
+        or k.shape != (num_tokens, num_kv_heads, head_dim)
+        or v.shape[:2] != (num_tokens, num_kv_heads)
+        or cos.shape != (num_tokens, head_dim)
+        or sin.shape != cos.shape
+        or out_cache_loc.shape != (num_tokens,)
+        or k_buffer.shape[1:] != (num_kv_heads, head_dim)
+        or v_buffer.shape[1:] != (num_kv_heads, v_dim)
+    ):
+        raise ValueError(
+            f"rope_kv_store: shapes do not fit: q {tuple(q.shape)} k {tuple(k.shape)}"
+            f" v {tuple(v.shape)} cos {tuple(cos.shape)} loc {tuple(out_cache_loc.shape)}"
+            f" k_buffer {tuple(k_buffer.shape)} v_buffer {tuple(v_buffer.shape)}"
+        )
+    if any(t.stride(-1) != 1 for t in (q, k, v, cos, sin, k_buffer, v_buffer)):
+        raise ValueError("rope_kv_store needs a unit column stride everywhere")
+    if cos.stride(0) != sin.stride(0):
+        raise ValueError("cos and sin must share their row stride")
+    q_out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return q_out
+    if v_buffer.dtype != k_buffer.dtype:
+        raise ValueError(f"K and V buffers differ in dtype: {k_buffer.dtype}, {v_buffer.dtype}")
+    _rope_kv_store_kernel[(num_tokens, num_q_heads + num_kv_heads)](
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        out_cache_loc,
+        q_out,
+        k_buffer,
+        v_buffer,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos.stride(0),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        num_q_heads,
+        head_dim // 2,
+        v_dim,
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        BLOCK_V=triton.next_power_of_2(v_dim),
+        num_warps=1 if head_dim <= 128 else 2,
+        enable_fp_fusion=False,  # no FMA: a product and the sum are rounded apart, as in torch
+    )
+    return q_out

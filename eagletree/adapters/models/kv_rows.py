@@ -1,0 +1,34 @@
+"""Adapter: the pool buffers into which a layer's fused kernel may write its new KV rows.
+
+A layer that stores its own k/v (fused with RoPE) writes rows of these buffers at
+``out_cache_loc``, as the pool's ``set_kv_buffer`` would, and calls its backend with
+``save_kv=False``. Pools that translate slots or hold other layouts (hybrid sliding-window
+pools) give None, and the layer lets the backend store.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from eagletree.adapters.attention.pool_access import is_mla_pool
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagletree.ports.memory import KVPool, MHAKVCache, MLAKVCache
+
+
+def mha_kv_buffers(pool: KVPool | None, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(K (slots, kv_heads, head_dim), V (slots, kv_heads, v_head_dim)) of an MHA pool."""
+    if pool is None or is_mla_pool(pool) or not hasattr(pool, "get_key_buffer"):
+        return None
+    mha: MHAKVCache = pool  # type: ignore[assignment]
+    return mha.get_key_buffer(layer_id), mha.get_value_buffer(layer_id)
+
+
+def mla_kv_buffer(pool: KVPool | None, layer_id: int) -> torch.Tensor | None:
+    """The (slots, 1, kv_lora_rank + qk_rope_head_dim) latent + rope buffer of an MLA pool."""
+    if pool is None or not is_mla_pool(pool):
+        return None
+    mla: MLAKVCache = pool  # type: ignore[assignment]
+    return mla.get_kv_buffer(layer_id)

@@ -1,0 +1,87 @@
+"""rope_kv_store against RopeTables.rotate and MHAKVPool.set_kv_buffer (tolerances.py).
+
+q and k are computed; v is copied, so the pool's V buffer must equal the reference bit for bit
+(an fp8 pool included: both convert with round-to-nearest-even and saturation).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
+from eagletree.adapters.memory.mha_pool import MHAKVPool
+from eagletree.adapters.memory.row_movers import TorchRowMover
+from eagletree.adapters.models.config import RopeConfig
+from eagletree.adapters.models.layers import RotaryEmbedding
+from tests.conftest import requires_triton
+from tests.unit.kernels.tolerances import assert_computed_close
+
+Q_HEADS, KV_HEADS, HEAD_DIM, SLOTS = 6, 2, 24, 40  # a half of 12 columns: masked blocks
+
+
+def pool(dtype: torch.dtype, store: torch.dtype, device: torch.device) -> MHAKVPool:
+    return MHAKVPool(
+        SLOTS, 2, KV_HEADS, HEAD_DIM, HEAD_DIM, dtype, device, TorchRowMover(), store_dtype=store
+    )
+
+
+def as_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+CASES = [
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float8_e4m3fn),
+]
+
+
+@pytest.mark.parametrize(("dtype", "store"), CASES, ids=["fp32", "bf16", "bf16-fp8"])
+@pytest.mark.parametrize("num_tokens", [13, 0])
+def test_rope_kv_store_rotates_q_and_writes_the_pool_rows_set_kv_buffer_writes(
+    device: torch.device, dtype: torch.dtype, store: torch.dtype, num_tokens: int
+) -> None:
+    requires_triton(device)
+    if store == torch.float8_e4m3fn and device.type == "cpu":
+        pytest.skip("the interpreter's fp8 conversion neither saturates nor keeps subnormals")
+    generator = torch.Generator().manual_seed(11)
+    width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    # one merged qkv row per token, as the model's qkv_proj gives; |v| up to ~600 tests saturation
+    qkv = (torch.randn(num_tokens, width, generator=generator) * 150).to(device, dtype)
+    q, k, v = torch.split(qkv, [Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], -1)
+    q = q.view(num_tokens, Q_HEADS, HEAD_DIM)
+    k = k.view(num_tokens, KV_HEADS, HEAD_DIM)
+    v = v.view(num_tokens, KV_HEADS, HEAD_DIM)
+    positions = torch.randint(0, 500, (num_tokens,), generator=generator).to(device)
+    rope_config = RopeConfig(theta=10000.0)
+    rope = RotaryEmbedding(rope_config, HEAD_DIM).to(device)(positions, dtype)
+    loc = (torch.randperm(SLOTS, generator=generator)[:num_tokens] + 1).to(device)
+
+    expected = pool(dtype, store, device)
+    expected.set_kv_buffer(1, loc, rope.rotate(k), v)
+    ours = pool(dtype, store, device)
+    q_rotated = rope_kv_store(
+        q, k, v, rope.cos, rope.sin, loc, ours.get_key_buffer(1), ours.get_value_buffer(1)
+    )
+
+    scale = float(qkv.abs().max()) if num_tokens else 0.0
+    assert_computed_close(q_rotated, rope.rotate(q), scale)
+    assert torch.equal(as_bits(ours.get_value_buffer(1)), as_bits(expected.get_value_buffer(1)))
+    keys, expected_keys = ours.get_key_buffer(1), expected.get_key_buffer(1)
+    if store == torch.float8_e4m3fn:  # a one-ulp bf16 difference may move one fp8 step (2^-3)
+        torch.testing.assert_close(keys.float(), expected_keys.float(), rtol=2**-3, atol=2**-9)
+    else:
+        assert_computed_close(keys, expected_keys, scale)
+    untouched = torch.ones(SLOTS + 1, dtype=torch.bool, device=device)
+    untouched[loc] = False
+    assert not ours.get_key_buffer(1).float()[untouched].any()
+    assert not ours.get_key_buffer(0).float().any()  # another layer's buffer is not written
+
+
+def test_mismatched_shapes_are_refused() -> None:
+    q, k = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8)
+    cos = torch.zeros(3, 8)
+    buffer = torch.zeros(10, 2, 8)
+    with pytest.raises(ValueError, match="shapes do not fit"):
+        rope_kv_store(q, k, k, cos, cos, torch.zeros(2, dtype=torch.int64), buffer, buffer)
