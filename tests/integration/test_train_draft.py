@@ -134,6 +134,9 @@ def test_a_trained_head_is_accepted_far_more_often_than_a_random_one(
         assert baseline.mean_accept_length < 1.2
         assert row["mean_accept_length"] >= baseline.mean_accept_length + MIN_MARGIN
     assert trained["chain S=3"]["mean_accept_length"] >= MIN_TRAINED_CHAIN
+    # trained unrolled: the head agrees with the target on its own features at depth 3 too
+    accuracy = report["accuracy_by_step"]
+    assert len(accuracy) == 3 and min(accuracy) > 0.7
 
 
 @pytest.mark.hf
