@@ -4,9 +4,11 @@
 #   bash ../shared/gpu/fetch-wheels.sh .whl     # once, here
 #   device run: bash scripts/gpu.sh tests tests/unit/domain tests/contracts   (carry .whl)
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
+#               bash scripts/gpu.sh real-pair [benchmarks/real_pair.py options]
 # Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
 # cases whose id names cuda run here, plus tests marked gpu); `bench NAME ARGS...` runs
-# benchmarks/NAME.py and saves its table as $OUT/NAME.md; `all` does the standard set.
+# benchmarks/NAME.py and saves its table as $OUT/NAME.md; `real-pair` trains a target and its
+# EAGLE / EAGLE-3 heads and measures them ($OUT/report.md); `all` does the standard set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/eagletree-gpu-out}
@@ -30,6 +32,17 @@ bench)
     name=$1; shift
     python3 "benchmarks/$name.py" --out "$OUT/$name.md" "$@" 2>&1 | tee -a "$OUT/bench.log" \
         | tail -n 60
+    ;;
+real-pair)
+    # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
+    # the machine, the reports come back
+    python3 benchmarks/real_pair.py --out /tmp/real-pair "$@" 2>&1 | tee -a "$OUT/real-pair.log" \
+        | grep -v '^step ' | tail -n 80
+    cp /tmp/real-pair/report.md /tmp/real-pair/report.json "$OUT/" 2>/dev/null
+    for head in eagle eagle3; do
+        [ -f "/tmp/real-pair/$head/training.json" ] && cp "/tmp/real-pair/$head/training.json" \
+            "$OUT/training-$head.json"
+    done
     ;;
 *)
     echo "unknown phase $phase" >&2; exit 2

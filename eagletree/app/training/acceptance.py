@@ -8,6 +8,7 @@ is easy to draft, so reports state the share.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,10 @@ def engine_settings(
     shape: TreeShape | None,
     device: str,
     max_context_len: int,
+    backend: dict[str, str] | None = None,
 ) -> EngineSettings:
+    """Settings of a greedy engine; on the CPU fp32 with the torch backends, else bf16 and
+    the default (Triton) backends, ``backend`` overriding either."""
     on_cpu = device.startswith("cpu")
     speculative: dict[str, Any] = {"algorithm": "none"}
     if shape is not None:
@@ -110,16 +114,22 @@ def engine_settings(
         },
         speculative=speculative,
         memory={"max_total_tokens": 1 << 16, "max_running_requests": 16},
-        backend={"attention": "torch", "kv_move": "torch"} if on_cpu else {},
+        backend={
+            **({"attention": "torch", "kv_move": "torch"} if on_cpu else {}),
+            **(backend or {}),
+        },
     )
 
 
 def plain_outputs(
-    target: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int, device: str
+    target: Path,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    device: str,
+    backend: dict[str, str] | None = None,
 ) -> list[list[int]]:
-    settings = engine_settings(
-        target, None, "none", None, device, _context(prompts, max_new_tokens)
-    )
+    context = _context(prompts, max_new_tokens)
+    settings = engine_settings(target, None, "none", None, device, context, backend)
     engine = Engine.from_settings(settings)
     return [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new_tokens)]
 
@@ -137,14 +147,13 @@ def measure_acceptance(
     max_new_tokens: int,
     device: str,
     reference: Sequence[Sequence[int]] | None = None,
+    backend: dict[str, str] | None = None,
 ) -> list[AcceptanceRow]:
     """One row per shape; ``reference`` (plain greedy outputs) checks losslessness."""
-    import time
-
     rows = []
     for shape in shapes:
         settings = engine_settings(
-            target, draft, algorithm, shape, device, _context(prompts, max_new_tokens)
+            target, draft, algorithm, shape, device, _context(prompts, max_new_tokens), backend
         )
         engine = Engine.from_settings(settings)
         started = time.perf_counter()

@@ -21,6 +21,8 @@ from eagletree.domain.errors import ConfigurationError
 class TextTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
@@ -29,6 +31,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
@@ -44,6 +49,11 @@ class FileTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encoded in parallel by the library's thread pool."""
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        return [list(e.ids) for e in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))
@@ -126,8 +136,8 @@ def tokenize(
 ) -> torch.Tensor:
     """(num_tokens,) int64: the documents' tokens, each followed by ``separator``."""
     ids: list[int] = []
-    for document in documents:
-        ids.extend(tokenizer.encode(document))
+    for encoded in tokenizer.encode_batch(documents):
+        ids.extend(encoded)
         ids.extend(separator)
     return torch.tensor(ids, dtype=torch.int64)
 
