@@ -148,10 +148,15 @@ def measure_acceptance(
     device: str,
     reference: Sequence[Sequence[int]] | None = None,
     backend: dict[str, str] | None = None,
+    time_budget_s: float | None = None,
 ) -> list[AcceptanceRow]:
-    """One row per shape; ``reference`` (plain greedy outputs) checks losslessness."""
+    """One row per shape, in order; ``reference`` (plain greedy outputs) checks losslessness.
+    With ``time_budget_s`` no shape starts after the budget is spent (fewer rows come back)."""
     rows = []
+    budget_started = time.perf_counter()
     for shape in shapes:
+        if time_budget_s is not None and time.perf_counter() - budget_started > time_budget_s:
+            break
         settings = engine_settings(
             target, draft, algorithm, shape, device, _context(prompts, max_new_tokens), backend
         )

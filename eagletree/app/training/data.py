@@ -58,6 +58,14 @@ class FileTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self._tokenizer.get_vocab_size())
+
+    def token_id(self, token: str) -> int | None:
+        found = self._tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
 
 def load_tokenizer(target_dir: Path, vocab_size: int) -> TextTokenizer:
     """The target's ``tokenizer.json``, else bytes (which needs a vocabulary of ≥ 256)."""

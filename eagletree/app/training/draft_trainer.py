@@ -153,7 +153,8 @@ class DraftTrainer:
         head = Eagle3Head(shape, len(self.aux_layer_ids), size)
         init_linear_weights(head, std=0.02)
         with torch.no_grad():  # start from the target's own output rows: a warm, not random, head
-            head.lm_head.weight.copy_(self.target.lm_head.weight[self.vocab.target_ids].float())
+            rows = self.vocab.target_ids.to(self.target.lm_head.weight.device)
+            head.lm_head.weight.copy_(self.target.lm_head.weight[rows].float())
         return head.to(self.device)
 
     def config(self) -> dict[str, Any]:
