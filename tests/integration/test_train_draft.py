@@ -19,6 +19,7 @@ from eagletree.adapters.models.loading import load_models
 from eagletree.adapters.models.random_checkpoint import ModelSizes, write_random_checkpoint
 from eagletree.app.cli import main
 from eagletree.app.training import acceptance
+from eagletree.app.training.corpus import build_corpus
 from eagletree.app.training.data import (
     ByteTokenizer,
     prompt_windows,
@@ -26,6 +27,8 @@ from eagletree.app.training.data import (
     split_documents,
     tokenize,
 )
+from eagletree.app.training.draft_trainer import TrainOptions
+from eagletree.app.training.target_features import HFTarget
 from eagletree.app.training.target_trainer import TargetSpec, TargetTraining, train_target
 
 SPEC = TargetSpec(vocab_size=256, hidden_size=64, intermediate_size=192, num_layers=3)
@@ -177,3 +180,27 @@ def test_resume_continues_exactly_where_the_checkpoint_stopped(pair: Pair, tmp_p
     # the interrupted run would have differed: step 3's weights are not step 6's
     at_three = load_file(str(whole / "checkpoints" / "step-000003" / "model.safetensors"))
     assert not torch.equal(at_three["fc.weight"], expected["fc.weight"])
+
+
+@pytest.mark.hf
+def test_self_distillation_trains_on_the_targets_own_greedy_continuations(
+    pair: Pair, tmp_path: Path
+) -> None:
+    options = TrainOptions(
+        target=pair.target,
+        algorithm="eagle",
+        data=(pair.corpus,),
+        out=tmp_path / "distilled",
+        seq_len=32,
+        self_distill_prompts=3,
+        self_distill_tokens=12,
+        prompt_len=16,
+    )
+    corpus = build_corpus(options, HFTarget(pair.target, torch.float32, torch.device("cpu")))
+    sequences = corpus.train.view(3, 16 + 12)
+    prompts = sequences[:, :16].tolist()
+    text = pair.corpus.read_bytes()
+    assert all(bytes(prompt) in text for prompt in prompts)
+    # the engine's plain greedy decoding of the same prompts is what the head learns from
+    expected = acceptance.plain_outputs(pair.target, prompts, 12, "cpu")
+    assert sequences[:, 16:].tolist() == expected

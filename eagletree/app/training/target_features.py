@@ -94,13 +94,12 @@ class HFTarget:
 
     @torch.no_grad()
     def generate(self, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy continuations: (batch, prompt_len) -> (batch, prompt_len + max_new_tokens)."""
+        """Greedy continuations: (batch, prompt_len) -> (batch, prompt_len + max_new_tokens),
+        the full length even past an end-of-text token. Each token recomputes the whole prefix:
+        no KV cache, whose keyword transformers versions spell differently."""
         tokens = prompts.to(self.device)
-        out = self.model(input_ids=tokens, use_cache=True)
         for _ in range(max_new_tokens):
-            next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+            hidden = self.model.model(input_ids=tokens, use_cache=False).last_hidden_state
+            next_ids = self.lm_head(hidden[:, -1]).argmax(-1, keepdim=True)
             tokens = torch.cat((tokens, next_ids), dim=1)
-            out = self.model(
-                input_ids=next_ids, past_key_values=out.past_key_values, use_cache=True
-            )
         return tokens
