@@ -204,3 +204,19 @@ def test_self_distillation_trains_on_the_targets_own_greedy_continuations(
     # the engine's plain greedy decoding of the same prompts is what the head learns from
     expected = acceptance.plain_outputs(pair.target, prompts, 12, "cpu")
     assert sequences[:, 16:].tolist() == expected
+
+
+@pytest.mark.hf
+def test_target_features_are_the_tensors_the_engine_target_captures(pair: Pair) -> None:
+    """Layer i < L: its input (HF's hidden_states[i], which eagletree's parity test matches);
+    i = L: the last layer's output before the final norm; hidden: after the final norm."""
+    target = HFTarget(pair.target, torch.float32, torch.device("cpu"), (0, 2, 3))
+    tokens = torch.tensor([list(b"the quick fox jumps over the lazy dog.")])
+    out = target(tokens)
+    reference = target.model(input_ids=tokens, output_hidden_states=True)
+    assert out.aux is not None
+    aux = out.aux.view(*tokens.shape, 3, SPEC.hidden_size)
+    torch.testing.assert_close(aux[..., 0, :], reference.hidden_states[0])
+    torch.testing.assert_close(aux[..., 1, :], reference.hidden_states[2])
+    torch.testing.assert_close(target.model.model.norm(aux[..., 2, :]), out.hidden)
+    torch.testing.assert_close(out.logits, reference.logits.float())
