@@ -43,7 +43,6 @@ from eagletree.app.training import acceptance
 from eagletree.app.training.acceptance import AcceptanceRow, TreeShape
 from eagletree.app.training.data import FileTokenizer, prompt_windows, tokenize
 from eagletree.app.training.draft_trainer import TrainOptions, train_draft
-from eagletree.app.training.objective import LossWeights
 from eagletree.app.training.target_trainer import TargetSpec, TargetTraining, train_target
 
 EOS = "<|endoftext|>"
@@ -241,7 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             lr=args.head_lr,
             warmup_steps=50,
             unroll_steps=args.unroll_steps,
-            loss=LossWeights(cross_entropy=0.1 if algorithm == "eagle" else 1.0),
             draft_vocab_size=min(args.draft_vocab_size, vocab_size)
             if algorithm == "eagle3"
             else None,

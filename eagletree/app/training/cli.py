@@ -88,9 +88,6 @@ def run(args: argparse.Namespace) -> int:
     from eagletree.app.training.draft_trainer import TrainOptions, train_draft
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    ce_weight = args.ce_weight
-    if ce_weight is None:
-        ce_weight = 0.1 if args.algorithm == "eagle" else 1.0
     if args.max_steps is None and args.max_minutes is None:
         args.max_steps = 1000
     options = TrainOptions(
@@ -110,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip,
         unroll_steps=args.unroll_steps,
-        loss=LossWeights(ce_weight, args.regression_weight, args.step_decay),
+        loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay),
         num_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
         held_out_fraction=args.held_out_fraction,

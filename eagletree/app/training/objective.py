@@ -29,11 +29,16 @@ from eagletree.app.training.vocab import VocabMap
 @dataclass(frozen=True, slots=True)
 class LossWeights:
     """EAGLE-1 mixes regression 1.0 with cross-entropy 0.1 (the EAGLE paper); EAGLE-3 has only
-    the cross-entropy."""
+    the cross-entropy, weight 1.0. ``cross_entropy`` None: the algorithm's weight."""
 
-    cross_entropy: float = 0.1
+    cross_entropy: float | None = None
     regression: float = 1.0
     step_decay: float = 0.8
+
+    def cross_entropy_weight(self, eagle3: bool) -> float:
+        if self.cross_entropy is not None:
+            return self.cross_entropy
+        return 1.0 if eagle3 else 0.1
 
 
 class BatchResult(NamedTuple):
@@ -95,13 +100,14 @@ class Objective:
             embeds = self.target.embed_tokens(ids[:, 1:])
             outputs = unrolled_forward(self.head, embeds, features[:, :-1], self.num_steps)
         weights = step_weights(self.num_steps, self.weights.step_decay)
+        ce_weight = self.weights.cross_entropy_weight(is_eagle3)
         total = torch.zeros((), device=ids.device)
         accuracy = []
         for step, (output, weight) in enumerate(zip(outputs, weights, strict=True)):
             rows = valid_rows(seq_len, step, ids.device)[None, :] & in_vocab
             with self._autocast():
                 logits = self.head.logits(output)
-            loss = self.weights.cross_entropy * soft_cross_entropy(logits, probs, rows)
+            loss = ce_weight * soft_cross_entropy(logits, probs, rows)
             if not is_eagle3:
                 reg = feature_regression(output, next_feature, rows)
                 loss = loss + self.weights.regression * reg
