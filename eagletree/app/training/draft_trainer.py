@@ -113,6 +113,11 @@ class DraftTrainer:
     def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
         if options.max_steps is None and options.max_minutes is None:
             raise ConfigurationError("give --max-steps or --max-minutes (or both)")
+        for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
+            if getattr(options, name) < 1:
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
+        if options.seq_len < 2:
+            raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options
         self.stream = stream
         self.reader = ConfigReader.from_dir(options.target)
