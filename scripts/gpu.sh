@@ -5,11 +5,13 @@
 #   device run: bash scripts/gpu.sh tests tests/unit/domain tests/contracts   (carry .whl)
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
 #               bash scripts/gpu.sh cli bench --preset llama3-8b --draft eagle3 --hf
+#               bash scripts/gpu.sh real-pair [benchmarks/real_pair.py options]
 # Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
 # cases whose id names cuda run here, plus tests marked gpu); `bench NAME ARGS...` runs
 # benchmarks/NAME.py and saves its table as $OUT/NAME.md; `cli COMMAND ARGS...` runs
 # `eagletree COMMAND` (`cli bench ...` writes $OUT/bench.md and $OUT/bench.json unless --out
-# is given); `all` does the standard set.
+# is given); `real-pair` trains a target and its EAGLE / EAGLE-3 heads and measures them
+# ($OUT/report.md); `all` does the standard set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/eagletree-gpu-out}
@@ -42,6 +44,17 @@ cli)
     fi
     python3 -m eagletree.app.cli "$command" "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/cli.log" \
         | tail -n 60
+    ;;
+real-pair)
+    # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
+    # the machine, the reports come back
+    python3 benchmarks/real_pair.py --out /tmp/real-pair "$@" 2>&1 | tee -a "$OUT/real-pair.log" \
+        | grep -v '^step ' | tail -n 80
+    cp /tmp/real-pair/report.md /tmp/real-pair/report.json "$OUT/" 2>/dev/null
+    for head in eagle eagle3; do
+        [ -f "/tmp/real-pair/$head/training.json" ] && cp "/tmp/real-pair/$head/training.json" \
+            "$OUT/training-$head.json"
+    done
     ;;
 *)
     echo "unknown phase $phase" >&2; exit 2

@@ -1,5 +1,5 @@
-"""The `eagletree` command: `generate`, `bench`, `init-random`, `config show`, `config validate`,
-`demo`."""
+"""The `eagletree` command: `generate`, `bench`, `init-random`, `train-draft`, `config show` /
+`validate`, `demo`."""
 
 from __future__ import annotations
 
@@ -34,6 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="eagletree")
         init_random_cli.add_parser(parser.add_subparsers(dest="command", required=True))
         return init_random_cli.run(parser.parse_args(argv))
+    if argv[:1] == ["train-draft"]:  # imported here: training pulls in torch and transformers
+        from eagletree.app.training import cli as train_cli
+
+        return train_cli.main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "generate":
         return generate_cli.run(args)
@@ -89,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "init-random", help="write a random target and draft checkpoint", add_help=False
     )
+    commands.add_parser("train-draft", help="train an EAGLE / EAGLE-3 draft head", add_help=False)
     commands.add_parser("demo", help="one tree decode step on fixed numbers, phase by phase")
     return parser
 

@@ -1,0 +1,143 @@
+"""App: the `eagletree train-draft` command — train an EAGLE or EAGLE-3 head for a target."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from eagletree.app.training.acceptance import TreeShape
+from eagletree.app.training.objective import LossWeights
+from eagletree.domain.errors import ConfigurationError
+
+
+def _shape(text: str) -> TreeShape:
+    """``S`` (a chain) or ``S,k,N``."""
+    try:
+        parts = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected S or S,k,N") from None
+    if len(parts) == 1:
+        return TreeShape.chain(parts[0])
+    if len(parts) == 3:
+        return TreeShape(*parts)
+    raise argparse.ArgumentTypeError(f"{text!r}: expected S or S,k,N")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "train-draft",
+        help="train an EAGLE / EAGLE-3 draft head for a target checkpoint",
+        description="Train a draft head on text with target features computed online; write it"
+        " to --out in the format eagletree and SGLang load; report its acceptance.",
+    )
+    add = parser.add_argument
+    add("--target", required=True, type=Path, metavar="DIR", help="target checkpoint directory")
+    add("--algorithm", required=True, choices=["eagle", "eagle3"])
+    add(
+        "--data",
+        required=True,
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help='text, JSONL with a "text" field, source files, or directories of them',
+    )
+    add("--out", required=True, type=Path, metavar="DIR")
+    add("--max-steps", type=int, help="optimizer steps (default 1000 without --max-minutes)")
+    add("--max-minutes", type=float, help="wall-clock training budget")
+    add("--seed", type=int, default=0)
+    add("--device", help="torch device (default: cuda if available, else cpu)")
+    add("--batch-size", type=int, default=8)
+    add("--seq-len", type=int, default=256)
+    add("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    add("--lr", type=float, default=3e-4)
+    add("--weight-decay", type=float, default=0.0)
+    add("--warmup-steps", type=int, default=20)
+    add("--grad-clip", type=float, default=0.5)
+    add("--unroll-steps", type=int, default=3, help="training-time test depth (>= 1)")
+    add("--step-decay", type=float, default=0.8, help="loss weight decay^s of unrolled step s")
+    add("--ce-weight", type=float, help="cross-entropy weight (default: eagle 0.1, eagle3 1.0)")
+    add("--regression-weight", type=float, default=1.0, help="EAGLE-1 feature regression")
+    add("--num-layers", type=int, default=1, help="EAGLE-1 decoder layers")
+    add("--draft-vocab-size", type=int, help="EAGLE-3 (default: min(vocab, 32000))")
+    add("--held-out-fraction", type=float, default=0.05)
+    add("--checkpoint-every", type=int, default=0, metavar="K", help="0: no checkpoints")
+    add("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    add("--self-distill-prompts", type=int, default=0, help="train on the target's generations")
+    add("--self-distill-tokens", type=int, default=0, help="tokens generated per prompt")
+    add("--prompt-len", type=int, default=32, help="self-distillation and evaluation prompts")
+    add("--eval-prompts", type=int, default=8, help="held-out prompts (0: no report)")
+    add("--eval-new-tokens", type=int, default=64)
+    add(
+        "--eval-shape",
+        type=_shape,
+        action="append",
+        metavar="S|S,k,N",
+        help="draft shapes of the acceptance report (default: chain S=3); repeatable",
+    )
+    add("--log-every", type=int, default=50)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from eagletree.app.training.acceptance import markdown_table
+    from eagletree.app.training.draft_trainer import TrainOptions, train_draft
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.max_steps is None and args.max_minutes is None:
+        args.max_steps = 1000
+    options = TrainOptions(
+        target=args.target,
+        algorithm=args.algorithm,
+        data=tuple(args.data),
+        out=args.out,
+        max_steps=args.max_steps,
+        max_minutes=args.max_minutes,
+        seed=args.seed,
+        device=device,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        grad_accum=args.grad_accum,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps,
+        grad_clip=args.grad_clip,
+        unroll_steps=args.unroll_steps,
+        loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay),
+        num_layers=args.num_layers,
+        draft_vocab_size=args.draft_vocab_size,
+        held_out_fraction=args.held_out_fraction,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        self_distill_prompts=args.self_distill_prompts,
+        self_distill_tokens=args.self_distill_tokens,
+        prompt_len=args.prompt_len,
+        eval_prompts=args.eval_prompts,
+        eval_new_tokens=args.eval_new_tokens,
+        eval_shapes=tuple(args.eval_shape or [TreeShape.chain(3)]),
+        log_every=args.log_every,
+    )
+    try:
+        report = train_draft(options)
+    except (ConfigurationError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"{options.algorithm} head: {report.out} ({report.steps} steps, {report.seconds:.0f} s)")
+    if report.acceptance:
+        print(markdown_table(report.acceptance), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="eagletree")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["train-draft", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

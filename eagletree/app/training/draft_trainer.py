@@ -1,0 +1,295 @@
+"""App: the draft-training loop — AdamW, cosine schedule, accumulation, checkpoints, resume.
+
+``train_draft`` builds everything from ``TrainOptions``: the target (transformers, bf16 on
+CUDA, fp32 on the CPU), the text, the head, and runs until ``max_steps`` or ``max_minutes``;
+it writes the head to ``out`` in the format eagletree loads and, with evaluation prompts,
+measures its acceptance through the engine on held-out text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.models.stack import default_aux_layer_ids
+from eagletree.app.training import acceptance
+from eagletree.app.training.checkpoint import (
+    Algorithm,
+    draft_config,
+    head_shape,
+    latest_checkpoint,
+    load_state,
+    save_head,
+    save_state,
+    step_dir,
+)
+from eagletree.app.training.corpus import Corpus, build_corpus
+from eagletree.app.training.head_modules import init_linear_weights
+from eagletree.app.training.heads import Eagle3Head, EagleHead
+from eagletree.app.training.objective import LossWeights, Objective
+from eagletree.app.training.progress import ProgressLine
+from eagletree.app.training.target_features import HFTarget
+from eagletree.app.training.vocab import VocabMap, choose_draft_vocab, token_counts, vocab_map
+from eagletree.domain.errors import ConfigurationError
+
+MIN_LR_RATIO = 0.1  # the cosine schedule ends at a tenth of the peak
+
+
+@dataclass(frozen=True, slots=True)
+class TrainOptions:
+    target: Path
+    algorithm: Algorithm
+    data: tuple[Path, ...]
+    out: Path
+    max_steps: int | None = 1000
+    max_minutes: float | None = None
+    seed: int = 0
+    device: str = "cpu"
+    batch_size: int = 8
+    seq_len: int = 256
+    grad_accum: int = 1
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    grad_clip: float = 0.5
+    unroll_steps: int = 3
+    loss: LossWeights = field(default_factory=LossWeights)
+    num_layers: int = 1
+    draft_vocab_size: int | None = None
+    held_out_fraction: float = 0.05
+    checkpoint_every: int = 0
+    resume: bool = False
+    self_distill_prompts: int = 0
+    self_distill_tokens: int = 0
+    prompt_len: int = 32
+    eval_prompts: int = 8
+    eval_new_tokens: int = 64
+    eval_shapes: tuple[acceptance.TreeShape, ...] = (acceptance.TreeShape.chain(3),)
+    log_every: int = 50
+
+
+@dataclass(slots=True)
+class TrainReport:
+    steps: int
+    losses: list[float]
+    accuracy: tuple[float, ...]
+    seconds: float
+    acceptance: list[acceptance.AcceptanceRow]
+    out: Path
+
+
+def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
+    """Linear warm-up, then cosine decay to MIN_LR_RATIO over the step or time budget."""
+    progress = 0.0
+    if options.max_steps:
+        progress = max(progress, step / options.max_steps)
+    if options.max_minutes:
+        progress = max(progress, elapsed_s / (60 * options.max_minutes))
+    warmup = min(1.0, (step + 1) / max(options.warmup_steps, 1))
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return options.lr * warmup * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * cosine)
+
+
+def _aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    # a target too shallow for (2, L/2, L−3) gets the nearest layers that exist
+    return tuple(min(max(i, 0), num_layers) for i in default_aux_layer_ids(num_layers))
+
+
+def _save_dtype(reader: ConfigReader) -> torch.dtype:
+    name = reader.raw.get("dtype") or reader.raw.get("torch_dtype") or "bfloat16"
+    dtype = getattr(torch, str(name), None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+
+
+class DraftTrainer:
+    def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
+        if options.max_steps is None and options.max_minutes is None:
+            raise ConfigurationError("give --max-steps or --max-minutes (or both)")
+        for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
+            if getattr(options, name) < 1:
+                raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
+        if options.seq_len < 2:
+            raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
+        self.options = options
+        self.stream = stream
+        self.reader = ConfigReader.from_dir(options.target)
+        self.shape = head_shape(self.reader)
+        self.device = torch.device(options.device)
+        self.aux_layer_ids: tuple[int, ...] = ()
+        if options.algorithm == "eagle3":
+            self.aux_layer_ids = _aux_layer_ids(self.reader.get_int("num_hidden_layers"))
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.target = HFTarget(options.target, dtype, self.device, self.aux_layer_ids)
+        self.corpus: Corpus = build_corpus(options, self.target)
+        self.vocab: VocabMap | None = None
+        torch.manual_seed(options.seed)
+        self.head = self._build_head()
+        self.objective = Objective(
+            self.head, self.target, options.unroll_steps, options.loss, self.vocab
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.head.parameters(),
+            lr=options.lr,
+            betas=(0.9, 0.95),
+            weight_decay=options.weight_decay,
+        )
+        self.step = 0
+        self.elapsed_s = 0.0
+
+    def _build_head(self) -> EagleHead | Eagle3Head:
+        options, shape = self.options, self.shape
+        head: EagleHead | Eagle3Head
+        if options.algorithm == "eagle":
+            head = EagleHead(shape, options.num_layers, self.target.lm_head)
+            init_linear_weights(head, std=0.02)
+            return head.to(self.device)
+        vocab_size = self.target.vocab_size
+        size = options.draft_vocab_size or min(vocab_size, 32_000)
+        counts = token_counts(self.corpus.train, vocab_size)
+        self.vocab = vocab_map(choose_draft_vocab(counts, size), vocab_size)
+        head = Eagle3Head(shape, len(self.aux_layer_ids), size)
+        init_linear_weights(head, std=0.02)
+        with torch.no_grad():  # start from the target's own output rows: a warm, not random, head
+            rows = self.vocab.target_ids.to(self.target.lm_head.weight.device)
+            head.lm_head.weight.copy_(self.target.lm_head.weight[rows].float())
+        return head.to(self.device)
+
+    def config(self) -> dict[str, Any]:
+        options = self.options
+        return draft_config(
+            options.algorithm,
+            self.reader,
+            self.shape,
+            _save_dtype(self.reader),
+            num_layers=options.num_layers if options.algorithm == "eagle" else 1,
+            draft_vocab_size=None if self.vocab is None else self.vocab.d2t.numel(),
+            aux_layer_ids=self.aux_layer_ids,
+        )
+
+    def save(self, directory: Path, with_state: bool) -> None:
+        save_head(directory, self.head, self.config(), _save_dtype(self.reader), self.vocab)
+        if with_state:
+            state: dict[str, Any] = {
+                "algorithm": self.options.algorithm,
+                "step": self.step,
+                "elapsed_s": self.elapsed_s,
+                "head": self.head.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+            }
+            if self.vocab is not None:
+                state["d2t"], state["t2d"] = self.vocab.d2t, self.vocab.t2d
+            save_state(directory, state)
+
+    def restore(self, directory: Path) -> None:
+        state = load_state(directory)
+        if state["algorithm"] != self.options.algorithm:
+            raise ConfigurationError(
+                f"{directory} holds an {state['algorithm']} head, not {self.options.algorithm}"
+            )
+        if self.vocab is not None and not torch.equal(state["d2t"], self.vocab.d2t):
+            raise ConfigurationError(f"{directory}: the draft vocabulary differs from this data's")
+        self.head.load_state_dict(state["head"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        self.elapsed_s = float(state["elapsed_s"])
+
+    def _done(self) -> bool:
+        options = self.options
+        if options.max_steps is not None and self.step >= options.max_steps:
+            return True
+        return options.max_minutes is not None and self.elapsed_s >= 60 * options.max_minutes
+
+    def train(self) -> TrainReport:
+        options = self.options
+        if options.resume:
+            found = latest_checkpoint(options.out)
+            if found is not None:
+                self.restore(found)
+        progress = ProgressLine(options.max_steps, self.stream, every=options.log_every)
+        losses: list[float] = []
+        accuracy: tuple[float, ...] = ()
+        self.head.train()
+        while not self._done():
+            started = time.perf_counter()
+            lr = learning_rate(options, self.step, self.elapsed_s)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_sum, num_tokens, accs = 0.0, 0, []
+            for micro in range(options.grad_accum):
+                batch = self.corpus.sampler.batch(self.step * options.grad_accum + micro)
+                result = self.objective(batch)
+                torch.autograd.backward(result.loss / options.grad_accum)
+                # SYNC: the loss value for the display, once per micro-batch
+                loss_sum += float(result.loss.detach()) / options.grad_accum
+                num_tokens += result.num_tokens
+                accs.append(result.accuracy)
+            nn.utils.clip_grad_norm_(self.head.parameters(), options.grad_clip)
+            self.optimizer.step()
+            self.step += 1
+            self.elapsed_s += time.perf_counter() - started
+            losses.append(loss_sum)
+            accuracy = tuple(sum(a) / len(a) for a in zip(*accs, strict=True))
+            progress.update(self.step, loss_sum, accuracy, num_tokens)
+            if options.checkpoint_every and self.step % options.checkpoint_every == 0:
+                self.save(step_dir(options.out, self.step), with_state=True)
+        progress.close()
+        self.head.eval()
+        self.save(options.out, with_state=False)
+        rows = self.evaluate()
+        report = TrainReport(self.step, losses, accuracy, self.elapsed_s, rows, options.out)
+        _write_report(report, options)
+        return report
+
+    def evaluate(self) -> list[acceptance.AcceptanceRow]:
+        options = self.options
+        if not options.eval_prompts or not options.eval_shapes:
+            return []
+        prompts = self.corpus.eval_prompts
+        if not prompts:
+            return []
+        device = options.device
+        reference = acceptance.plain_outputs(
+            options.target, prompts, options.eval_new_tokens, device
+        )
+        return acceptance.measure_acceptance(
+            options.target,
+            options.out,
+            options.algorithm,
+            prompts,
+            options.eval_shapes,
+            options.eval_new_tokens,
+            device,
+            reference,
+        )
+
+
+def _write_report(report: TrainReport, options: TrainOptions) -> None:
+    summary = {
+        "options": {
+            key: str(value) if isinstance(value, Path) else value
+            for key, value in asdict(options).items()
+            if key not in ("data", "eval_shapes")
+        },
+        "data": [str(p) for p in options.data],
+        "steps": report.steps,
+        "seconds": report.seconds,
+        "losses": report.losses,  # this run's, one per optimizer step
+        "accuracy_by_step": list(report.accuracy),
+        "acceptance": [row.as_dict() for row in report.acceptance],
+    }
+    (options.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if report.acceptance:
+        (options.out / "acceptance.md").write_text(acceptance.markdown_table(report.acceptance))
+
+
+def train_draft(options: TrainOptions, stream: TextIO | None = None) -> TrainReport:
+    return DraftTrainer(options, stream).train()
