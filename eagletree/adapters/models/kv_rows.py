@@ -3,18 +3,19 @@
 A layer that stores its own k/v (fused with RoPE) writes rows of these buffers at
 ``out_cache_loc``, as the pool's ``set_kv_buffer`` would, and calls its backend with
 ``save_kv=False``. Pools that translate slots or hold other layouts (hybrid sliding-window
-pools) give None, and the layer lets the backend store.
+pools), and pools that store fp8 (whose conversion stays torch's), give None, and the layer
+lets the backend store.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from eagletree.adapters.attention.pool_access import is_mla_pool
 
 if TYPE_CHECKING:
-    import torch
-
     from eagletree.ports.memory import KVPool, MHAKVCache, MLAKVCache
 
 
@@ -23,7 +24,10 @@ def mha_kv_buffers(pool: KVPool | None, layer_id: int) -> tuple[torch.Tensor, to
     if pool is None or is_mla_pool(pool) or not hasattr(pool, "get_key_buffer"):
         return None
     mha: MHAKVCache = pool  # type: ignore[assignment]
-    return mha.get_key_buffer(layer_id), mha.get_value_buffer(layer_id)
+    keys = mha.get_key_buffer(layer_id)
+    if keys.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return None
+    return keys, mha.get_value_buffer(layer_id)
 
 
 def mla_kv_buffer(pool: KVPool | None, layer_id: int) -> torch.Tensor | None:

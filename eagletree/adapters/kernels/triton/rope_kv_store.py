@@ -2,11 +2,11 @@
 
 What it replaces, operation for operation: ``RopeTables.rotate`` on q and k (products and their
 sum each rounded to the activation dtype, as torch's elementwise ops round), then the pool's
-``set_kv_buffer`` (rows converted to the storage dtype at ``out_cache_loc``; for fp8 e4m3 both
-round to nearest even and saturate at ±448). One program per (token, head): q heads first,
-then the kv heads, whose programs also copy that head's v. The launch turns off FMA
-contraction, which would otherwise fuse a product into the sum and round once where torch
-rounds twice.
+``set_kv_buffer`` (rows converted to the storage dtype at ``out_cache_loc``). fp8 pools are
+refused: compiled for sm_90 the conversion did not match torch's bit for bit, so they keep
+``set_kv_buffer``. One program per (token, head): q heads first, then the kv heads, whose
+programs also copy that head's v. The launch turns off FMA contraction, which would otherwise
+fuse a product into the sum and round once where torch rounds twice.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+# storage dtypes the kernel refuses (``kv_rows`` keeps such pools on ``set_kv_buffer``)
+FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
 
 
 @triton.jit
@@ -131,6 +134,11 @@ def rope_kv_store(
         return q_out
     if v_buffer.dtype != k_buffer.dtype:
         raise ValueError(f"K and V buffers differ in dtype: {k_buffer.dtype}, {v_buffer.dtype}")
+    if k_buffer.dtype in FP8_DTYPES:
+        raise ValueError(
+            f"rope_kv_store does not write {k_buffer.dtype} rows: fp8 pools store through "
+            "set_kv_buffer (the compiled conversion rounds differently from torch's)"
+        )
     _rope_kv_store_kernel[(num_tokens, num_q_heads + num_kv_heads)](
         q,
         k,

@@ -53,7 +53,8 @@ def _verify_tree_greedy_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     path = tl.where(offs_s == 0, _pick(node_id, offs, 0), -1)
     accepted = offs == 0
-    last = _pick(offs, offs, 0)  # 0 as a scalar tensor
+    # loop-carried scalars are int64 throughout (the compiler requires a fixed type)
+    last = _pick(offs.to(tl.int64), offs, 0)  # 0
     length = last
     active = last == 0
     for depth in range(1, num_steps + 1):
