@@ -131,13 +131,11 @@ class EngineLoop:
     def _step(self) -> None:
         started = time.perf_counter()
         self.engine.step()
-        batch = 0
+        deliveries: list[tuple[Sink, StreamEvent]] = []
         for request_id, (watcher, sink) in list(self._watchers.items()):
             event = watcher.poll()
             if event is None:
                 continue
-            if event.token_ids:
-                batch += 1
             if event.finished:
                 event = StreamEvent(
                     event.index,
@@ -149,9 +147,12 @@ class EngineLoop:
                 )
                 del self._watchers[request_id]
                 self.metrics.record_finished(event)
-            sink(event)
+            deliveries.append((sink, event))
+        batch = sum(bool(event.token_ids) for _, event in deliveries)
         self.metrics.record_step(batch, time.perf_counter() - started)
-        self._publish()
+        self._publish()  # before the clients hear of the step, so /metrics is never behind them
+        for sink, event in deliveries:
+            sink(event)
 
     def _publish(self) -> None:
         self.metrics.update_memory(self.engine)
