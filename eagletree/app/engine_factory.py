@@ -53,6 +53,11 @@ def engine_from_settings(settings: EngineSettings) -> Engine:
             "this release runs one engine on one device; set both to 1 (data parallelism: run "
             "one engine per device)"
         )
+    if not Path(target_path).is_dir():
+        raise ConfigurationError(
+            f"model.target_path = {target_path!r} is not a directory: point it at a checkpoint "
+            "(config.json + safetensors), e.g. one written by `eagletree init-random`"
+        )
     dtype = factories.torch_dtype(settings.model.dtype)
     model = load_target(
         target_path, dtype, settings.model.device, _aux_layer_ids(settings, target_path)

@@ -41,7 +41,13 @@ def settings_for_run(
         ensure_default_checkpoint,
     )
 
-    settings = resolve_platform(settings)
+    resolved = resolve_platform(settings)
+    if settings.model.device == "auto" and resolved.model.device == "cpu":
+        notify(
+            "no CUDA device: running on the CPU (model.device = 'auto') in "
+            f"{resolved.model.dtype} with the {resolved.backend.attention} attention backend"
+        )
+    settings = resolved
     if settings.model.target_path is not None:
         return settings
     if create_default:

@@ -256,7 +256,7 @@ def _paths_relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
         if isinstance(values, dict) and isinstance(values.get(name), str):
             value = Path(values[name]).expanduser()
             if not value.is_absolute():
-                data[section] = {**values, name: str(base / value)}
+                data[section] = {**values, name: os.path.normpath(base / value)}
     return data
 
 

@@ -68,12 +68,14 @@ def test_generate_prints_one_line_of_ids_per_prompt_and_a_throughput_summary(
         ["--prompt-ids", "1 2 3", "--prompt-ids", "4,5", "--max-new-tokens", "6"]
     )
     assert status == 0, err
-    lines = out.splitlines()
-    assert [line.split(" ", 1)[0] for line in lines] == ["[0]", "[1]"]
-    for line in lines:
+    lines = out.splitlines()  # ids then text (the default checkpoint has a tokenizer)
+    assert [line.split(" ", 1)[0] for line in lines] == ["[0]", "[0]", "[1]", "[1]"]
+    for line in lines[::2]:
         ids = line.split(" ", 1)[1].rsplit("  ", 1)[0].split()
         assert 1 <= len(ids) <= 6 and all(token.isdigit() for token in ids)
+    assert all(line.split(" ", 2)[1] == "text:" for line in lines[1::2])
     assert "tok/s" in err and "generated" in err
+    assert "[0] " in err and "first token" in err  # per-request timings
 
 
 def test_greedy_generate_is_deterministic_and_matches_the_engine(cpu_defaults: Path) -> None:
@@ -93,7 +95,7 @@ def test_without_a_settings_file_or_cuda_generate_falls_back_to_the_cpu(
     status, out, err = run(["--max-new-tokens", "2"])
     assert status == 0, err
     assert "no CUDA device: running on the CPU" in err
-    assert 'no prompt given: using --prompt-ids "1 2 3 4"' in err
+    assert "no prompt given: using the prompt 'The draft tree'" in err
     assert out.startswith("[0] ")
 
 
@@ -102,8 +104,8 @@ def test_without_a_settings_file_or_cuda_generate_falls_back_to_the_cpu(
     [
         (["--prompt-ids", "1 two 3"], "token id 'two'"),
         (["--prompt-ids", "1 99999"], "request 0: token id 99999"),
-        (["--prompt", "hello"], "--prompt needs the checkpoint's tokenizer.json"),
-        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--chat", "--prompt-ids", "1"], "--chat applies to --prompt TEXT"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     ],
 )
 def test_bad_input_exits_1_with_the_reason_on_stderr(
@@ -180,13 +182,16 @@ def test_every_example_generates_on_the_checkpoints_its_comment_says_to_write(
     from eagletree.app import init_random_cli
 
     assert f"--draft {draft} --out checkpoints/{out}" in (EXAMPLES / example).read_text()
-    monkeypatch.chdir(tmp_path)  # the examples name checkpoints relative to the working directory
+    # the examples name checkpoints relative to the file: ../checkpoints from examples/
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser(prog="eagletree")
     init_random_cli.add_parser(parser.add_subparsers(dest="command"))
     argv = ["init-random", "--arch", arch, "--draft", draft, "--out", f"checkpoints/{out}"]
     assert init_random_cli.run(parser.parse_args(argv)) == 0
     status, stdout, err = run(
-        ["--settings", str(EXAMPLES / example), "--prompt-ids", "1 2 3", "--max-new-tokens", "6",
+        ["--settings", str(tmp_path / "examples" / example), "--prompt-ids", "1 2 3",
+         "--max-new-tokens", "6",
          "--no-progress"]
     )  # fmt: skip
     assert status == 0, err

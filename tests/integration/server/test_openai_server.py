@@ -64,7 +64,10 @@ def test_chat_equals_engine_generate_on_the_chat_template_streamed_and_not(
     ids = tokenizer.apply_chat_template(messages)
     (want,) = reference_engine.generate([ids], max_new_tokens=10)
     full = api.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=10, temperature=0  # type: ignore[arg-type]
+        model=MODEL,
+        messages=messages,
+        max_tokens=10,
+        temperature=0,  # type: ignore[arg-type]
     )
     assert full.choices[0].message.role == "assistant"
     assert full.choices[0].message.content == want.text
@@ -98,7 +101,10 @@ def test_sixteen_concurrent_clients_share_engine_steps(
         texts = list(pool.map(complete, prompts, timeout=120))
     assert texts == expected
     after = server.wait_for("idle", lambda m: m["eagletree_requests_running"] == 0)
-    assert after["eagletree_engine_batched_steps_total"] > before["eagletree_engine_batched_steps_total"]
+    assert (
+        after["eagletree_engine_batched_steps_total"]
+        > before["eagletree_engine_batched_steps_total"]
+    )
     assert after["eagletree_engine_step_max_batch"] >= 4
     assert after["eagletree_requests_total"] - before["eagletree_requests_total"] == 16
 
@@ -115,8 +121,9 @@ def test_a_client_that_disconnects_mid_stream_gives_its_slots_back(server: Serve
     stream.close()
     after = server.wait_for(
         "the aborted request's slots",
-        lambda m: m["eagletree_kv_slots_free"] == free_at_start
-        and m["eagletree_requests_running"] == 0,
+        lambda m: (
+            m["eagletree_kv_slots_free"] == free_at_start and m["eagletree_requests_running"] == 0
+        ),
     )
     assert after["eagletree_client_aborts_total"] >= start["eagletree_client_aborts_total"] + 1
     assert after['eagletree_requests_finished_total{reason="abort"}'] >= 1
@@ -196,9 +203,11 @@ def test_load_of_200_requests_from_16_clients_with_aborts_loses_nothing(server: 
     assert outcomes.count("cancelled") == sum(j[2] and j[3] for j in jobs)
     after = server.wait_for(
         "every request finished and every slot free",
-        lambda m: m["eagletree_requests_running"] == 0
-        and m["eagletree_requests_waiting"] == 0
-        and m["eagletree_kv_slots_free"] == start["eagletree_kv_slots_free"],
+        lambda m: (
+            m["eagletree_requests_running"] == 0
+            and m["eagletree_requests_waiting"] == 0
+            and m["eagletree_kv_slots_free"] == start["eagletree_kv_slots_free"]
+        ),
     )
     finished = sum(v for k, v in after.items() if k.startswith("eagletree_requests_finished"))
     finished_before = sum(
