@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from eagletree import Engine
 from tests.integration.server.conftest import Server
@@ -60,20 +62,20 @@ def test_chat_equals_engine_generate_on_the_chat_template_streamed_and_not(
     api = client(server)
     tokenizer = reference_engine.tokenizer
     assert tokenizer is not None and tokenizer.has_chat_template
-    messages = [{"role": "user", "content": "hello tree"}]
-    ids = tokenizer.apply_chat_template(messages)
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello tree"}]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "hello tree"}])
     (want,) = reference_engine.generate([ids], max_new_tokens=10)
     full = api.chat.completions.create(
         model=MODEL,
         messages=messages,
         max_tokens=10,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     assert full.choices[0].message.role == "assistant"
     assert full.choices[0].message.content == want.text
     stream = api.chat.completions.create(
         model=MODEL,
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=10,
         temperature=0,
         stream=True,
@@ -145,9 +147,9 @@ def test_a_client_that_disconnects_mid_stream_gives_its_slots_back(server: Serve
 def test_bad_completion_requests_get_400_with_the_reason(
     server: Server, kwargs: dict[str, object], message: str
 ) -> None:
-    arguments: dict[str, object] = {"model": MODEL, "max_tokens": 4, **kwargs}
+    arguments: dict[str, Any] = {"model": MODEL, "max_tokens": 4, **kwargs}
     with pytest.raises(openai.BadRequestError) as raised:
-        client(server).completions.create(**arguments)  # type: ignore[call-overload]
+        client(server).completions.create(**arguments)
     assert raised.value.status_code == 400
     assert message in str(raised.value)
 
@@ -159,7 +161,7 @@ def test_bad_chat_requests_get_400(server: Server) -> None:
     with pytest.raises(openai.BadRequestError, match="role"):
         api.chat.completions.create(
             model=MODEL,
-            messages=[{"role": "wizard", "content": "x"}],  # type: ignore[list-item]
+            messages=[cast(ChatCompletionMessageParam, {"role": "wizard", "content": "x"})],
             max_tokens=4,
         )
 
