@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -305,7 +305,7 @@ class Engine:
         top_p: float | None = None,
         seed: int | None = None,
         stop_token_ids: Collection[int] | None = None,
-    ) -> Iterator[StreamEvent]:
+    ) -> Generator[StreamEvent, None, None]:
         """As ``generate``, yielding each request's new tokens (and text) as steps commit them.
 
         The last event of a request has ``finish_reason`` and ``result`` set. Closing the
