@@ -101,6 +101,8 @@ def _target_of(
     try:
         target = describe_checkpoint(path)
     except ConfigurationError as error:
+        if args.config_command == "validate":
+            return assumed, str(error)
         return assumed, f"{error} (target assumed from --target-arch {args.target_arch})"
     if args.attention_kind is not None:
         target = dataclasses.replace(target, attention_kind=args.attention_kind)

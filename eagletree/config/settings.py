@@ -302,7 +302,8 @@ def env_name(*field_path: str) -> str:
 
 
 def describe_validation_error(error: ValidationError) -> str:
-    """One line per problem: the field, its variable, the value given and what is allowed."""
+    """One line per problem (a single line for one): the field, its variable, the value given
+    and what is allowed."""
     lines = ["invalid settings:"]
     for problem in error.errors():
         path = [str(part) for part in problem["loc"]]
@@ -319,6 +320,8 @@ def describe_validation_error(error: ValidationError) -> str:
         else:
             what = problem["msg"].removeprefix("Value error, ")
         lines.append(f"  {where} = {problem['input']!r}: {what}")
+    if len(lines) == 2:  # one problem: one line
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 
