@@ -197,3 +197,64 @@ def test_every_example_generates_on_the_checkpoints_its_comment_says_to_write(
     assert status == 0, err
     assert stdout.startswith("[0] ")
     assert "speculation: mean acceptance length" in err
+
+
+def test_text_prompts_stream_as_they_are_generated_and_equal_the_batch_output(
+    cpu_defaults: Path,
+) -> None:
+    argv = ["--prompt", "The draft tree", "--max-new-tokens", "10", "--no-progress"]
+    status, batch_out, err = run(argv)
+    assert status == 0, err
+    text_line = batch_out.splitlines()[1]
+    assert text_line.startswith("[0] text: ")
+    status, streamed, err = run([*argv, "--stream"])
+    assert status == 0, err
+    assert streamed == json.loads(text_line.removeprefix("[0] text: ")) + "\n"
+
+
+def test_json_output_has_one_object_per_prompt_with_text_and_timings(cpu_defaults: Path) -> None:
+    status, out, err = run(
+        ["--prompt", "a b", "--prompt", "tree", "--max-new-tokens", "4", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["index"] for row in rows] == [0, 1]
+    for row in rows:
+        assert 1 <= len(row["output_ids"]) <= 4 and isinstance(row["text"], str)
+        assert row["prompt_ids"][0] == 1  # BOS
+        assert row["timings"]["latency_s"] >= row["timings"]["time_to_first_token_s"] >= 0
+        assert row["acceptance"]["histogram"]  # the default speculates
+
+
+def test_a_prompts_file_mixes_text_ids_and_chat_messages(
+    cpu_defaults: Path, tmp_path: Path
+) -> None:
+    file = tmp_path / "prompts.jsonl"
+    lines = [
+        {"prompt": "The draft tree"},
+        {"prompt_ids": [1, 5, 9]},
+        {"messages": [{"role": "user", "content": "hello"}]},
+    ]
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    status, out, err = run(
+        ["--prompts-file", str(file), "--max-new-tokens", "3", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows[1]["prompt_ids"] == [1, 5, 9]
+    status, chat_out, err = run(
+        ["--prompt", "hello", "--chat", "--max-new-tokens", "3", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    assert json.loads(chat_out)["prompt_ids"] == rows[2]["prompt_ids"]  # the chat template
+    assert len(rows[2]["prompt_ids"]) > len(rows[0]["prompt_ids"])
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from eagletree import __version__
+    from eagletree.app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"eagletree {__version__}"
