@@ -121,3 +121,19 @@ def test_the_embedding_example_runs(
     out = capsys.readouterr().out
     assert "streamed 12 tokens" in out
     assert out.count("first token after") == 2
+
+
+def test_defaults_run_on_this_machine_given_only_a_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagletree.app.cli import main
+
+    for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as on a user's machine
+    assert main(["init-random", "--arch", "llama", "--out", str(tmp_path)]) == 0
+    settings = EngineSettings(model={"target_path": str(tmp_path / "target")})
+    with Engine.from_settings(settings) as engine:
+        (result,) = engine.generate([[1, 2, 3]], max_new_tokens=3)
+    assert 1 <= len(result.output_ids) <= 3
+    assert engine.tokenizer is None and result.text is None  # init-random writes no tokenizer

@@ -16,15 +16,14 @@ from pathlib import Path
 
 import openai
 import pytest
+import uvicorn
 
 from eagletree import Engine
 from eagletree.app.run_settings import load_settings, settings_for_run
 from eagletree.app.server.engine_loop import EngineLoop
+from eagletree.app.server.openai_api import create_app
 from eagletree.app.server.protocol import StopStrings
 from tests.integration.server.conftest import SERVER_ENV
-
-uvicorn = pytest.importorskip("uvicorn")
-from eagletree.app.server.openai_api import create_app  # noqa: E402 - needs fastapi
 
 KEY = "secret-key"
 MODEL = "tiny"

@@ -15,8 +15,6 @@ from openai.types.chat import ChatCompletionMessageParam
 from eagletree import Engine
 from tests.integration.server.conftest import Server
 
-pytest.importorskip("fastapi")
-
 MODEL = "eagletree-default"
 PROMPTS = ["The draft tree", "speculative decoding with a beam", "tokens", "a b c d e f"]
 CLIENT_TIMEOUT_S = 60.0
