@@ -63,6 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--std", type=float, default=0.02, help="weight standard deviation")
     parser.add_argument("--tie-word-embeddings", action="store_true", default=None)
     parser.add_argument("--force", action="store_true", help="overwrite DIR/target and DIR/draft")
+    parser.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="also write a byte-level tokenizer with a chat template into DIR/target "
+        "(needs --vocab-size >= 259), as the embedded default has",
+    )
     sizes = parser.add_argument_group("size options (override the preset)")
     for name, kind in _SIZE_OPTIONS.items():
         sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar="N")
@@ -80,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
         overrides["tie_word_embeddings"] = args.tie_word_embeddings
         sizes: ModelSizes = sizes_with(PRESETS[args.preset], **overrides)
         check_sizes(args.arch, args.draft, sizes)
+        if args.tokenizer and sizes.vocab_size < 259:
+            raise ConfigurationError(
+                f"--tokenizer needs --vocab-size >= 259 (256 bytes and 3 special tokens), "
+                f"got {sizes.vocab_size}"
+            )
         if args.q_lora_rank == 0:  # 0 means no q LoRA: q_proj straight from the hidden state
             sizes = dataclasses.replace(sizes, q_lora_rank=None)
         if args.out.exists() and not args.out.is_dir():
@@ -99,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             std=args.std,
         )
+        if args.tokenizer:
+            from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
+
+            write_byte_level_tokenizer(target_dir, sizes.vocab_size)
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -317,6 +317,10 @@ CASES: dict[str, tuple[Setup, str]] = {
         _init_random("--arch", "llama", "--draft", "eagle3", "--draft-vocab-size", "9999"),
         "exceeds --vocab-size",
     ),
+    "init-tokenizer-small-vocab": (
+        _init_random("--arch", "llama", "--tokenizer", "--vocab-size", "100"),
+        "--tokenizer needs --vocab-size >= 259",
+    ),
     # serve
     "serve-bad-port": (lambda p, m: ["serve", "--port", "70000"], "is not a TCP port"),
 }

@@ -137,3 +137,16 @@ def test_defaults_run_on_this_machine_given_only_a_checkpoint(
         (result,) = engine.generate([[1, 2, 3]], max_new_tokens=3)
     assert 1 <= len(result.output_ids) <= 3
     assert engine.tokenizer is None and result.text is None  # init-random writes no tokenizer
+
+
+def test_init_random_can_write_a_tokenizer_that_the_engine_loads(tmp_path: Path) -> None:
+    from eagletree.app.cli import main
+
+    assert main(["init-random", "--arch", "llama", "--tokenizer", "--out", str(tmp_path)]) == 0
+    settings = EngineSettings(
+        model={"target_path": str(tmp_path / "target")}, memory={"max_total_tokens": 512}
+    )
+    with Engine.from_settings(settings) as engine:
+        assert engine.tokenizer is not None and engine.tokenizer.has_chat_template
+        (result,) = engine.generate(["tree"], max_new_tokens=2)
+    assert result.text == engine.tokenizer.decode(result.output_ids)
