@@ -1,4 +1,4 @@
-"""Resolves the "auto" settings for the machine: device, dtype, backends, CUDA graphs, threads.
+"""Platform: the "auto" settings resolved for the machine (device, dtype, backends, graphs).
 
 ``resolve_platform`` returns settings with every "auto" replaced by a concrete value, so that
 ``config show`` prints exactly what ``Engine.from_settings`` builds. An explicit choice that

@@ -1,4 +1,4 @@
-"""Prompts as users give them (text, token ids, chat messages) and their token ids.
+"""Prompts: text, token ids or chat messages as users give them, and their token ids.
 
 A JSONL prompts file holds one object per line: ``{"prompt": TEXT}``, ``{"prompt_ids": [...]}``
 or ``{"messages": [{"role": ..., "content": ...}, ...]}``; blank lines are skipped. Every

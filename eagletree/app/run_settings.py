@@ -1,5 +1,5 @@
-"""What a command will run: settings resolved for the machine, the embedded default filled in,
-and the checkpoints checked and described without loading their weights.
+"""Run settings: what a command will run — settings resolved for the machine, the embedded
+default filled in, the checkpoints checked and described without loading their weights.
 
 `generate`, `serve`, `config show` and `config validate` all go through ``settings_for_run``,
 so that what `config show` prints is what the others build.

@@ -1,4 +1,4 @@
-"""Server metrics, written by the engine loop thread and rendered as Prometheus text.
+"""Server metrics: written by the engine loop thread, rendered as Prometheus text.
 
 Counters are plain ints updated by one thread (the loop); ``render`` reads them from another,
 which sees each value whole. Names start with ``eagletree_``; ``_total`` marks counters.
