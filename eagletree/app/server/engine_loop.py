@@ -115,7 +115,8 @@ class EngineLoop:
             return
         if isinstance(command, _Abort):
             if self.engine.abort(command.request_id):
-                self.metrics.num_client_aborts += 1
+                with self.metrics.lock:
+                    self.metrics.num_client_aborts += 1
             return
         try:
             request = self.engine.submit(command.prompt_ids, command.params)
@@ -124,8 +125,9 @@ class EngineLoop:
             return
         watcher = OutputWatcher(0, request, self.engine.tokenizer)
         self._watchers[request.request_id] = (watcher, command.sink)
-        self.metrics.num_requests += 1
-        self.metrics.num_prompt_tokens += len(command.prompt_ids)
+        with self.metrics.lock:
+            self.metrics.num_requests += 1
+            self.metrics.num_prompt_tokens += len(command.prompt_ids)
         command.future.set_result(request.request_id)
 
     def _step(self) -> None:

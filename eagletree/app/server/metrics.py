@@ -1,11 +1,12 @@
 """Server metrics: written by the engine loop thread, rendered as Prometheus text.
 
-Counters are plain ints updated by one thread (the loop); ``render`` reads them from another,
-which sees each value whole. Names start with ``eagletree_``; ``_total`` marks counters.
+The loop thread updates the values, the HTTP thread renders them; a lock keeps a rendering
+from seeing a half-recorded step. Names start with ``eagletree_``; ``_total`` marks counters.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,14 +37,23 @@ class ServerMetrics:
     rows_total: int = 0
     rows_free: int = 0
     tokens_per_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record_step(self, batch: int, seconds: float) -> None:
+        with self.lock:
+            self._record_step(batch, seconds)
+
+    def _record_step(self, batch: int, seconds: float) -> None:
         self.num_steps += 1
         self.step_seconds += seconds
         self.num_batched_steps += batch >= 2
         self.max_step_batch = max(self.max_step_batch, batch)
 
     def record_finished(self, event: StreamEvent) -> None:
+        with self.lock:
+            self._record_finished(event)
+
+    def _record_finished(self, event: StreamEvent) -> None:
         assert event.finish_reason is not None
         self.finished[event.finish_reason.value] += 1
         if event.result is not None and event.result.acceptance is not None:
@@ -51,6 +61,10 @@ class ServerMetrics:
                 self.acceptance[tokens] += steps
 
     def update_memory(self, engine: Engine) -> None:
+        with self.lock:
+            self._update_memory(engine)
+
+    def _update_memory(self, engine: Engine) -> None:
         scheduler = engine.scheduler
         allocator = scheduler.allocator
         self.num_running = len(scheduler.running)
@@ -65,6 +79,10 @@ class ServerMetrics:
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
+        with self.lock:
+            return self._render()
+
+    def _render(self) -> str:
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
@@ -35,6 +36,10 @@ from eagletree.app.streaming import StreamEvent
 from eagletree.domain.request import SamplingParams
 
 DISCONNECT_POLL_S = 0.25
+
+
+class _Unauthorized(Exception):
+    """A /v1 request without the server's API key."""
 
 
 @dataclass(slots=True)
@@ -69,14 +74,17 @@ def create_app(
     async def _bad(_: Request, error: BadRequest) -> JSONResponse:
         return JSONResponse(error_body(str(error), "invalid_request_error", error.param), 400)
 
-    @app.middleware("http")
-    async def _authorize(request: Request, call_next: Any) -> Response:
-        protected = api_key and request.url.path.startswith("/v1/")
-        if protected and request.headers.get("authorization") != f"Bearer {api_key}":
-            body = error_body("missing or wrong API key", "authentication_error")
-            return JSONResponse(body, 401)
-        response: Response = await call_next(request)
-        return response
+    @app.exception_handler(_Unauthorized)
+    async def _unauthorized(_: Request, error: _Unauthorized) -> JSONResponse:
+        return JSONResponse(error_body("missing or wrong API key", "authentication_error"), 401)
+
+    # A dependency, not an HTTP middleware: a middleware wraps `receive`, and the handlers
+    # could no longer see a client disconnect through it.
+    async def authorize(request: Request) -> None:
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            raise _Unauthorized
+
+    v1 = [Depends(authorize)]
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -88,12 +96,12 @@ def create_app(
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(loop.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=v1)
     async def models() -> dict[str, Any]:
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "eagletree"}
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None, dependencies=v1)
     async def completions(body: CompletionBody, request: Request) -> Response:
         _check_common(body)
         if body.echo:
@@ -104,7 +112,7 @@ def create_app(
         ]
         return await _serve(request, body, choices, body.max_tokens or 16, chat=False)
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None, dependencies=v1)
     async def chat(body: ChatBody, request: Request) -> Response:
         _check_common(body)
         if tokenizer is None or not tokenizer.has_chat_template:
@@ -227,12 +235,15 @@ def create_app(
         events: asyncio.Queue[tuple[int, StreamEvent | BaseException]],
     ) -> None:
         pending = {choice.index for choice in choices}
+        checked = time.monotonic()
         while pending:
+            if time.monotonic() - checked >= DISCONNECT_POLL_S:  # tokens may never pause
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    return  # the caller's finally aborts what is left
             try:
                 index, event = await asyncio.wait_for(_next(events), DISCONNECT_POLL_S)
             except TimeoutError:
-                if await request.is_disconnected():
-                    return  # the caller's finally aborts what is left
                 continue
             _apply(choices[index], event)
             if event.finished:

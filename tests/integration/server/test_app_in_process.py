@@ -3,6 +3,7 @@ stop strings, prompt batches, usage chunks, malformed bodies, metrics text, engi
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
@@ -118,6 +119,26 @@ def test_a_stop_string_cuts_the_text_and_frees_the_request(
     while app.loop.metrics.num_running:  # the aborted request is released at the next step
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def test_a_dropped_connection_aborts_a_request_that_is_not_streamed(app: App) -> None:
+    metrics = app.loop.metrics
+    aborts_before = metrics.num_client_aborts
+    body = {"model": MODEL, "prompt": "a long answer", "max_tokens": 64, "temperature": 0}
+    connection = http.client.HTTPConnection("127.0.0.1", int(app.url.rsplit(":", 1)[1]), timeout=10)
+    connection.request(
+        "POST", "/v1/completions", json.dumps(body),
+        {"content-type": "application/json", "authorization": f"Bearer {KEY}"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while metrics.num_running == 0:  # running: the handler waits for its tokens
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    connection.close()  # without reading the answer
+    while metrics.num_client_aborts == aborts_before or metrics.num_running:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.05)
+    assert metrics.finished["abort"] >= 1
 
 
 def test_a_batch_of_prompts_gets_one_choice_each_and_usage(app: App) -> None:
