@@ -113,12 +113,13 @@ def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -
     from eagletree.adapters.models.config import ConfigReader
     from eagletree.app.engine_factory import check_context_len, check_topk
 
+    path = settings.model.target_path
+    if path is None or not Path(path).is_dir():  # the embedded default, not written yet
+        return
     check_draft_path(settings)
     check_context_len(settings, target)
-    path = settings.model.target_path
-    if path is not None and Path(path).is_dir():
-        resolved = resolve_speculative(settings, target)
-        check_topk(resolved, ConfigReader.from_dir(path).get_int("vocab_size"))
+    resolved = resolve_speculative(settings, target)
+    check_topk(resolved, ConfigReader.from_dir(path).get_int("vocab_size"))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -129,6 +129,20 @@ def test_validate_accepts_every_example_once_its_checkpoints_exist(
         assert capsys.readouterr().out == "ok\n"
 
 
+def test_validate_accepts_the_defaults_before_and_after_the_default_checkpoint_exists(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from eagletree.app.default_checkpoint import ensure_default_checkpoint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["config", "validate"]) == 0  # generate writes it on first use
+    ensure_default_checkpoint(notify=lambda _: None)
+    assert main(["config", "validate"]) == 0
+    assert capsys.readouterr().out == "ok\nok\n"
+    shown = show(capsys)
+    assert shown["target"]["num_layers"] == 4  # now read from the checkpoint
+
+
 def test_validate_rejects_an_example_whose_checkpoints_are_missing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
