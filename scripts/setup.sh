@@ -10,6 +10,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "setup: installing pinned dependencies (first run takes about 2 minutes)"
 # pip's mirror warnings ("Location ... is ignored") are noise on this machine; keep real errors.
-.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf]" \
+.venv/bin/pip install -q --disable-pip-version-check -c constraints.txt -e ".[dev,hf,serve]" \
     2> >(grep -v 'is ignored' >&2)
 echo "setup: done ($(.venv/bin/python -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'))"

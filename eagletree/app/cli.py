@@ -1,5 +1,5 @@
-"""The `eagletree` command: `generate`, `bench`, `init-random`, `train-draft`, `config show` /
-`validate`, `demo`."""
+"""The `eagletree` command: `generate`, `serve`, `bench`, `init-random`, `train-draft`, `config
+show|validate`, `demo`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from eagletree import __version__
 from eagletree.app import generate_cli
+from eagletree.app.run_settings import (
+    check_draft_path,
+    describe_checkpoint,
+    load_settings,
+    settings_for_run,
+)
+from eagletree.app.server.serve_args import add_serve_parser
 from eagletree.config.eagle_hook import resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import ATTENTION_KINDS, TargetDescription
@@ -41,52 +50,115 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "generate":
         return generate_cli.run(args)
+    if args.command == "serve":
+        from eagletree.app.server import serve_cli
+
+        return serve_cli.run(args)
     # Warnings reach stderr through logging's last-resort handler unless the embedding
     # application configured logging; `config show` also prints them in [speculative.resolved].
     try:
-        settings = (
-            EngineSettings() if args.settings is None else EngineSettings.from_file(args.settings)
-        )
-        target = TargetDescription.for_architecture(args.target_arch, args.attention_kind)
-        resolved = resolve_speculative(settings, target)
+        return config_command(args)
     except ConfigurationError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+
+
+def config_command(args: argparse.Namespace) -> int:
+    """`config show` / `config validate`: the settings generate would run, checked."""
+    notes: list[str] = []
+    settings = settings_for_run(load_settings(args.settings), notes.append, create_default=False)
+    target, assumed = _target_of(args, settings)
+    resolved = resolve_speculative(settings, target)
     if args.config_command == "validate":
+        if assumed is not None:
+            raise ConfigurationError(assumed)
+        _validate_checkpoints(settings, target)
         print("ok")
         return 0
     values: dict[str, Any] = settings.model_dump()
     resolved_values = dataclasses.asdict(resolved)
     values["speculative"] = {**values["speculative"], "resolved": resolved_values}
     values["target"] = dataclasses.asdict(target)
-    print(f"# eagletree settings resolved for {target.architecture} ({target.attention_kind})")
+    model, backend = settings.model, settings.backend
+    print(
+        f"# eagletree settings resolved for {target.architecture} ({target.attention_kind}) on "
+        f"{model.device} in {model.dtype}: attention {backend.attention}, kv_move "
+        f"{backend.kv_move}, cuda_graph {backend.cuda_graph}"
+    )
+    for note in notes:
+        print(f"# {note}")
+    if assumed is not None:
+        print(f"# {assumed}")
     print(to_toml(values), end="")
     return 0
+
+
+def _target_of(
+    args: argparse.Namespace, settings: EngineSettings
+) -> tuple[TargetDescription, str | None]:
+    """The target read from the checkpoint, or (when it cannot be read) the one assumed from
+    --target-arch and the reason, which `validate` reports as its error."""
+    from eagletree.app.default_checkpoint import default_checkpoint_dir
+
+    path = settings.model.target_path
+    assert path is not None  # settings_for_run fills in the default
+    assumed = TargetDescription.for_architecture(args.target_arch, args.attention_kind)
+    is_default = Path(path) == default_checkpoint_dir() / "target"
+    if is_default and not Path(path).is_dir():
+        note = f"target: the embedded default {path}, written by the first `eagletree generate`"
+        return assumed, None if args.config_command == "validate" else note
+    try:
+        target = describe_checkpoint(path)
+    except ConfigurationError as error:
+        if args.config_command == "validate":
+            return assumed, str(error)
+        return assumed, f"{error} (target assumed from --target-arch {args.target_arch})"
+    if args.attention_kind is not None:
+        target = dataclasses.replace(target, attention_kind=args.attention_kind)
+    return target, None
+
+
+def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -> None:
+    from eagletree.adapters.models.config import ConfigReader
+    from eagletree.app.engine_factory import check_context_len, check_topk
+
+    path = settings.model.target_path
+    if path is None or not Path(path).is_dir():  # the embedded default, not written yet
+        return
+    check_draft_path(settings)
+    check_context_len(settings, target)
+    resolved = resolve_speculative(settings, target)
+    check_topk(resolved, ConfigReader.from_dir(path).get_int("vocab_size"))
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eagletree", description="EAGLE tree speculative decoding."
     )
+    parser.add_argument("--version", action="version", version=f"eagletree {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     config = commands.add_parser("config", help="inspect and check settings")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the resolved settings as TOML")
     show.add_argument("--settings", metavar="FILE", help="a .toml, .yaml or .yml settings file")
-    validate = config_commands.add_parser("validate", help="check a settings file; exit 1 if bad")
-    validate.add_argument("settings", metavar="FILE")
+    validate = config_commands.add_parser(
+        "validate", help="check settings, checkpoints and device; exit 1 if bad"
+    )
+    validate.add_argument("settings", metavar="FILE", nargs="?", help="omit: the defaults")
     for sub in (show, validate):
         sub.add_argument(
             "--target-arch",
             default="LlamaForCausalLM",
-            help="target architecture assumed until a checkpoint is given (default: %(default)s)",
+            help="target architecture assumed when no checkpoint can be read "
+            "(default: %(default)s)",
         )
         sub.add_argument(
             "--attention-kind", choices=ATTENTION_KINDS, help="override the architecture's kind"
         )
 
     generate_cli.add_parser(commands)
+    add_serve_parser(commands)
     commands.add_parser(
         "bench", help="decode throughput of plain, chain and tree configurations", add_help=False
     )

@@ -26,6 +26,7 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app import factories
+from eagletree.app.platform import resolve_platform
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
@@ -196,11 +197,12 @@ def container_values(
 def build_container(
     settings: EngineSettings | None = None, target: TargetDescription | None = None
 ) -> Container:
-    """Resolve the settings (from the environment when None) for the target and wire them.
+    """Resolve the settings (from the environment when None) for the target and the machine
+    ("auto" device, dtype and backends, see ``resolve_platform``) and wire them.
 
     Raises ConfigurationError when the settings contradict each other or the target.
     """
-    settings = settings if settings is not None else EngineSettings()
+    settings = resolve_platform(settings if settings is not None else EngineSettings())
     target = target if target is not None else TargetDescription()
     resolved = resolve_speculative(settings, target)
     container = Container(target=providers.Object(target), speculative=providers.Object(resolved))

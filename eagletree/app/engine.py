@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import torch
 
 from eagletree.app.scheduler import Scheduler
+from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.request import (
     AcceptanceStats,
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
     from eagletree.config.settings import EngineSettings
     from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
     from eagletree.ports.model import ModelRunner
+    from eagletree.ports.tokenizer import Tokenizer
+
+Prompt = Sequence[int] | str  # token ids, or text for the engine's tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,7 @@ class GenerationResult:
     timings: RequestTimings
     num_retractions: int = 0
     acceptance: AcceptanceStats | None = None
+    text: str | None = None  # the decoded output when the engine has a tokenizer
 
     @staticmethod
     def of(request: Request) -> GenerationResult:
@@ -113,7 +120,14 @@ class StepReport:
 
 
 class Engine:
-    """Generates for many requests at once: new requests prefill while running ones decode."""
+    """Generates for many requests at once: new requests prefill while running ones decode.
+
+    ``tokenizer`` (the checkpoint's, set by ``from_settings``) lets prompts be text and
+    results carry text. Use as a context manager, or call ``close``, to abort what is left.
+    """
+
+    tokenizer: Tokenizer | None = None
+    _closed: bool = False
 
     def __init__(
         self,
@@ -184,6 +198,8 @@ class Engine:
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         """Queue one request (validated as ``generate`` does); returns its live state."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
         request_id = self._next_request_id
         self._validate_prompt(request_id, prompt_ids, params.max_new_tokens)
         request = Request(request_id, prompt_ids, params, self.max_context_len, self._clock())
@@ -245,7 +261,7 @@ class Engine:
 
     def generate(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Prompt],
         max_new_tokens: int,
         temperature: float = 0.0,
         top_k: int | None = None,
@@ -256,28 +272,16 @@ class Engine:
     ) -> list[GenerationResult]:
         """Generate for every prompt; results in prompt order.
 
-        Greedy when ``temperature`` is 0. With ``seed`` request i samples with seed
-        ``seed + i``, so its output does not depend on the other prompts of the call. A request
-        stops at an EOS token of the model, one of ``stop_token_ids`` (both kept in the output),
+        A prompt is a sequence of token ids or a text (encoded by ``tokenizer``). Greedy when
+        ``temperature`` is 0. With ``seed`` request i samples with seed ``seed + i``, so its
+        output does not depend on the other prompts of the call. A request stops at an EOS
+        token of the model, one of ``stop_token_ids`` (both kept in the output),
         ``max_new_tokens``, or the context length. Raises ValueError naming the first bad
         request before anything is queued.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        params = [
-            SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=None if seed is None else seed + index,
-                stop_token_ids=frozenset(stop_token_ids or ()),
-            )
-            for index in range(len(prompts))
-        ]
-        for index, prompt in enumerate(prompts):
-            self._validate_prompt(index, prompt, max_new_tokens)
-        requests = [self.submit(prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+        requests = self._submit_all(
+            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        )
         started = self._clock()
         generated_before = self.stats.num_generated_tokens
         while any(r.status is not RequestStatus.FINISHED for r in requests):
@@ -293,7 +297,110 @@ class Engine:
                         elapsed_s=self._clock() - started,
                     )
                 )
-        return [GenerationResult.of(r) for r in requests]
+        return [self.result_of(r) for r in requests]
+
+    def stream(
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop_token_ids: Collection[int] | None = None,
+    ) -> Generator[StreamEvent, None, None]:
+        """As ``generate``, yielding each request's new tokens (and text) as steps commit them.
+
+        The last event of a request has ``finish_reason`` and ``result`` set. Closing the
+        iterator early aborts the requests still running and frees their slots.
+        """
+        requests = self._submit_all(
+            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        )
+        watchers = [OutputWatcher(i, r, self.tokenizer) for i, r in enumerate(requests)]
+        try:
+            while not all(w.done for w in watchers):
+                self.step()
+                for watcher in watchers:
+                    event = watcher.poll()
+                    if event is None:
+                        continue
+                    if event.finished:
+                        event = dataclasses.replace(event, result=self.result_of(watcher.request))
+                    yield event
+        finally:
+            self._abort_and_release(requests)
+
+    def result_of(self, request: Request) -> GenerationResult:
+        """The result of a finished request, with its text when the engine has a tokenizer."""
+        result = GenerationResult.of(request)
+        if self.tokenizer is None:
+            return result
+        return dataclasses.replace(result, text=self.tokenizer.decode(result.output_ids))
+
+    def close(self) -> None:
+        """Abort every queued or running request and free its slots; later submits fail."""
+        self._abort_and_release([*self._scheduler.running, *self._scheduler.waiting])
+        self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _abort_and_release(self, requests: Sequence[Request]) -> None:
+        unfinished = [r for r in requests if r.status is not RequestStatus.FINISHED]
+        for request in unfinished:
+            self.abort(request.request_id)
+        while any(r.status is not RequestStatus.FINISHED for r in unfinished):
+            self.step()  # the next schedule releases the aborted requests' rows and slots
+
+    def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
+        """Token ids of a prompt; text needs the tokenizer (ValueError naming the request)."""
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            raise ValueError(
+                f"request {index}: the prompt is text but the checkpoint has no tokenizer "
+                "(tokenizer.json or tokenizer.model); give token ids"
+            )
+        return self.tokenizer.encode(prompt)
+
+    def _submit_all(
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int | None,
+        stop_token_ids: Collection[int] | None,
+    ) -> list[Request]:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(prompts, str):
+            raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
+        ids = [self.encode(prompt, index) for index, prompt in enumerate(prompts)]
+        params = [
+            SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=None if seed is None else seed + index,
+                stop_token_ids=frozenset(stop_token_ids or ()),
+            )
+            for index in range(len(ids))
+        ]
+        for index, prompt in enumerate(ids):
+            self._validate_prompt(index, prompt, max_new_tokens)
+        return [self.submit(prompt, p) for prompt, p in zip(ids, params, strict=True)]
 
     def _validate_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
         if len(prompt) == 0:

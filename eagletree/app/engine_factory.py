@@ -15,9 +15,11 @@ from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import MHALayout
+from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app import factories
 from eagletree.app.container import Container, build_container, container_values
 from eagletree.app.engine import Engine
+from eagletree.app.platform import resolve_platform
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.step_graphs import graph_buckets
 from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
@@ -58,6 +60,7 @@ def engine_from_settings(
     ``backend.cuda_graph`` resolves on, the decode step's graphs are captured before returning,
     with progress lines through ``progress`` (default: the ``eagletree.engine`` logger).
     """
+    settings = resolve_platform(settings)
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
@@ -71,13 +74,21 @@ def engine_from_settings(
             "this release runs one engine on one device; set both to 1 (data parallelism: run "
             "one engine per device)"
         )
+    if not Path(target_path).is_dir():
+        raise ConfigurationError(
+            f"model.target_path = {target_path!r} is not a directory: point it at a checkpoint "
+            "(config.json + safetensors), e.g. one written by `eagletree init-random`"
+        )
     dtype = factories.torch_dtype(settings.model.dtype)
     model = load_target(
         target_path, dtype, settings.model.device, _aux_layer_ids(settings, target_path)
     )
     target = describe_target(target_path, model)
+    check_context_len(settings, target)
     container = build_container(settings, target)
     resolved = container.speculative()
+    check_topk(resolved, model.config.vocab_size)
+    tokenizer = load_tokenizer(target_path)
     runner = TargetModelRunner(
         model,
         kv_pool=container.kv_pool(),
@@ -119,7 +130,7 @@ def engine_from_settings(
         capture = getattr(worker, "capture_graphs", None)
         assert capture is not None, f"{type(worker).__name__} cannot capture CUDA graphs"
         capture(progress)
-    return Engine(
+    engine = Engine(
         worker,
         container.slot_allocator(),
         container.req_to_token_pool(),
@@ -128,6 +139,27 @@ def engine_from_settings(
         max_running_requests=resolved.max_running_requests,
         eos_token_ids=eos_token_ids(target_path),
     )
+    engine.tokenizer = tokenizer
+    return engine
+
+
+def check_context_len(settings: EngineSettings, target: TargetDescription) -> None:
+    """model.max_context_len past the target's position limit is an error, not extrapolation."""
+    asked = settings.model.max_context_len
+    if asked is not None and asked > target.max_position_embeddings:
+        raise ConfigurationError(
+            f"model.max_context_len = {asked} exceeds the target's max_position_embeddings "
+            f"({target.max_position_embeddings}): lower it or leave it unset"
+        )
+
+
+def check_topk(resolved: ResolvedSpeculative, vocab_size: int) -> None:
+    """A draft step cannot pick more distinct tokens than the vocabulary has."""
+    if resolved.enabled and resolved.topk > vocab_size:
+        raise ConfigurationError(
+            f"speculative.eagle_topk = {resolved.topk} exceeds the target vocabulary "
+            f"({vocab_size} tokens): lower speculative.eagle_topk"
+        )
 
 
 def _aux_layer_ids(settings: EngineSettings, target_path: str) -> tuple[int, ...]:
@@ -274,7 +306,15 @@ def eos_token_ids(path: str | Path) -> frozenset[int]:
         file = Path(path) / name
         if not file.is_file():
             continue
-        value = json.loads(file.read_text()).get("eos_token_id")
+        try:
+            config = json.loads(file.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ConfigurationError(
+                f"{file} is not valid JSON ({error}): fix or remove it"
+            ) from None
+        if not isinstance(config, dict):
+            raise ConfigurationError(f"{file}: expected a JSON object at the top level")
+        value = config.get("eos_token_id")
         if isinstance(value, int):
             ids.add(value)
         elif isinstance(value, list):

@@ -1,43 +1,39 @@
-"""The `eagletree generate` command: prompts in (token ids, or text with a tokenizer), tokens out.
+"""The `eagletree generate` command: prompts in (text or token ids), tokens and text out.
 
 Without a target checkpoint in the settings it runs the embedded default (a tiny random
-checkpoint created on first use, see ``default_checkpoint``); without a settings file and
-without CUDA it runs on the CPU with the torch backends. Progress goes to stderr, results to
-stdout (one line of token ids per prompt, and the text when a tokenizer is available); with
-speculation the mean acceptance length and its histogram follow the summary on stderr.
+checkpoint with a byte-level tokenizer, created on first use, see ``default_checkpoint``);
+"auto" settings pick CUDA when visible, else the CPU (see ``platform``). Progress, per-request
+timings and the summary go to stderr; results to stdout: per prompt a line of token ids and,
+with a tokenizer, a line of text, or with ``--json`` one JSON object per prompt. ``--stream``
+prints the output as the engine commits it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from eagletree.app.prompts import PromptSpec, read_prompts_file, to_prompt_ids
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import StepReport
+    from eagletree.app.engine import Engine, GenerationResult, StepReport
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.request import AcceptanceStats
 
 DEFAULT_PROMPT_IDS = (1, 2, 3, 4)
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: list[int]) -> str: ...
+DEFAULT_PROMPT_TEXT = "The draft tree"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``generate`` to the ``eagletree`` subcommands (``subparsers.add_parser``)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "generate",
-        help="generate tokens for prompts",
+        help="generate text or tokens for prompts",
         description="Generate with the engine. Without model.target_path in the settings a tiny "
         "random checkpoint (created on first use in the user cache directory) is used.",
     )
@@ -53,8 +49,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--prompt",
         action="append",
         metavar="TEXT",
-        help="prompt text (needs tokenizer.json in the checkpoint and the tokenizers package); "
-        "repeat for a batch",
+        help="prompt text (encoded with the checkpoint's tokenizer); repeat for a batch",
+    )
+    prompts.add_argument(
+        "--prompts-file",
+        metavar="FILE.jsonl",
+        type=Path,
+        help='one JSON object per line: {"prompt": TEXT}, {"prompt_ids": [1, 2]} or '
+        '{"messages": [{"role": "user", "content": TEXT}]}',
+    )
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap each --prompt in the checkpoint's chat template"
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -62,6 +67,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None, help="prompt i samples with seed + i")
     parser.add_argument("--stop-token-ids", default=None, metavar='"2 7"')
+    parser.add_argument("--stream", action="store_true", help="print output as it is generated")
+    parser.add_argument("--json", action="store_true", help="one JSON object per prompt")
     parser.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return parser
 
@@ -74,36 +81,169 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
 
+    def note(message: str) -> None:
+        print(message, file=err)
+
     try:
-        settings = _settings(args, err)
-        target_path = Path(str(settings.model.target_path))
-        tokenizer = load_tokenizer(target_path)
-        prompts = _prompts(args, tokenizer, err)
+        _check_flags(args, note)
+        settings = prepare_settings(args.settings, note)
+        specs = _prompt_specs(args, note)
         stop_ids = None if args.stop_token_ids is None else parse_ids(args.stop_token_ids)
         engine = Engine.from_settings(settings)
-        progress = None if args.no_progress else ProgressLine(err)
-        started = time.perf_counter()
-        results = engine.generate(
-            prompts,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            seed=args.seed,
-            stop_token_ids=stop_ids,
-            on_step=progress,
-        )
-        elapsed = time.perf_counter() - started
+        with engine:
+            prompts = [to_prompt_ids(spec, engine.tokenizer, index) for index, spec in specs]
+            started = time.perf_counter()
+            sampling = {
+                "max_new_tokens": args.max_new_tokens,
+                "temperature": args.temperature,
+                "top_k": args.top_k,
+                "top_p": args.top_p,
+                "seed": args.seed,
+                "stop_token_ids": stop_ids,
+            }
+            if args.stream:
+                results = _stream(engine, prompts, sampling, out, json_lines=args.json)
+            else:
+                progress = None if args.no_progress else ProgressLine(err)
+                results = engine.generate(prompts, on_step=progress, **sampling)
+                if progress is not None:
+                    progress.close()
+            elapsed = time.perf_counter() - started
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=err)
         return 1
-    if progress is not None:
-        progress.close()
+    if not args.stream:
+        for index, result in enumerate(results):
+            _print_result(index, result, out, json_lines=args.json)
     for index, result in enumerate(results):
-        ids = " ".join(str(token) for token in result.output_ids)
-        print(f"[{index}] {ids}  ({result.finish_reason.value})", file=out)
-        if tokenizer is not None:
-            print(f"[{index}] text: {json.dumps(tokenizer.decode(result.output_ids))}", file=out)
+        print(format_timings(index, result), file=err)
+    _print_summary(engine, results, elapsed, err)
+    return 0
+
+
+def prepare_settings(path: str | None, note: Any) -> EngineSettings:
+    """The settings generate and serve run: resolved, the default filled in, threads set."""
+    from eagletree.adapters.models.config import ConfigReader
+    from eagletree.app.platform import set_cpu_threads
+    from eagletree.app.run_settings import load_settings, settings_for_run
+
+    settings = settings_for_run(load_settings(path), note)
+    assert settings.model.target_path is not None  # settings_for_run fills it in
+    if Path(settings.model.target_path).is_dir():
+        hidden = ConfigReader.from_dir(settings.model.target_path).get_int("hidden_size", 0)
+        set_cpu_threads(settings, hidden)
+    return settings
+
+
+def _check_flags(args: argparse.Namespace, note: Any) -> None:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature == 0.0:
+        for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)):
+            if value is not None:
+                note(f"warning: {flag} has no effect with greedy decoding (--temperature 0)")
+        if args.seed is not None:
+            note("warning: --seed has no effect with greedy decoding (--temperature 0)")
+    if args.chat and not args.prompt:
+        raise ValueError("--chat applies to --prompt TEXT (a prompts file gives messages itself)")
+    if args.stream and args.json:
+        note("warning: --stream with --json prints one JSON object per step and prompt")
+
+
+def _prompt_specs(args: argparse.Namespace, note: Any) -> list[tuple[int, PromptSpec]]:
+    if args.prompts_file is not None:
+        return list(enumerate(read_prompts_file(args.prompts_file)))
+    if args.prompt:
+        if args.chat:
+            return [
+                (i, PromptSpec(messages=({"role": "user", "content": text},)))
+                for i, text in enumerate(args.prompt)
+            ]
+        return [(i, PromptSpec(text=text)) for i, text in enumerate(args.prompt)]
+    if args.prompt_ids:
+        return [(i, PromptSpec(ids=tuple(parse_ids(ids)))) for i, ids in enumerate(args.prompt_ids)]
+    note(f"no prompt given: using the prompt {DEFAULT_PROMPT_TEXT!r} (its ids without a tokenizer)")
+    return [(0, PromptSpec(text=DEFAULT_PROMPT_TEXT, fallback_ids=DEFAULT_PROMPT_IDS))]
+
+
+def _stream(
+    engine: Engine,
+    prompts: list[list[int]],
+    sampling: dict[str, Any],
+    out: TextIO,
+    *,
+    json_lines: bool,
+) -> list[GenerationResult]:
+    results: dict[int, GenerationResult] = {}
+    single = len(prompts) == 1
+    for event in engine.stream(prompts, **sampling):
+        if json_lines:
+            payload = {"index": event.index, "token_ids": event.token_ids, "text": event.text}
+            if event.finish_reason is not None:
+                payload["finish_reason"] = event.finish_reason.value
+            print(json.dumps(payload), file=out, flush=True)
+        elif single:
+            piece = event.text if engine.tokenizer is not None else _ids(event.token_ids) + " "
+            out.write(piece)
+            out.flush()
+        elif event.token_ids:
+            text = engine.tokenizer is not None
+            shown = json.dumps(event.text) if text else _ids(event.token_ids)
+            print(f"[{event.index}] + {shown}", file=out, flush=True)
+        if event.result is not None:
+            results[event.index] = event.result
+    if single and not json_lines:
+        print(file=out)
+    return [results[index] for index in range(len(prompts))]
+
+
+def _print_result(index: int, result: GenerationResult, out: TextIO, *, json_lines: bool) -> None:
+    if json_lines:
+        print(json.dumps(result_json(index, result)), file=out)
+        return
+    print(f"[{index}] {_ids(result.output_ids)}  ({result.finish_reason.value})", file=out)
+    if result.text is not None:
+        print(f"[{index}] text: {json.dumps(result.text)}", file=out)
+
+
+def result_json(index: int, result: GenerationResult) -> dict[str, Any]:
+    """A result as plain JSON values (``--json``)."""
+    timings = result.timings
+    payload: dict[str, Any] = {
+        "index": index,
+        "prompt_ids": list(result.prompt_ids),
+        "output_ids": result.output_ids,
+        "text": result.text,
+        "finish_reason": result.finish_reason.value,
+        "timings": {
+            "queue_s": timings.queue_s,
+            "time_to_first_token_s": timings.time_to_first_token_s,
+            "latency_s": timings.latency_s,
+            "decode_tokens_per_s": timings.decode_tokens_per_s,
+        },
+        "num_retractions": result.num_retractions,
+    }
+    if result.acceptance is not None:
+        payload["acceptance"] = {
+            "mean_accept_length": result.acceptance.mean_accept_length,
+            "histogram": list(result.acceptance.histogram),
+        }
+    return payload
+
+
+def format_timings(index: int, result: GenerationResult) -> str:
+    """One line of a request's timings (stderr)."""
+    t = result.timings
+    return (
+        f"[{index}] {len(result.output_ids)} tokens ({result.finish_reason.value}): queued "
+        f"{t.queue_s:.3f} s, first token {t.time_to_first_token_s:.3f} s, total "
+        f"{t.latency_s:.3f} s, {t.decode_tokens_per_s:.1f} tok/s after the first"
+    )
+
+
+def _print_summary(
+    engine: Engine, results: list[GenerationResult], elapsed: float, err: TextIO
+) -> None:
     stats = engine.stats
     num_tokens = sum(len(result.output_ids) for result in results)
     rate = num_tokens / elapsed if elapsed > 0 else 0.0
@@ -115,7 +255,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     )
     if stats.acceptance is not None:
         print(format_acceptance(stats.acceptance), file=err)
-    return 0
+
+
+def _ids(ids: list[int]) -> str:
+    return " ".join(str(token) for token in ids)
 
 
 def format_acceptance(acceptance: AcceptanceStats) -> str:
@@ -139,29 +282,6 @@ def parse_ids(text: str) -> list[int]:
         except ValueError:
             raise ValueError(f"token id {item!r} in {text!r} is not an integer") from None
     return ids
-
-
-def load_tokenizer(checkpoint: Path) -> Tokenizer | None:
-    """The checkpoint's tokenizer.json through the ``tokenizers`` package, or None."""
-    file = checkpoint / "tokenizer.json"
-    if not file.is_file() or importlib.util.find_spec("tokenizers") is None:
-        return None
-    from tokenizers import Tokenizer as HFTokenizer
-
-    return _HFTokenizer(HFTokenizer.from_file(str(file)))
-
-
-class _HFTokenizer:
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        ids: list[int] = self._tokenizer.encode(text).ids
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        text: str = self._tokenizer.decode(ids)
-        return text
 
 
 class ProgressLine:
@@ -192,63 +312,3 @@ class ProgressLine:
         if self._tty and self._shown:
             self._stream.write("\n")
             self._stream.flush()
-
-
-def _settings(args: argparse.Namespace, err: TextIO) -> EngineSettings:
-    import torch
-
-    from eagletree.app.default_checkpoint import default_draft_dir, ensure_default_checkpoint
-    from eagletree.config.settings import EngineSettings
-
-    settings = EngineSettings.from_file(args.settings) if args.settings else EngineSettings()
-    model = settings.model
-    if model.device.startswith("cuda") and not torch.cuda.is_available():
-        if args.settings:
-            raise ConfigurationError(
-                f"model.device = {model.device!r} but no CUDA device is visible: set "
-                "model.device = 'cpu' (with backend.attention = 'torch')"
-            )
-        print("no CUDA device: running on the CPU in float32 with the torch backends", file=err)
-        settings = settings.model_copy(
-            update={
-                "model": model.model_copy(update={"device": "cpu", "dtype": "float32"}),
-                "backend": settings.backend.model_copy(
-                    update={"attention": "torch", "kv_move": "torch"}
-                ),
-            }
-        )
-    if settings.model.target_path is None:
-        path = ensure_default_checkpoint(notify=lambda message: print(message, file=err))
-        model_update = {"target_path": str(path)}
-        if settings.model.draft_path is None:
-            model_update["draft_path"] = str(default_draft_dir(path))
-        speculative = settings.speculative
-        if "algorithm" not in speculative.model_fields_set:  # nobody chose: show the trees
-            speculative = speculative.model_copy(update={"algorithm": "eagle"})
-            print(
-                "embedded default: EAGLE tree speculation with the default checkpoint's draft "
-                "head (set EAGLETREE_SPECULATIVE__ALGORITHM=none to turn it off)",
-                file=err,
-            )
-        settings = settings.model_copy(
-            update={
-                "model": settings.model.model_copy(update=model_update),
-                "speculative": speculative,
-            }
-        )
-    return settings
-
-
-def _prompts(args: argparse.Namespace, tokenizer: Tokenizer | None, err: TextIO) -> list[list[int]]:
-    if args.prompt:
-        if tokenizer is None:
-            raise ValueError(
-                "--prompt needs the checkpoint's tokenizer.json and the tokenizers package "
-                "(pip install tokenizers); give token ids with --prompt-ids instead"
-            )
-        return [tokenizer.encode(text) for text in args.prompt]
-    if args.prompt_ids:
-        return [parse_ids(text) for text in args.prompt_ids]
-    default = " ".join(str(token) for token in DEFAULT_PROMPT_IDS)
-    print(f'no prompt given: using --prompt-ids "{default}"', file=err)
-    return [list(DEFAULT_PROMPT_IDS)]

@@ -63,6 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--std", type=float, default=0.02, help="weight standard deviation")
     parser.add_argument("--tie-word-embeddings", action="store_true", default=None)
     parser.add_argument("--force", action="store_true", help="overwrite DIR/target and DIR/draft")
+    parser.add_argument(
+        "--tokenizer",
+        action="store_true",
+        help="also write a byte-level tokenizer with a chat template into DIR/target "
+        "(needs --vocab-size >= 259), as the embedded default has",
+    )
     sizes = parser.add_argument_group("size options (override the preset)")
     for name, kind in _SIZE_OPTIONS.items():
         sizes.add_argument(f"--{name.replace('_', '-')}", type=kind, metavar="N")
@@ -79,8 +85,16 @@ def run(args: argparse.Namespace) -> int:
         overrides = {name: getattr(args, name) for name in _SIZE_OPTIONS}
         overrides["tie_word_embeddings"] = args.tie_word_embeddings
         sizes: ModelSizes = sizes_with(PRESETS[args.preset], **overrides)
+        check_sizes(args.arch, args.draft, sizes)
+        if args.tokenizer and sizes.vocab_size < 259:
+            raise ConfigurationError(
+                f"--tokenizer needs --vocab-size >= 259 (256 bytes and 3 special tokens), "
+                f"got {sizes.vocab_size}"
+            )
         if args.q_lora_rank == 0:  # 0 means no q LoRA: q_proj straight from the hidden state
             sizes = dataclasses.replace(sizes, q_lora_rank=None)
+        if args.out.exists() and not args.out.is_dir():
+            raise ConfigurationError(f"--out {args.out} is a file: name a directory")
         existing = [p for p in (args.out / "target", args.out / "draft") if p.exists()]
         if existing and not args.force:
             raise ConfigurationError(f"{existing[0]} exists (pass --force to overwrite it)")
@@ -96,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
             device=args.device,
             std=args.std,
         )
+        if args.tokenizer:
+            from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
+
+            write_byte_level_tokenizer(target_dir, sizes.vocab_size)
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -103,6 +121,71 @@ def run(args: argparse.Namespace) -> int:
     if draft_dir is not None:
         print(f"draft ({args.draft}): {draft_dir} ({_size(draft_dir)})")
     return 0
+
+
+# Sizes every model reads; MLA ones only for deepseek-mla (flag name, field).
+_COMMON_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "max_position_embeddings",
+)
+_LLAMA_SIZES = ("num_kv_heads", "head_dim")
+_MLA_SIZES = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def check_sizes(arch: str, draft: str | None, sizes: ModelSizes) -> None:
+    """ConfigurationError naming the flag for sizes no model could load."""
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    names = _COMMON_SIZES + (_LLAMA_SIZES if arch == "llama" else _MLA_SIZES)
+    if draft == "eagle3":
+        names += ("draft_vocab_size",)
+    for name in names:
+        value = getattr(sizes, name)
+        if value < 1:
+            raise ConfigurationError(f"{flag(name)} {value}: must be at least 1")
+    if sizes.vocab_size < 3:
+        raise ConfigurationError(
+            f"--vocab-size {sizes.vocab_size}: the checkpoint declares BOS = 1 and EOS = 2, so "
+            "it needs at least 3 tokens"
+        )
+    rope_dim = (
+        ("head_dim", sizes.head_dim)
+        if arch == "llama"
+        else (
+            "qk_rope_head_dim",
+            sizes.qk_rope_head_dim,
+        )
+    )
+    if rope_dim[1] % 2:
+        raise ConfigurationError(
+            f"{flag(rope_dim[0])} {rope_dim[1]}: rotary embeddings rotate pairs of dimensions, "
+            "so it must be even"
+        )
+    if arch == "llama" and sizes.num_heads % sizes.num_kv_heads:
+        raise ConfigurationError(
+            f"--num-heads {sizes.num_heads} is not a multiple of --num-kv-heads "
+            f"{sizes.num_kv_heads}"
+        )
+    if sizes.q_lora_rank is not None and sizes.q_lora_rank < 0:
+        raise ConfigurationError(f"--q-lora-rank {sizes.q_lora_rank}: must be >= 0 (0: none)")
+    if draft == "mtp":
+        if arch != "deepseek-mla":
+            raise ConfigurationError(
+                "--draft mtp needs a target with MTP layers: use --arch deepseek-mla, or "
+                "--draft eagle / eagle3 for a llama target"
+            )
+        if sizes.num_mtp_layers < 1:
+            raise ConfigurationError(f"--num-mtp-layers {sizes.num_mtp_layers}: mtp needs >= 1")
+    if draft == "eagle3" and sizes.draft_vocab_size > sizes.vocab_size:
+        raise ConfigurationError(
+            f"--draft-vocab-size {sizes.draft_vocab_size} exceeds --vocab-size {sizes.vocab_size}"
+        )
 
 
 def _size(directory: Path) -> str:

@@ -2,31 +2,46 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+from pydantic_settings import SettingsError as PydanticSettingsError
 
 from eagletree.domain.errors import ConfigurationError
 
 ENV_PREFIX = "EAGLETREE_"
 ENV_NESTED_DELIMITER = "__"
 
-DTypeName = Literal["bfloat16", "float16", "float32"]
+# Variables with the prefix that are not settings (read by `eagletree serve`).
+NON_SETTING_VARIABLES = frozenset({"EAGLETREE_API_KEY"})
+
+DTypeName = Literal["auto", "bfloat16", "float16", "float32"]
 AlgorithmName = Literal["none", "eagle", "eagle3", "mtp", "nextn"]
 VersionName = Literal["auto", "v1", "v2"]
-AttentionBackendName = Literal["torch", "triton", "flash"]
-KVMoveName = Literal["torch", "triton"]
+AttentionBackendName = Literal["auto", "torch", "triton", "flash"]
+KVMoveName = Literal["auto", "torch", "triton"]
 CudaGraphName = Literal["auto", "on", "off"]
+# "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
 
 class SettingsError(ConfigurationError):
@@ -37,6 +52,21 @@ class _Section(BaseModel):
     # extra="forbid": a misspelt key is an error that lists the known ones, never ignored.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1; a boolean where a number belongs is a mistake, not a size.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_numeric(field.annotation):
+            raise ValueError("a number is expected, not a boolean")
+        return value
+
+
+def _is_numeric(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(arg in (int, float) for arg in typing.get_args(annotation))
+
 
 class ModelSettings(_Section):
     target_path: str | None = Field(
@@ -46,8 +76,15 @@ class ModelSettings(_Section):
         default=None,
         description="Draft checkpoint directory; for algorithm mtp it defaults to target_path.",
     )
-    dtype: DTypeName = Field(default="bfloat16", description="Weight and KV cache dtype.")
-    device: str = Field(default="cuda", description='Torch device string, e.g. "cuda", "cpu".')
+    dtype: DTypeName = Field(
+        default="auto",
+        description="Weight and KV cache dtype; auto: bfloat16 on CUDA, else float32.",
+    )
+    device: str = Field(
+        default="auto",
+        pattern=DEVICE_PATTERN,
+        description='"auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N".',
+    )
     max_context_len: int | None = Field(
         default=None,
         gt=0,
@@ -80,11 +117,15 @@ class MemorySettings(_Section):
 
 
 class BackendSettings(_Section):
-    attention: AttentionBackendName = Field(default="triton", description="Attention backend.")
-    kv_move: KVMoveName = Field(default="triton", description="KV row move implementation.")
+    attention: AttentionBackendName = Field(
+        default="auto", description="Attention backend; auto: triton on CUDA, torch on the CPU."
+    )
+    kv_move: KVMoveName = Field(
+        default="auto", description="KV row move implementation; auto: as backend.attention."
+    )
     cuda_graph: CudaGraphName = Field(
         default="auto",
-        description="Capture decode steps in CUDA graphs; auto: on for CUDA, off otherwise.",
+        description="Capture decode steps in CUDA graphs; auto: on for CUDA devices, else off.",
     )
 
 
@@ -144,20 +185,37 @@ class EngineSettings(BaseSettings):
         return env_settings, _KeywordSource(settings_cls, init_settings)
 
     def __init__(self, **values: Any) -> None:
+        check_environment(os.environ)
         try:
             super().__init__(**values)
         except ValidationError as error:
             raise SettingsError(describe_validation_error(error)) from None
+        except PydanticSettingsError as error:  # a section variable that is not JSON
+            raise SettingsError(_describe_section_variable(str(error))) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> EngineSettings:
-        """Read a .toml, .yaml or .yml file; environment variables override its values."""
-        return cls(**read_settings_file(path))
+        """Read a .toml, .yaml or .yml file; environment variables override its values.
+
+        Relative checkpoint paths in the file are relative to the file's directory.
+        """
+        try:
+            return cls(**read_settings_file(path))
+        except SettingsError as error:
+            if str(error).startswith("settings file"):
+                raise
+            raise SettingsError(f"settings file {path}: {error}") from None
+
+
+PATH_FIELDS = (("model", "target_path"), ("model", "draft_path"))
 
 
 def read_settings_file(path: str | Path) -> dict[str, Any]:
-    """The file's mapping, unvalidated; SettingsError when it is missing or malformed."""
+    """The file's mapping, unvalidated, with relative checkpoint paths made relative to the
+    file's directory; SettingsError when it is missing or malformed."""
     path = Path(path)
+    if path.is_dir():
+        raise SettingsError(f"settings file {path} is a directory; name a .toml or .yaml file")
     if not path.is_file():
         raise SettingsError(f"settings file {path} does not exist")
     suffix = path.suffix.lower()
@@ -173,12 +231,69 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
                 f"settings file {path}: unknown format {suffix!r}; use .toml, .yaml or .yml"
             )
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as error:
-        raise SettingsError(f"settings file {path} is not valid {suffix[1:]}: {error}") from None
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise SettingsError(
+            f"settings file {path} is not valid {suffix[1:]}: {first_line}"
+        ) from None
+    except UnicodeDecodeError:
+        raise SettingsError(
+            f"settings file {path} is not UTF-8 text; is it a settings file?"
+        ) from None
+    except OSError as error:
+        raise SettingsError(f"settings file {path} cannot be read: {error.strerror}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise SettingsError(f"settings file {path} must hold a mapping of sections, not {data!r}")
+        shown = repr(data)[:60]
+        raise SettingsError(f"settings file {path} must hold a mapping of sections, not {shown}")
+    return _paths_relative_to(data, path.parent)
+
+
+def _paths_relative_to(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    data = dict(data)
+    for section, name in PATH_FIELDS:
+        values = data.get(section)
+        if isinstance(values, dict) and isinstance(values.get(name), str):
+            value = Path(values[name]).expanduser()
+            if not value.is_absolute():
+                data[section] = {**values, name: os.path.normpath(base / value)}
     return data
+
+
+def _describe_section_variable(message: str) -> str:
+    section = message.split('"')[1] if message.count('"') >= 2 else "memory"
+    name = env_name(section)
+    return (
+        f"environment variable {name} must be a JSON object such as "
+        f"{name}='{{\"page_size\": 2}}'; or set one field per variable, e.g. "
+        f"{env_name(section, 'page_size' if section == 'memory' else '<field>')}=2"
+    )
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """SettingsError for an EAGLETREE_* variable that names no setting (a typo is not ignored)."""
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in NON_SETTING_VARIABLES:
+            continue
+        parts = name[len(ENV_PREFIX) :].lower().split(ENV_NESTED_DELIMITER)
+        section = EngineSettings.model_fields.get(parts[0])
+        if section is None:
+            sections = ", ".join(env_name(known) for known in EngineSettings.model_fields)
+            raise SettingsError(
+                f"environment variable {name} names no setting; sections are {sections} "
+                "(unset it, or spell it EAGLETREE_<SECTION>__<FIELD>)"
+            )
+        fields = _known_fields(parts[:1])
+        if len(parts) == 2 and parts[1] not in fields:
+            raise SettingsError(
+                f"environment variable {name} names no setting; known here: "
+                + ", ".join(env_name(parts[0], known) for known in fields)
+            )
+        if len(parts) > 2:
+            raise SettingsError(
+                f"environment variable {name} names no setting: use "
+                f"EAGLETREE_{parts[0].upper()}__<FIELD>"
+            )
 
 
 def env_name(*field_path: str) -> str:
@@ -187,7 +302,8 @@ def env_name(*field_path: str) -> str:
 
 
 def describe_validation_error(error: ValidationError) -> str:
-    """One line per problem: the field, its variable, the value given and what is allowed."""
+    """One line per problem (a single line for one): the field, its variable, the value given
+    and what is allowed."""
     lines = ["invalid settings:"]
     for problem in error.errors():
         path = [str(part) for part in problem["loc"]]
@@ -197,12 +313,15 @@ def describe_validation_error(error: ValidationError) -> str:
             lines.append(f"  {where}: unknown setting; known settings here: {', '.join(known)}")
             continue
         allowed = _allowed_values(path)
-        what = (
-            f"allowed values are {', '.join(repr(value) for value in allowed)}"
-            if allowed
-            else problem["msg"]
-        )
+        if allowed:
+            what = f"allowed values are {', '.join(repr(value) for value in allowed)}"
+        elif problem["type"] == "string_pattern_mismatch" and path == ["model", "device"]:
+            what = "allowed values are 'auto', 'cpu', 'cuda' and 'cuda:N'"
+        else:
+            what = problem["msg"].removeprefix("Value error, ")
         lines.append(f"  {where} = {problem['input']!r}: {what}")
+    if len(lines) == 2:  # one problem: one line
+        return f"{lines[0]} {lines[1].strip()}"
     return "\n".join(lines)
 
 
@@ -240,6 +359,7 @@ __all__ = [
     "ParallelSettings",
     "SettingsError",
     "SpeculativeSettings",
+    "check_environment",
     "env_name",
     "read_settings_file",
 ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from eagletree.app.cli import main, to_toml
 
@@ -27,13 +29,38 @@ def show(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
     return tomllib.loads(capsys.readouterr().out)
 
 
-def test_show_prints_the_defaults_as_parseable_toml(capsys: pytest.CaptureFixture[str]) -> None:
+def test_show_prints_what_generate_runs_without_a_file_as_parseable_toml(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     shown = show(capsys)
-    assert shown["speculative"]["algorithm"] == "none"
-    assert shown["speculative"]["resolved"]["worker"] == "none"
+    # the embedded default: its checkpoint, EAGLE on its draft head, the machine's device
+    assert shown["model"]["target_path"].startswith(str(tmp_path / "eagletree"))
+    assert shown["speculative"]["algorithm"] == "eagle"
+    assert shown["speculative"]["resolved"]["worker"] == "eagle_v2"
+    on_cuda = torch.cuda.is_available()
+    assert shown["model"]["device"] == ("cuda" if on_cuda else "cpu")
+    assert shown["model"]["dtype"] == ("bfloat16" if on_cuda else "float32")
+    assert shown["backend"]["attention"] == shown["backend"]["kv_move"]
+    assert shown["backend"]["attention"] == ("triton" if on_cuda else "torch")
+    assert shown["backend"]["cuda_graph"] == ("on" if on_cuda else "off")
     assert shown["memory"]["page_size"] == 1
     assert shown["target"]["architecture"] == "LlamaForCausalLM"
-    assert "version" not in shown["speculative"]["resolved"]  # unset: a comment, not a value
+
+
+def test_show_reads_the_target_from_the_checkpoint_when_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["init-random", "--arch", "deepseek-mla", "--out", str(tmp_path / "c")]) == 0
+    settings = tmp_path / "s.toml"
+    settings.write_text('[model]\ntarget_path = "c/target"\n')
+    capsys.readouterr()
+    shown = show(capsys, "--settings", str(settings))
+    assert shown["model"]["target_path"] == str(tmp_path / "c" / "target")  # relative to the file
+    assert shown["speculative"]["resolved"]["worker"] == "none"
+    target = shown["target"]
+    assert (target["architecture"], target["attention_kind"]) == ("DeepseekV3ForCausalLM", "mla")
+    assert (target["num_layers"], target["kv_lora_rank"], target["num_mtp_layers"]) == (4, 32, 0)
 
 
 def test_show_prints_the_v1_fallback_and_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,7 +97,7 @@ def test_show_takes_the_target_architecture(
     settings = tmp_path / "mtp.toml"
     settings.write_text('[model]\ntarget_path = "ckpt"\n[speculative]\nalgorithm = "mtp"\n')
     shown = show(capsys, "--settings", str(settings), "--target-arch", "DeepseekV3ForCausalLM")
-    assert shown["speculative"]["resolved"]["draft_path"] == "ckpt"
+    assert shown["speculative"]["resolved"]["draft_path"] == str(tmp_path / "ckpt")
 
 
 def test_show_takes_an_attention_kind(capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,11 +111,45 @@ def test_show_includes_the_environment(
     assert show(capsys, "--settings", str(EXAMPLES / "chain.toml"))["memory"]["page_size"] == 2
 
 
-def test_validate_accepts_every_example(capsys: pytest.CaptureFixture[str]) -> None:
-    for path in sorted(EXAMPLES.glob("*.[ty]*ml")):
-        arch = "DeepseekV3ForCausalLM" if path.name == "mtp.toml" else "LlamaForCausalLM"
-        assert main(["config", "validate", str(path), "--target-arch", arch]) == 0, path
+def test_validate_accepts_every_example_once_its_checkpoints_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    examples = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, examples)
+    for arch, draft, out in (
+        ("llama", "eagle", "tiny-llama-eagle"),
+        ("llama", "eagle3", "tiny-llama-eagle3"),
+        ("deepseek-mla", "mtp", "tiny-deepseek-mtp"),
+    ):
+        argv = ["init-random", "--arch", arch, "--draft", draft]
+        assert main([*argv, "--out", str(tmp_path / "checkpoints" / out)]) == 0
+    capsys.readouterr()
+    for path in sorted(examples.glob("*.[ty]*ml")):
+        assert main(["config", "validate", str(path)]) == 0, (path, capsys.readouterr().err)
         assert capsys.readouterr().out == "ok\n"
+
+
+def test_validate_accepts_the_defaults_before_and_after_the_default_checkpoint_exists(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from eagletree.app.default_checkpoint import ensure_default_checkpoint
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(["config", "validate"]) == 0  # generate writes it on first use
+    ensure_default_checkpoint(notify=lambda _: None)
+    assert main(["config", "validate"]) == 0
+    assert capsys.readouterr().out == "ok\nok\n"
+    shown = show(capsys)
+    assert shown["target"]["num_layers"] == 4  # now read from the checkpoint
+
+
+def test_validate_rejects_an_example_whose_checkpoints_are_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    shutil.copy(EXAMPLES / "tiny-tree.toml", tmp_path)
+    assert main(["config", "validate", str(tmp_path / "tiny-tree.toml")]) == 1
+    err = capsys.readouterr().err
+    assert "model.target_path" in err and "is not a directory" in err
 
 
 def test_validate_rejects_a_typo_with_exit_status_one(

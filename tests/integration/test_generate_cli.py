@@ -68,12 +68,14 @@ def test_generate_prints_one_line_of_ids_per_prompt_and_a_throughput_summary(
         ["--prompt-ids", "1 2 3", "--prompt-ids", "4,5", "--max-new-tokens", "6"]
     )
     assert status == 0, err
-    lines = out.splitlines()
-    assert [line.split(" ", 1)[0] for line in lines] == ["[0]", "[1]"]
-    for line in lines:
+    lines = out.splitlines()  # ids then text (the default checkpoint has a tokenizer)
+    assert [line.split(" ", 1)[0] for line in lines] == ["[0]", "[0]", "[1]", "[1]"]
+    for line in lines[::2]:
         ids = line.split(" ", 1)[1].rsplit("  ", 1)[0].split()
         assert 1 <= len(ids) <= 6 and all(token.isdigit() for token in ids)
+    assert all(line.split(" ", 2)[1] == "text:" for line in lines[1::2])
     assert "tok/s" in err and "generated" in err
+    assert "[0] " in err and "first token" in err  # per-request timings
 
 
 def test_greedy_generate_is_deterministic_and_matches_the_engine(cpu_defaults: Path) -> None:
@@ -93,7 +95,7 @@ def test_without_a_settings_file_or_cuda_generate_falls_back_to_the_cpu(
     status, out, err = run(["--max-new-tokens", "2"])
     assert status == 0, err
     assert "no CUDA device: running on the CPU" in err
-    assert 'no prompt given: using --prompt-ids "1 2 3 4"' in err
+    assert "no prompt given: using the prompt 'The draft tree'" in err
     assert out.startswith("[0] ")
 
 
@@ -102,8 +104,8 @@ def test_without_a_settings_file_or_cuda_generate_falls_back_to_the_cpu(
     [
         (["--prompt-ids", "1 two 3"], "token id 'two'"),
         (["--prompt-ids", "1 99999"], "request 0: token id 99999"),
-        (["--prompt", "hello"], "--prompt needs the checkpoint's tokenizer.json"),
-        (["--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--chat", "--prompt-ids", "1"], "--chat applies to --prompt TEXT"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     ],
 )
 def test_bad_input_exits_1_with_the_reason_on_stderr(
@@ -180,15 +182,79 @@ def test_every_example_generates_on_the_checkpoints_its_comment_says_to_write(
     from eagletree.app import init_random_cli
 
     assert f"--draft {draft} --out checkpoints/{out}" in (EXAMPLES / example).read_text()
-    monkeypatch.chdir(tmp_path)  # the examples name checkpoints relative to the working directory
+    # the examples name checkpoints relative to the file: ../checkpoints from examples/
+    shutil.copytree(EXAMPLES, tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
     parser = argparse.ArgumentParser(prog="eagletree")
     init_random_cli.add_parser(parser.add_subparsers(dest="command"))
     argv = ["init-random", "--arch", arch, "--draft", draft, "--out", f"checkpoints/{out}"]
     assert init_random_cli.run(parser.parse_args(argv)) == 0
     status, stdout, err = run(
-        ["--settings", str(EXAMPLES / example), "--prompt-ids", "1 2 3", "--max-new-tokens", "6",
+        ["--settings", str(tmp_path / "examples" / example), "--prompt-ids", "1 2 3",
+         "--max-new-tokens", "6",
          "--no-progress"]
     )  # fmt: skip
     assert status == 0, err
     assert stdout.startswith("[0] ")
     assert "speculation: mean acceptance length" in err
+
+
+def test_text_prompts_stream_as_they_are_generated_and_equal_the_batch_output(
+    cpu_defaults: Path,
+) -> None:
+    argv = ["--prompt", "The draft tree", "--max-new-tokens", "10", "--no-progress"]
+    status, batch_out, err = run(argv)
+    assert status == 0, err
+    text_line = batch_out.splitlines()[1]
+    assert text_line.startswith("[0] text: ")
+    status, streamed, err = run([*argv, "--stream"])
+    assert status == 0, err
+    assert streamed == json.loads(text_line.removeprefix("[0] text: ")) + "\n"
+
+
+def test_json_output_has_one_object_per_prompt_with_text_and_timings(cpu_defaults: Path) -> None:
+    status, out, err = run(
+        ["--prompt", "a b", "--prompt", "tree", "--max-new-tokens", "4", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [row["index"] for row in rows] == [0, 1]
+    for row in rows:
+        assert 1 <= len(row["output_ids"]) <= 4 and isinstance(row["text"], str)
+        assert row["prompt_ids"][0] == 1  # BOS
+        assert row["timings"]["latency_s"] >= row["timings"]["time_to_first_token_s"] >= 0
+        assert row["acceptance"]["histogram"]  # the default speculates
+
+
+def test_a_prompts_file_mixes_text_ids_and_chat_messages(
+    cpu_defaults: Path, tmp_path: Path
+) -> None:
+    file = tmp_path / "prompts.jsonl"
+    lines = [
+        {"prompt": "The draft tree"},
+        {"prompt_ids": [1, 5, 9]},
+        {"messages": [{"role": "user", "content": "hello"}]},
+    ]
+    file.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    status, out, err = run(
+        ["--prompts-file", str(file), "--max-new-tokens", "3", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert rows[1]["prompt_ids"] == [1, 5, 9]
+    status, chat_out, err = run(
+        ["--prompt", "hello", "--chat", "--max-new-tokens", "3", "--json", "--no-progress"]
+    )
+    assert status == 0, err
+    assert json.loads(chat_out)["prompt_ids"] == rows[2]["prompt_ids"]  # the chat template
+    assert len(rows[2]["prompt_ids"]) > len(rows[0]["prompt_ids"])
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from eagletree import __version__
+    from eagletree.app.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"eagletree {__version__}"

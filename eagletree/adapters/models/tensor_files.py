@@ -49,7 +49,7 @@ class TensorFiles:
             hint = f" (found {others[:2]}: convert them to safetensors)" if others else ""
             raise ConfigurationError(f"{self.path}: no *.safetensors weights{hint}")
         for file in files:
-            with safe_open(str(file), framework="pt") as handle:
+            with open_safetensors(file) as handle:
                 for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
                     self._file_of[name] = file
 
@@ -63,7 +63,7 @@ class TensorFiles:
         """The shape of each named tensor, read from the file headers (each file opened once)."""
         shapes: dict[str, tuple[int, ...]] = {}
         for file, file_names in self._group_by_file(names).items():
-            with safe_open(str(file), framework="pt") as handle:
+            with open_safetensors(file) as handle:
                 for name in file_names:
                     shapes[name] = tuple(handle.get_slice(name).get_shape())
         return shapes
@@ -78,11 +78,28 @@ class TensorFiles:
         """Yield (name, tensor on ``device``), opening each file once."""
         for file, file_names in self._group_by_file(names).items():
             with ExitStack() as stack:
-                handle: Any = stack.enter_context(
-                    safe_open(str(file), framework="pt", device=str(device))
-                )
+                handle: Any = stack.enter_context(open_safetensors(file, device))
                 for name in file_names:
-                    yield name, handle.get_tensor(name)
+                    try:
+                        tensor = handle.get_tensor(name)
+                    except Exception as error:  # safetensors' SafetensorError is not exported
+                        raise _unreadable(file, error) from None
+                    yield name, tensor
+
+
+def open_safetensors(file: Path, device: torch.device | None = None) -> Any:
+    """``safe_open`` of one file; ConfigurationError naming it when it is not safetensors."""
+    try:
+        return safe_open(str(file), framework="pt", device=str(device or "cpu"))
+    except Exception as error:  # SafetensorError (truncated or not safetensors) or OSError
+        raise _unreadable(file, error) from None
+
+
+def _unreadable(file: Path, error: Exception) -> ConfigurationError:
+    return ConfigurationError(
+        f"{file}: not a readable safetensors file ({error}); it may be truncated or "
+        "corrupt: download or write it again"
+    )
 
 
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

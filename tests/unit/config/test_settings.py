@@ -53,8 +53,9 @@ def test_defaults_describe_a_plain_decoder() -> None:
     settings = EngineSettings()
     assert settings.speculative.algorithm == "none"
     assert settings.memory.page_size == 1
-    assert settings.backend.attention == "triton"
-    assert settings.model.dtype == "bfloat16"
+    # the machine decides (eagletree.app.platform): CUDA, bf16 and Triton, or CPU, fp32, torch
+    assert (settings.model.device, settings.model.dtype) == ("auto", "auto")
+    assert (settings.backend.attention, settings.backend.kv_move) == ("auto", "auto")
 
 
 def test_a_toml_file_is_read(tmp_path: Path) -> None:
@@ -142,7 +143,7 @@ def test_a_typo_in_a_file_names_the_field_the_value_and_the_choices(tmp_path: Pa
         EngineSettings.from_file(path)
     assert (
         "backend.attention (EAGLETREE_BACKEND__ATTENTION) = 'trition': "
-        "allowed values are 'torch', 'triton', 'flash'"
+        "allowed values are 'auto', 'torch', 'triton', 'flash'"
     ) in str(raised.value)
 
 
@@ -178,7 +179,10 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     message = str(raised.value)
     assert "memory.page_size (EAGLETREE_MEMORY__PAGE_SIZE) = 0: " in message
     assert "greater than or equal to 1" in message
-    assert "model.dtype (EAGLETREE_MODEL__DTYPE) = 'bf16': allowed values are 'bfloat16'" in message
+    assert (
+        "model.dtype (EAGLETREE_MODEL__DTYPE) = 'bf16': allowed values are 'auto', 'bfloat16'"
+        in message
+    )
 
 
 def test_a_wrongly_typed_value_names_the_field(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,160 @@
+"""The engine loop: one thread owns the engine; HTTP handlers talk to it through a queue.
+
+Handlers call ``submit`` and ``abort`` from any thread: both only enqueue a command and return
+at once (``submit`` a future of the request id, or of the ValueError that rejects it). The
+loop thread drains the queue, steps the engine while it has work — so requests of every
+client share its steps (continuous batching) — and hands each request's new tokens and text
+to that request's sink, from the loop thread. Nothing else touches the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from eagletree.app.engine import Engine
+from eagletree.app.server.metrics import ServerMetrics
+from eagletree.app.streaming import OutputWatcher, StreamEvent
+from eagletree.domain.request import SamplingParams
+
+logger = logging.getLogger("eagletree.server")
+
+Sink = Callable[[StreamEvent | BaseException], None]
+IDLE_WAIT_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    prompt_ids: list[int]
+    params: SamplingParams
+    sink: Sink
+    future: Future[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    request_id: int
+
+
+class EngineLoop:
+    """Runs ``engine`` in a thread of its own; see the module docstring."""
+
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics if metrics is not None else ServerMetrics()
+        self._commands: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._watchers: dict[int, tuple[OutputWatcher, Sink]] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="eagletree-engine", daemon=True)
+        self.failure: BaseException | None = None
+        self.metrics.update_memory(engine)
+
+    # -- any thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Abort what is left, stop the thread and wait for it (at most ``timeout_s``)."""
+        self._stopping.set()
+        self._commands.put(None)
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.failure is None
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams, sink: Sink) -> Future[int]:
+        """Queue a request; the future holds its id, or the ValueError that rejected it."""
+        future: Future[int] = Future()
+        if not self.alive:
+            future.set_exception(RuntimeError("the engine loop is not running"))
+            return future
+        self._commands.put(_Submit(prompt_ids, params, sink, future))
+        return future
+
+    def abort(self, request_id: int) -> None:
+        """Abort a request (a client went away); its slots are freed at the next step."""
+        self._commands.put(_Abort(request_id))
+
+    # -- the loop thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain(block=not self.engine.has_work())
+                if self.engine.has_work():
+                    self._step()
+            self.engine.close()
+            self._publish()
+        except BaseException as error:  # a bug: fail every open request instead of hanging it
+            logger.exception("the engine loop stopped")
+            self.failure = error
+            for _, sink in self._watchers.values():
+                sink(error)
+            self._watchers.clear()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_WAIT_S) if block else None
+            while True:
+                if command is None:
+                    command = self._commands.get_nowait()
+                self._apply(command)
+                command = None
+        except queue.Empty:
+            return
+
+    def _apply(self, command: _Submit | _Abort | None) -> None:
+        if command is None:
+            return
+        if isinstance(command, _Abort):
+            if self.engine.abort(command.request_id):
+                with self.metrics.lock:
+                    self.metrics.num_client_aborts += 1
+            return
+        try:
+            request = self.engine.submit(command.prompt_ids, command.params)
+        except ValueError as error:
+            command.future.set_exception(error)
+            return
+        watcher = OutputWatcher(0, request, self.engine.tokenizer)
+        self._watchers[request.request_id] = (watcher, command.sink)
+        with self.metrics.lock:
+            self.metrics.num_requests += 1
+            self.metrics.num_prompt_tokens += len(command.prompt_ids)
+        command.future.set_result(request.request_id)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        self.engine.step()
+        deliveries: list[tuple[Sink, StreamEvent]] = []
+        for request_id, (watcher, sink) in list(self._watchers.items()):
+            event = watcher.poll()
+            if event is None:
+                continue
+            if event.finished:
+                event = StreamEvent(
+                    event.index,
+                    event.request_id,
+                    event.token_ids,
+                    event.text,
+                    event.finish_reason,
+                    self.engine.result_of(watcher.request),
+                )
+                del self._watchers[request_id]
+                self.metrics.record_finished(event)
+            deliveries.append((sink, event))
+        batch = sum(bool(event.token_ids) for _, event in deliveries)
+        self.metrics.record_step(batch, time.perf_counter() - started)
+        self._publish()  # before the clients hear of the step, so /metrics is never behind them
+        for sink, event in deliveries:
+            sink(event)
+
+    def _publish(self) -> None:
+        self.metrics.update_memory(self.engine)

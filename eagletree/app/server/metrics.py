@@ -1,0 +1,160 @@
+"""Server metrics: written by the engine loop thread, rendered as Prometheus text.
+
+The loop thread updates the values, the HTTP thread renders them; a lock keeps a rendering
+from seeing a half-recorded step. Names start with ``eagletree_``; ``_total`` marks counters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eagletree.app.engine import Engine
+    from eagletree.app.streaming import StreamEvent
+
+
+@dataclass(slots=True)
+class ServerMetrics:
+    num_requests: int = 0
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_client_aborts: int = 0
+    num_steps: int = 0
+    num_batched_steps: int = 0  # steps that advanced two or more requests at once
+    max_step_batch: int = 0
+    step_seconds: float = 0.0
+    finished: Counter[str] = field(default_factory=Counter)
+    # acceptance[i] = verify steps that emitted i tokens, over finished requests
+    acceptance: Counter[int] = field(default_factory=Counter)
+    num_running: int = 0
+    num_waiting: int = 0
+    num_active: int = 0
+    kv_slots_total: int = 0
+    kv_slots_free: int = 0
+    rows_total: int = 0
+    rows_free: int = 0
+    tokens_per_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record_step(self, batch: int, seconds: float) -> None:
+        with self.lock:
+            self._record_step(batch, seconds)
+
+    def _record_step(self, batch: int, seconds: float) -> None:
+        self.num_steps += 1
+        self.step_seconds += seconds
+        self.num_batched_steps += batch >= 2
+        self.max_step_batch = max(self.max_step_batch, batch)
+
+    def record_finished(self, event: StreamEvent) -> None:
+        with self.lock:
+            self._record_finished(event)
+
+    def _record_finished(self, event: StreamEvent) -> None:
+        assert event.finish_reason is not None
+        self.finished[event.finish_reason.value] += 1
+        if event.result is not None and event.result.acceptance is not None:
+            for tokens, steps in enumerate(event.result.acceptance.histogram):
+                self.acceptance[tokens] += steps
+
+    def update_memory(self, engine: Engine) -> None:
+        with self.lock:
+            self._update_memory(engine)
+
+    def _update_memory(self, engine: Engine) -> None:
+        scheduler = engine.scheduler
+        allocator = scheduler.allocator
+        self.num_running = len(scheduler.running)
+        self.num_waiting = len(scheduler.waiting)
+        self.kv_slots_total = allocator.size
+        self.kv_slots_free = allocator.available_size()
+        pool = scheduler.req_to_token_pool
+        self.rows_total = pool.size
+        self.rows_free = pool.available_size()
+        self.num_generated_tokens = engine.stats.num_generated_tokens
+        self.tokens_per_s = engine.stats.generated_tokens_per_s
+
+    def render(self) -> str:
+        """The Prometheus text exposition of every metric."""
+        with self.lock:
+            return self._render()
+
+    def _render(self) -> str:
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            lines.append(f"# HELP eagletree_{name} {help_text}")
+            lines.append(f"# TYPE eagletree_{name} {kind}")
+            for labels, value in samples:
+                lines.append(f"eagletree_{name}{labels} {value}")
+
+        metric("requests_total", "counter", "Requests accepted.", [("", self.num_requests)])
+        metric(
+            "requests_finished_total",
+            "counter",
+            "Requests finished, by reason.",
+            [(f'{{reason="{reason}"}}', n) for reason, n in sorted(self.finished.items())],
+        )
+        metric(
+            "client_aborts_total",
+            "counter",
+            "Requests aborted because their client went away.",
+            [("", self.num_client_aborts)],
+        )
+        metric("prompt_tokens_total", "counter", "Prompt tokens.", [("", self.num_prompt_tokens)])
+        metric(
+            "generation_tokens_total",
+            "counter",
+            "Generated tokens.",
+            [("", self.num_generated_tokens)],
+        )
+        metric(
+            "generation_tokens_per_second",
+            "gauge",
+            "Generated tokens per second of engine step time.",
+            [("", round(self.tokens_per_s, 3))],
+        )
+        metric("engine_steps_total", "counter", "Engine steps.", [("", self.num_steps)])
+        metric(
+            "engine_batched_steps_total",
+            "counter",
+            "Engine steps that advanced two or more requests.",
+            [("", self.num_batched_steps)],
+        )
+        metric(
+            "engine_step_max_batch",
+            "gauge",
+            "Most requests advanced by one step.",
+            [("", self.max_step_batch)],
+        )
+        metric("requests_running", "gauge", "Requests running.", [("", self.num_running)])
+        metric("requests_waiting", "gauge", "Requests queued.", [("", self.num_waiting)])
+        metric("kv_slots_total", "gauge", "KV slots of the pool.", [("", self.kv_slots_total)])
+        metric(
+            "kv_slots_used",
+            "gauge",
+            "KV slots held by requests.",
+            [("", self.kv_slots_total - self.kv_slots_free)],
+        )
+        metric("kv_slots_free", "gauge", "KV slots free.", [("", self.kv_slots_free)])
+        metric("request_rows_free", "gauge", "Free req_to_token rows.", [("", self.rows_free)])
+        buckets: list[tuple[str, float]] = []
+        total_steps = 0
+        total_tokens = 0
+        largest = max(self.acceptance, default=0)
+        for tokens in range(largest + 1):
+            total_steps += self.acceptance.get(tokens, 0)
+            total_tokens += tokens * self.acceptance.get(tokens, 0)
+            buckets.append((f'_bucket{{le="{tokens}"}}', total_steps))
+        buckets.append(('_bucket{le="+Inf"}', total_steps))
+        buckets += [("_sum", total_tokens), ("_count", total_steps)]
+        metric(
+            "acceptance_length",
+            "histogram",
+            "Tokens emitted per speculative verify step (finished requests).",
+            buckets,
+        )
+        return "\n".join(lines) + "\n"

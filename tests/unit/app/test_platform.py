@@ -1,0 +1,85 @@
+"""Resolving "auto" settings for the machine, and the contradictions that are errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eagletree.app.platform import Platform, cpu_threads, resolve_platform
+from eagletree.config.settings import EngineSettings
+from eagletree.domain.errors import ConfigurationError
+
+CPU = Platform(cuda_device_count=0, triton_interpreted=False)
+CPU_INTERPRETED = Platform(cuda_device_count=0, triton_interpreted=True)
+ONE_GPU = Platform(cuda_device_count=1, triton_interpreted=False)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
+        monkeypatch.delenv(name)
+
+
+def resolved(platform: Platform, **sections: Any) -> tuple[str, str, str, str, str]:
+    settings = resolve_platform(EngineSettings(**sections), platform)
+    model, backend = settings.model, settings.backend
+    return model.device, model.dtype, backend.attention, backend.kv_move, backend.cuda_graph
+
+
+def test_auto_is_cuda_bf16_triton_and_graphs_with_a_gpu() -> None:
+    assert resolved(ONE_GPU) == ("cuda", "bfloat16", "triton", "triton", "on")
+
+
+def test_auto_is_cpu_fp32_torch_without_graphs_without_one() -> None:
+    assert resolved(CPU) == ("cpu", "float32", "torch", "torch", "off")
+    assert resolved(CPU_INTERPRETED) == ("cpu", "float32", "torch", "torch", "off")
+
+
+def test_explicit_values_are_kept() -> None:
+    chosen = resolved(
+        ONE_GPU,
+        model={"device": "cpu", "dtype": "bfloat16"},
+        backend={"attention": "torch", "kv_move": "torch", "cuda_graph": "off"},
+    )
+    assert chosen == ("cpu", "bfloat16", "torch", "torch", "off")
+    assert resolved(ONE_GPU, model={"device": "cuda:0"})[0] == "cuda:0"
+
+
+def test_triton_on_the_cpu_runs_only_under_the_interpreter() -> None:
+    backend = {"attention": "triton", "kv_move": "triton"}
+    assert resolved(CPU_INTERPRETED, backend=backend)[2:4] == ("triton", "triton")
+    with pytest.raises(ConfigurationError, match=r"backend\.attention = 'triton' with model"):
+        resolved(CPU, backend={"attention": "triton"})
+    with pytest.raises(ConfigurationError, match=r"set backend\.kv_move = 'auto' or 'torch'"):
+        resolved(CPU, backend={"kv_move": "triton"})
+
+
+@pytest.mark.parametrize(
+    ("platform", "sections", "message"),
+    [
+        (CPU, {"model": {"device": "cuda"}}, "no CUDA device is visible"),
+        (ONE_GPU, {"model": {"device": "cuda:1"}}, r"only 1 CUDA device\(s\)"),
+        (CPU_INTERPRETED, {"backend": {"attention": "flash"}}, "FlashAttention runs on CUDA"),
+        (CPU, {"backend": {"cuda_graph": "on"}}, r"backend\.cuda_graph = 'on' with model"),
+        (ONE_GPU, {"model": {"device": "cpu"}, "backend": {"cuda_graph": "on"}}, "CUDA graphs"),
+    ],
+)
+def test_contradictions_name_the_setting(
+    platform: Platform, sections: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        resolved(platform, **sections)
+
+
+def test_resolving_twice_changes_nothing() -> None:
+    once = resolve_platform(EngineSettings(), CPU)
+    assert resolve_platform(once, CPU) == once
+
+
+def test_small_models_run_on_one_cpu_thread_and_large_ones_on_more() -> None:
+    assert cpu_threads(hidden_size=64, cpu_count=2) == 1
+    assert cpu_threads(hidden_size=4096, cpu_count=2) == 2
+    assert cpu_threads(hidden_size=4096, cpu_count=16) == 4
