@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-import torch
-
 from eagletree.app.scheduler import Scheduler
+from eagletree.app.step_readback import PendingStep, StepReadback
 from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.request import (
@@ -24,7 +23,7 @@ from eagletree.domain.request import (
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
-    from eagletree.app.workers.step import StepOutput, Worker
+    from eagletree.app.workers.step import Worker
     from eagletree.config.settings import EngineSettings
     from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
     from eagletree.ports.model import ModelRunner
@@ -124,6 +123,14 @@ class Engine:
 
     ``tokenizer`` (the checkpoint's, set by ``from_settings``) lets prompts be text and
     results carry text. Use as a context manager, or call ``close``, to abort what is left.
+
+    With ``overlap`` the engine keeps one step in flight: ``step`` launches step i + 1 (from the
+    lower bounds the host has of the running requests' lengths, the worker taking the exact ones
+    from the device) before it reads step i's tokens, so the host's work of step i — stops,
+    finishing, releasing — runs while the device computes step i + 1 (docs/speculative.md).
+    Outputs are those of the synchronous loop. Where the worker cannot run ahead
+    (``Worker.can_run_ahead``) or the next schedule would retract, the step in flight is read
+    first.
     """
 
     tokenizer: Tokenizer | None = None
@@ -141,8 +148,12 @@ class Engine:
         eos_token_ids: Collection[int] = (),
         max_prefill_tokens: int = 16_384,
         clock: Callable[[], float] = time.perf_counter,
+        overlap: bool = False,
     ) -> None:
         self._worker = worker
+        self.overlap = overlap
+        self._readback = StepReadback()
+        self._in_flight: PendingStep | None = None
         self._scheduler = Scheduler(
             allocator,
             req_to_token_pool,
@@ -217,33 +228,62 @@ class Engine:
     # -- the step ------------------------------------------------------------------------------
 
     def step(self) -> list[Request]:
-        """One iteration: schedule, run the worker, commit its tokens, release what finished."""
+        """One iteration: schedule, launch the worker's step, commit the tokens of the step
+        launched before it (this one's, without overlap), release what finished."""
         started = self._clock()
+        finished: list[Request] = []
+        if self._in_flight is not None and not self._can_run_ahead():
+            finished += self._retire()
         plan = self._scheduler.schedule()
         self.stats.num_prefill_tokens += sum(r.num_tokens for r in plan.prefill)
+        launched = None
         if not plan.is_empty:
-            self._commit(self._worker.step(plan))
-        finished = plan.released + self._scheduler.release_finished()
+            if self._in_flight is not None:
+                plan = dataclasses.replace(plan, exact_lengths=False)
+            launched = self._launch(plan)
+        if self._in_flight is not None:
+            finished += self._retire()
+        self._in_flight = launched
+        if not self.overlap:
+            finished += self._retire()
+        finished = plan.released + finished
         self._count(plan, finished, started)
         return finished
 
-    def _commit(self, output: StepOutput) -> None:
-        """Read the step's tokens back once, append them, apply EOS / stop / length."""
-        columns = [
-            output.tokens,
-            output.num_emitted.unsqueeze(1),
-            output.num_committed.unsqueeze(1),
-        ]
-        # SYNC: the host needs the sampled tokens to check stop conditions; one copy per step
-        rows = torch.cat(columns, dim=1).tolist()
+    def _can_run_ahead(self) -> bool:
+        """Whether the next step may launch before the one in flight is read."""
+        running = self._scheduler.running
+        return self._worker.can_run_ahead(running) and not self._scheduler.must_retract()
+
+    def _launch(self, plan: SchedulePlan) -> PendingStep:
+        output = self._worker.step(plan)
+        for request in plan.prefill:  # a prefill's KV count is known before it runs
+            request.commit(request.num_tokens - request.committed_len)
+        return self._readback.start(output)
+
+    def _retire(self) -> list[Request]:
+        """Read the step in flight (if any), commit its tokens, release what finished."""
+        pending, self._in_flight = self._in_flight, None
+        if pending is not None:
+            self._commit(pending)
+        return self._scheduler.release_finished()
+
+    def _commit(self, pending: PendingStep) -> None:
+        """Append the step's tokens, apply EOS / stop / length; drop those of requests that
+        finished since it was launched (it ran ahead of their last token)."""
+        output = pending.output
+        rows = pending.rows()
         now = self._clock()
         for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
             *tokens, num_emitted, num_committed = row
-            if output.speculative and index >= output.num_prefill:
+            if request.finish_reason is not None:  # finished, aborted or released meanwhile
+                continue
+            if index < output.num_prefill:  # its KV was committed at launch
+                num_committed = 0
+            elif output.speculative:
                 request.emitted_per_step.append(num_emitted)
-            if request.finish_reason is None:  # aborted mid-step: the tokens are dropped
-                kept = request.append_tokens(tokens[:num_emitted], self.eos_token_ids, now)
-                self.stats.num_generated_tokens += kept
+            kept = request.append_tokens(tokens[:num_emitted], self.eos_token_ids, now)
+            self.stats.num_generated_tokens += kept
             # a path cut at EOS or max_new_tokens commits no KV past the request's last token
             request.commit(min(num_committed, request.num_tokens - request.committed_len))
         self.stats.num_forwards += output.num_forwards
@@ -341,6 +381,7 @@ class Engine:
     def close(self) -> None:
         """Abort every queued or running request and free its slots; later submits fail."""
         self._abort_and_release([*self._scheduler.running, *self._scheduler.waiting])
+        self._retire()  # the step in flight, if any: its tokens are dropped
         self._closed = True
 
     def __enter__(self) -> Engine:

@@ -37,6 +37,9 @@ class SchedulePlan:
     decode: list[Request]  # prefilled and running: allocated >= committed + reserve_per_step
     retracted: list[Request]  # back in the queue with their tokens; device state is stale
     released: list[Request]  # finished or aborted since the last iteration, now FINISHED
+    # False while the previous step is in flight: the decode requests' committed_len is then a
+    # lower bound (by at most one step's tokens, which the window reserve covers)
+    exact_lengths: bool = True
 
     @property
     def is_empty(self) -> bool:
@@ -178,6 +181,11 @@ class Scheduler:
             retracted.append(victim)
         self._grow_windows([(r, r.committed_len + self.reserve_per_step) for r in self.running])
         return retracted
+
+    def must_retract(self) -> bool:
+        """Whether the next ``schedule`` would retract: the running windows cannot all grow."""
+        shortfall = sum(self._window_shortfall(r) for r in self.running)
+        return shortfall > self._allocator.available_size()
 
     def _window_shortfall(self, request: Request) -> int:
         return max(0, request.committed_len + self.reserve_per_step - request.allocated_len)

@@ -3,6 +3,7 @@ seeded sampling, retract and abort without leaks, and input validation."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.step import StepOutput
 from eagletree.domain.batch import ForwardMode
 from eagletree.domain.coins import uniform_coins
-from eagletree.domain.request import FinishReason, SamplingParams
+from eagletree.domain.request import FinishReason, Request, SamplingParams
 from tests.conftest import requires_cuda
 from tests.fakes import FakeRunner, fake_engine_parts
 
@@ -215,6 +216,9 @@ class OracleChainWorker:
     @property
     def reserve_per_step(self) -> int:
         return 2 * self._max_emit
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        return False  # it reads the requests' tokens on the host
 
     def step(self, plan: SchedulePlan) -> StepOutput:
         rows, emitted, committed = [], [], []

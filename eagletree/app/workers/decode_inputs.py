@@ -7,6 +7,13 @@ buffers whose addresses never change, so a graph captured over views of them rea
 values. Rows past the batch (padding up to a graph's batch size) point at a *padding row* of the
 req_to_token table whose slots are all 0, the pools' reserved dummy slot: a padded row reads and
 writes only slot 0 and the padding row's draft state, never a live request's memory.
+
+With ``device_lengths`` the buffers also keep every row's committed length on the device
+(``committed``): a prefill sets it (``set_lengths``), the decode step advances it
+(``advance_lengths``), and ``fill`` gathers the step's ``seq_lens`` from it, so a step can be
+launched before the host has read the previous step's accept lengths (the engine's overlap
+mode). The host's ``committed_len`` is then only a lower bound, and a step without exact host
+lengths carries no ``seq_lens_cpu``.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.app.forward_batches import to_device
 from eagletree.app.sampler import SamplingInputs, sampling_rows
 
 if TYPE_CHECKING:
@@ -39,7 +47,7 @@ class DecodeInputs:
     extra: torch.Tensor  # (padded, E) int64 worker-specific host data (padding: 0)
     batch_size: int  # live rows
     # (padded,) int64 host copy of seq_lens for eager steps; None in a captured graph, whose
-    # launches must not depend on the values of one step
+    # launches must not depend on the values of one step, and when the host does not know them
     seq_lens_cpu: torch.Tensor | None = None
 
     @property
@@ -61,7 +69,13 @@ class DecodeInputBuffers:
     """
 
     def __init__(
-        self, capacity: int, device: torch.device, padding_row: int, num_extra: int = 0
+        self,
+        capacity: int,
+        device: torch.device,
+        padding_row: int,
+        num_extra: int = 0,
+        *,
+        device_lengths: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
@@ -82,9 +96,15 @@ class DecodeInputBuffers:
             for _ in range(2)
         ]
         self._turn = 0
+        # (capacity,) int64 committed length of every req_to_token row (device_lengths only)
+        self.committed: torch.Tensor | None = (
+            torch.zeros(capacity, dtype=torch.int64, device=device) if device_lengths else None
+        )
 
     @staticmethod
-    def for_pool(pool: ReqToTokenPool, *, padded: bool, num_extra: int = 0) -> DecodeInputBuffers:
+    def for_pool(
+        pool: ReqToTokenPool, *, padded: bool, num_extra: int = 0, device_lengths: bool = False
+    ) -> DecodeInputBuffers:
         """Buffers for every row of ``pool`` on its device. With ``padded`` one row is taken
         from the pool for good and zeroed to be the padding row (every slot is slot 0)."""
         padding_row = 0
@@ -95,7 +115,25 @@ class DecodeInputBuffers:
             padding_row = rows[0]
             pool.req_to_token[padding_row].zero_()
         device = pool.req_to_token.device
-        return DecodeInputBuffers(pool.size, device, padding_row, num_extra)
+        return DecodeInputBuffers(
+            pool.size, device, padding_row, num_extra, device_lengths=device_lengths
+        )
+
+    def set_lengths(self, requests: Sequence[Request]) -> None:
+        """Record the committed lengths the host knows exactly (after a prefill: every token
+        of the fill); a host → device copy, the device never waits for the host."""
+        assert self.committed is not None, "the buffers keep no device lengths"
+        if not requests:
+            return
+        rows = torch.tensor([r.row for r in requests], dtype=torch.int64)
+        lens = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64)
+        self.committed[to_device(rows, self._device)] = to_device(lens, self._device)
+
+    def advance_lengths(self, rows: torch.Tensor, new_lens: torch.Tensor) -> None:
+        """Store ``new_lens`` (padded,) as the committed lengths of ``rows`` (padded,); device
+        ops only (padding rows all write the padding row, whose length is never gathered)."""
+        assert self.committed is not None, "the buffers keep no device lengths"
+        self.committed[rows] = new_lens
 
     def fill(
         self,
@@ -103,11 +141,15 @@ class DecodeInputBuffers:
         padded_size: int,
         num_coins: int,
         extra: Sequence[Sequence[int]] | None = None,
+        *,
+        exact_lengths: bool = True,
     ) -> DecodeInputs:
         """Write ``requests`` (then padding up to ``padded_size``) and return device views.
 
         Reserves ``num_coins`` coins of every sampling request. ``extra[i]`` holds
-        ``num_extra`` ints of request i.
+        ``num_extra`` ints of request i. With device lengths ``seq_lens`` is gathered from
+        ``committed``; ``exact_lengths`` False: the host's lengths are stale, so the views carry
+        no ``seq_lens_cpu``.
         """
         bs = len(requests)
         if not bs <= padded_size <= self.capacity:
@@ -132,8 +174,11 @@ class DecodeInputBuffers:
         non_blocking = self._device.type == "cuda"
         self._ints.copy_(ints, non_blocking=non_blocking)
         self._floats.copy_(floats, non_blocking=non_blocking)
+        if self.committed is not None and bs:
+            self._ints[1, :bs] = self.committed[self._ints[0, :bs]]  # padding rows keep 0
         greedy = all(r.params.greedy for r in requests)
-        return self.views(padded_size, bs, all_greedy=greedy, seq_lens_cpu=ints[1, :padded_size])
+        host_lens = ints[1, :padded_size] if exact_lengths else None
+        return self.views(padded_size, bs, all_greedy=greedy, seq_lens_cpu=host_lens)
 
     def views(
         self,

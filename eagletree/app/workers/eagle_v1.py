@@ -18,6 +18,7 @@ The scheduler grows each window back to ``committed + max(S·k, N)`` before the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -97,6 +98,9 @@ class EagleWorkerV1:
     def tokens_per_step(self) -> int:
         """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
         return min(self.num_steps + 1, self.num_draft_tokens)
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        return False  # it frees rejected slots on the host, from lengths it reads every step
 
     @property
     def num_tracked_requests(self) -> int:

@@ -88,11 +88,14 @@ class EagleWorkerV2:
         )
         self._steps = DecodeStepRunner(
             self._decode_on_device,
-            DecodeInputBuffers.for_pool(target.req_to_token_pool, padded=bool(graph_buckets)),
+            DecodeInputBuffers.for_pool(
+                target.req_to_token_pool, padded=bool(graph_buckets), device_lengths=True
+            ),
             num_coins=self._parts.verifier.num_coins,
             buckets=graph_buckets,
             use_graphs=use_cuda_graphs,
         )
+        self.mask_mode = mask_mode
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
 
@@ -105,6 +108,10 @@ class EagleWorkerV2:
     def tokens_per_step(self) -> int:
         """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
         return min(self.num_steps + 1, self.num_draft_tokens)
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        # committed lengths live on the device; only FULL_MASK sizes its mask from Σ L_b
+        return self.mask_mode is TreeMaskMode.QLEN_ONLY
 
     @property
     def num_tracked_requests(self) -> int:
@@ -126,14 +133,18 @@ class EagleWorkerV2:
         data-parallel rank without requests must.
         """
         self._parts.state.retain(plan.prefill + plan.decode)
-        return speculative_step(plan, self._prefill, self._decode)
+        exact = plan.exact_lengths
+        return speculative_step(
+            plan, self._prefill, lambda requests: self._decode(requests, exact_lengths=exact)
+        )
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
+        self._steps.buffers.set_lengths(requests)
         return prefill_tree_requests(self._parts, self._target, requests, self.tokens_per_step)
 
-    def _decode(self, requests: list[Request]) -> StepOutput:
+    def _decode(self, requests: list[Request], *, exact_lengths: bool = True) -> StepOutput:
         self._parts.state.check_owned(requests)
-        tokens, emitted = self._steps.run(requests)
+        tokens, emitted = self._steps.run(requests, exact_lengths=exact_lengths)
         self._parts.state.own(requests)
         return StepOutput(
             requests=requests,
@@ -171,7 +182,9 @@ class EagleWorkerV2:
             window, predict, features, result.accept_length, verification.verify_slots, n
         )
         parts.state.scatter_rows(inputs.rows, next_state)
+        accepted = result.accept_length.to(torch.int64) + 1  # (bs,) tokens committed
+        self._steps.buffers.advance_lengths(inputs.rows, inputs.seq_lens + accepted)
         self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
         tokens = predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64)
-        return tokens, result.accept_length.to(torch.int64) + 1
+        return tokens, accepted

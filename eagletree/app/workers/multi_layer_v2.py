@@ -36,7 +36,7 @@ from eagletree.app.sampler import sample_next_tokens, sampling_inputs
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput, DraftStateStore
-from eagletree.app.workers.mtp_extend import front_tokens, ragged_extend_batch
+from eagletree.app.workers.mtp_extend import ragged_extend_batch
 from eagletree.app.workers.step import StepOutput, speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
@@ -116,11 +116,18 @@ class MultiLayerEagleWorkerV2:
         self._steps = DecodeStepRunner(
             self._decode_on_device,
             DecodeInputBuffers.for_pool(
-                target.req_to_token_pool, padded=bool(graph_buckets), num_extra=num_steps - 1
+                target.req_to_token_pool, padded=bool(graph_buckets), device_lengths=True
             ),
             num_coins=self._verifier.num_coins,
             buckets=graph_buckets,
             use_graphs=use_cuda_graphs,
+        )
+        # (rows, S − 1) int64: the tokens after each row's last S − 1 committed positions
+        self._front = torch.zeros(
+            target.req_to_token_pool.size,
+            num_steps - 1,
+            dtype=torch.int64,
+            device=self._batches.device,
         )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
@@ -142,6 +149,11 @@ class MultiLayerEagleWorkerV2:
     def tokens_per_step(self) -> int:
         return self.num_draft_tokens
 
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        # a lower bound of S − 1 committed tokens is enough for the fixed-width device step;
+        # a shorter request takes the ragged step, which is sized from exact host lengths
+        return all(r.committed_len >= self.num_steps - 1 for r in decode)
+
     @property
     def num_tracked_requests(self) -> int:
         return len(self._state)
@@ -150,7 +162,10 @@ class MultiLayerEagleWorkerV2:
         """Prefill the plan's new requests, verify the running ones' chains (an idle step,
         bs == 0, through every phase when the plan has neither)."""
         self._state.retain(plan.prefill + plan.decode)
-        return speculative_step(plan, self._prefill, self._decode)
+        exact = plan.exact_lengths
+        return speculative_step(
+            plan, self._prefill, lambda requests: self._decode(requests, exact_lengths=exact)
+        )
 
     # -- prefill ---------------------------------------------------------------------------------
 
@@ -162,6 +177,8 @@ class MultiLayerEagleWorkerV2:
         drafts, probs = self._run_chain(batch, tokens, out.hidden_states, last_rows)
         next_state = self._next_state(next_tokens, drafts, probs, out.hidden_states, last_rows)
         self._state.scatter(requests, next_state)
+        self._steps.buffers.set_lengths(requests)
+        self._store_front(batch.req_pool_indices, tokens, last_rows)
         committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
         return StepOutput(
             requests=requests,
@@ -174,13 +191,12 @@ class MultiLayerEagleWorkerV2:
 
     # -- decode ----------------------------------------------------------------------------------
 
-    def _decode(self, requests: list[Request]) -> StepOutput:
-        keep = self.num_steps - 1
+    def _decode(self, requests: list[Request], *, exact_lengths: bool = True) -> StepOutput:
         self._state.check_owned(requests)
-        if all(r.committed_len >= keep for r in requests):  # every request: S − 1 + N rows
-            extra = [front_tokens(r, keep) for r in requests]
-            tokens, emitted = self._steps.run(requests, extra)
+        if self.can_run_ahead(requests):  # every request: S − 1 + N rows
+            tokens, emitted = self._steps.run(requests, exact_lengths=exact_lengths)
         else:
+            assert exact_lengths, "a ragged step is sized from exact host lengths"
             tokens, emitted = self._decode_ragged(requests)
         self._state.own(requests)
         return StepOutput(
@@ -194,8 +210,8 @@ class MultiLayerEagleWorkerV2:
 
     def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify, then layer 0..S−1 over a fixed ``S − 1 + N`` rows per request (DRAFT_EXTEND
-        from ``L − S + 1``; ``inputs.extra`` holds the S − 1 front rows' tokens) → tokens
-        (bs, N) int64, emitted (bs,) int64. Device work only."""
+        from ``L − S + 1``; the S − 1 front rows' tokens are kept per row on the device) →
+        tokens (bs, N) int64, emitted (bs,) int64. Device work only."""
         keep, n = self.num_steps - 1, self.num_draft_tokens
         width = keep + n
         window = DecodeWindow(
@@ -208,7 +224,8 @@ class MultiLayerEagleWorkerV2:
         bs = window.batch_size
         predict = result.predict.to(torch.int64).view(bs, n)
         # rows: the S − 1 kept positions, then the N verify nodes; past a path: unused
-        tokens = torch.cat([inputs.extra, predict.clamp(min=0)], dim=1).reshape(bs * width)
+        front = self._front[inputs.rows]  # (bs, S − 1)
+        tokens = torch.cat([front, predict.clamp(min=0)], dim=1).reshape(bs * width)
         h = self._target.hidden_size
         kept = state.hidden_states.view(bs, keep, h)
         verify_hidden = verification.hidden_states.view(bs, n, h).to(kept.dtype)
@@ -235,8 +252,11 @@ class MultiLayerEagleWorkerV2:
         bonus = tokens.index_select(0, last_rows)
         next_state = self._next_state(bonus, drafts, probs, hidden, last_rows)
         self._state.scatter_rows(inputs.rows, next_state)
+        self._store_front(inputs.rows, tokens, last_rows)
+        accepted = result.accept_length.to(torch.int64) + 1  # (bs,) tokens committed
+        self._steps.buffers.advance_lengths(inputs.rows, window.seq_lens + accepted)
         self.last_tree, self.last_verification = tree, verification
-        return predict, result.accept_length.to(torch.int64) + 1
+        return predict, accepted
 
     def _decode_ragged(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         """The step when a request has fewer than S − 1 committed tokens (eager, host-sized)."""
@@ -261,9 +281,25 @@ class MultiLayerEagleWorkerV2:
         bonus = batch.input_ids.index_select(0, last_rows)
         next_state = self._next_state(bonus, drafts, probs, hidden, last_rows)
         self._state.scatter_rows(window.req_pool_indices, next_state)
+        self._store_front(window.req_pool_indices, batch.input_ids, last_rows)
+        accepted = result.accept_length.to(torch.int64) + 1  # (bs,) tokens committed
+        self._steps.buffers.advance_lengths(window.req_pool_indices, window.seq_lens + accepted)
         self.last_tree, self.last_verification = tree, verification
         bs, n = window.batch_size, self.num_draft_tokens
-        return result.predict.view(bs, n).to(torch.int64), result.accept_length.to(torch.int64) + 1
+        return result.predict.view(bs, n).to(torch.int64), accepted
+
+    def _store_front(
+        self, rows: torch.Tensor, tokens: torch.Tensor, last_rows: torch.Tensor
+    ) -> None:
+        """Keep, per request, the tokens of the S − 1 batch rows ending at its bonus row
+        ``last_rows`` (bs,): the next step's front rows. ``tokens`` (num_tokens,) holds the
+        token after each row's position. Rows before a request's first one belong to another
+        request; they are read only while the request is shorter than S − 1 tokens, when the
+        ragged step builds its front rows on the host instead."""
+        keep = self.num_steps - 1
+        back = torch.arange(keep - 1, -1, -1, device=last_rows.device)
+        index = (last_rows.unsqueeze(1) - back).clamp(min=0)  # (bs, S − 1), oldest first
+        self._front[rows] = tokens.to(torch.int64)[index]
 
     def _chain_tree(self, window: DecodeWindow, state: DraftInput) -> DraftTree:
         """The verify tree of each request: the bonus token, then its S drafts as a chain."""

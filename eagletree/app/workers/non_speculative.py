@@ -21,6 +21,7 @@ from eagletree.domain.batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
+    from eagletree.domain.request import Request
     from eagletree.ports.model import ModelRunner
 
 
@@ -52,6 +53,9 @@ class NonSpeculativeWorker:
     @property
     def reserve_per_step(self) -> int:
         return 1  # the pending token's slot
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        return False  # its decode inputs (lengths, pending tokens) come from the host
 
     @property
     def step_runner(self) -> DecodeStepRunner:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,10 +39,17 @@ class Worker(Protocol):
     length before every step (1 without speculation; ``2·max(S·k, N)`` for a v2 tree worker).
     The plan's ``retracted`` and ``released`` requests no longer own rows: a worker drops any
     device state it keeps for them. ``step`` must not synchronise with the host.
+
+    ``can_run_ahead(decode)``: whether a decode step over ``decode`` may be launched while the
+    previous step is still in flight, i.e. from the device's own committed lengths, the host's
+    being only lower bounds (``SchedulePlan.exact_lengths`` False). Workers that keep host
+    books per step (v1, the plain worker) say False and the engine runs them synchronously.
     """
 
     @property
     def reserve_per_step(self) -> int: ...
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...
 

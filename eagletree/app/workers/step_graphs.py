@@ -87,17 +87,31 @@ class DecodeStepRunner:
     def num_graphs(self) -> int:
         return len(self._graphs)
 
+    @property
+    def buffers(self) -> DecodeInputBuffers:
+        return self._buffers
+
     def run(
-        self, requests: Sequence[Request], extra: Sequence[Sequence[int]] | None = None
+        self,
+        requests: Sequence[Request],
+        extra: Sequence[Sequence[int]] | None = None,
+        *,
+        exact_lengths: bool = True,
     ) -> tuple[torch.Tensor, ...]:
-        """One step over ``requests`` → the step's outputs, first dimension ``len(requests)``."""
+        """One step over ``requests`` → the step's outputs, first dimension ``len(requests)``.
+
+        ``exact_lengths`` False: the host's committed lengths lag (a step is in flight), so an
+        eager step runs without host lengths (``DecodeInputBuffers.fill``).
+        """
         bs = len(requests)
         bucket = bucket_for(bs, self.buckets)
         greedy = all(r.params.greedy for r in requests)
         if bucket is not None and self.use_graphs and (bucket, greedy) not in self._graphs:
             self._capture(bucket, greedy)
         padded = bs if bucket is None else bucket
-        inputs = self._buffers.fill(requests, padded, self._num_coins, extra)
+        inputs = self._buffers.fill(
+            requests, padded, self._num_coins, extra, exact_lengths=exact_lengths
+        )
         captured = None if bucket is None else self._graphs.get((bucket, greedy))
         if captured is None:
             outputs = self._step(inputs)
