@@ -88,6 +88,7 @@ class EngineStats:
     """Counters since the engine was built; ``busy_s`` is the time spent inside ``step``."""
 
     num_steps: int = 0
+    num_steps_ahead: int = 0  # launched while the previous step was in flight (overlap)
     num_forwards: int = 0
     num_prefill_tokens: int = 0  # prompt tokens computed, recomputation after retract included
     num_generated_tokens: int = 0
@@ -240,6 +241,7 @@ class Engine:
         if not plan.is_empty:
             if self._in_flight is not None:
                 plan = dataclasses.replace(plan, exact_lengths=False)
+                self.stats.num_steps_ahead += 1
             launched = self._launch(plan)
         if self._in_flight is not None:
             finished += self._retire()

@@ -34,10 +34,11 @@ class BatchBuilder:
         (each request's last token) the runner should compute."""
         prefix_lens = [r.committed_len for r in requests]
         new_ids = [r.fill_ids()[prefix:] for r, prefix in zip(requests, prefix_lens, strict=True)]
-        extend_lens = torch.tensor([len(ids) for ids in new_ids], dtype=torch.int64)
-        assert bool((extend_lens > 0).all()), "a prefill request has no new token"
+        lens = [len(ids) for ids in new_ids]  # host ints: a step reads no tensor back
+        assert min(lens, default=1) > 0, "a prefill request has no new token"
+        extend_lens = torch.tensor(lens, dtype=torch.int64)
         seq_lens = torch.tensor(prefix_lens, dtype=torch.int64)
-        total = int(extend_lens.sum())
+        total = sum(lens)
         # positions: (total,) prefix_len + 0..extend_len-1, request by request
         first_of_request = torch.cumsum(extend_lens, 0) - extend_lens
         offsets = torch.arange(total) - torch.repeat_interleave(first_of_request, extend_lens)

@@ -117,7 +117,8 @@ def plain_engine(
     use_cuda_graphs: bool = False,
 ) -> Engine:
     """A non-speculative engine; with ``graph_buckets`` its decode steps run padded (from CUDA
-    graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding."""
+    graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding. (It keeps
+    host books every step, so it has no overlap mode.)"""
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + 8)
     runner = _target_runner(models, memory, backend)
@@ -160,9 +161,11 @@ def speculative_engine(
     mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
     graph_buckets: Sequence[int] = (),
     use_cuda_graphs: bool = False,
+    overlap: bool = False,
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
-    ``graph_buckets`` and ``use_cuda_graphs`` as ``plain_engine``'s."""
+    ``graph_buckets`` and ``use_cuda_graphs`` as ``plain_engine``'s; ``overlap``: the engine
+    keeps one step in flight."""
     reserve = 2 * max(num_steps * topk, num_draft_tokens)
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + reserve + 4)
@@ -190,6 +193,7 @@ def speculative_engine(
         max_context_len=context_len,
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
+        overlap=overlap,
     )
     return SpecEngine(engine, worker, target, draft, memory)
 

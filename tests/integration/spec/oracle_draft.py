@@ -30,6 +30,8 @@ class OracleDraft:
     """``sequence_of_row(row)`` returns the greedy sequence (prompt + reference continuation)
     of the request that owns req_to_token row ``row``; positions past it are off the path."""
 
+    HOST_STAND_IN = True  # it reads the batch on the host: exempt from the sync tripwire
+
     def __init__(
         self,
         inner: DraftModelRunner,

@@ -81,6 +81,8 @@ class LayerOracle:
     acceptance is deep but not always full and the boundary rows see wrong drafts.
     """
 
+    HOST_STAND_IN = True  # it reads the batch on the host: exempt from the sync tripwire
+
     def __init__(
         self,
         inner: DraftModelRunner,
@@ -165,11 +167,13 @@ def mtp_engine(
     backend: str = "torch",
     graph_buckets: Sequence[int] = (),
     use_cuda_graphs: bool = False,
+    overlap: bool = False,
 ) -> MTPEngine:
     """An engine over ``num_steps`` MTP layers, each runner with its own KV pool (and its own
     req_to_token pool when ``own_tables``). With ``prompts`` the layers are oracles of their
     greedy continuations. ``first_runners_pool`` wires every layer to layer 0's pool, table
-    and backend — upstream's bug, for showing that the regression check catches it."""
+    and backend — upstream's bug, for showing that the regression check catches it.
+    ``overlap``: the engine keeps one step in flight."""
     n = num_steps + 1
     allocator = DeviceSlotAllocator(pool_size, models.device, debug_checks=True)
     width = CONTEXT_LEN + 2 * n + 4
@@ -219,6 +223,7 @@ def mtp_engine(
             vocab_size=target.vocab_size,
             max_context_len=CONTEXT_LEN,
             max_running_requests=max_running,
+            overlap=overlap,
         )
     )
     return MTPEngine(holder[0], worker, target, pools, drafts, allocator, table)

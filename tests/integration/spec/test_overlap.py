@@ -1,0 +1,303 @@
+"""The engine's overlap mode (one step in flight) against the synchronous loop: identical tokens
+for every v2 worker and target kind, greedy and seeded sampling, stops at every position of an
+accepted path, and no slot or row left behind by 1,000 random requests with aborts and retracts.
+Every v2 / MTP-v2 step here runs under the sync tripwire (``conftest.py``), strictly so when it
+is launched ahead of the host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from eagletree.adapters.models.random_checkpoint import ModelSizes, sizes_with
+from eagletree.app.engine import Engine, GenerationResult
+from eagletree.app.workers.decode_inputs import DecodeInputs
+from eagletree.app.workers.eagle_v2 import EagleWorkerV2
+from eagletree.domain.request import FinishReason, RequestStatus, SamplingParams
+from eagletree.domain.tree import TreeMaskMode
+from tests.integration.spec.harness import (
+    SIZES,
+    SpecModels,
+    load_spec_models,
+    ragged_prompts,
+    speculative_engine,
+)
+from tests.integration.spec.test_eagle_v2 import oracle_engine
+from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
+from tests.sync_tripwire import HostSyncError, no_host_sync
+
+ModelCache = Callable[..., SpecModels]
+MODELS = [
+    ("llama", "eagle"),
+    ("llama", "eagle3"),
+    ("deepseek-mla", "eagle"),
+    ("deepseek-mla", "eagle3"),
+]
+CONFIGS = [(3, 1, 4), (5, 4, 8)]  # (S, k, N): a chain and a tree
+PROMPT_LENGTHS = [3, 7, 1, 12, 5, 9]
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
+    cache: dict[tuple[str, str], SpecModels] = {}
+
+    def get(arch: str, kind: str, sizes: ModelSizes = SIZES) -> SpecModels:
+        key = (arch, kind, repr(sizes))
+        if key not in cache:
+            root = tmp_path_factory.mktemp(f"{arch}-{kind}")
+            cache[key] = load_spec_models(root, arch, kind, torch.device("cpu"), sizes=sizes)  # type: ignore[arg-type]
+        return cache[key]
+
+    return get  # type: ignore[return-value]
+
+
+def prompts_for(batch_size: int, seed: int) -> list[list[int]]:
+    lengths = [PROMPT_LENGTHS[(seed + i) % len(PROMPT_LENGTHS)] for i in range(batch_size)]
+    return ragged_prompts(SIZES.vocab_size, lengths, seed)
+
+
+def summary(results: Sequence[GenerationResult], acceptance: bool = True) -> list[tuple[Any, ...]]:
+    """What must not depend on overlap: tokens, finish reasons, per-step acceptance (unless
+    the draft draws from a generator of its own, whose draws depend on the batches)."""
+    return [
+        (
+            r.output_ids,
+            r.finish_reason,
+            r.acceptance.histogram if r.acceptance and acceptance else None,
+        )
+        for r in results
+    ]
+
+
+def assert_ran_ahead(engine: Engine) -> None:
+    """The overlapped engine really launched steps before reading their predecessors."""
+    assert engine.overlap and engine.stats.num_steps_ahead > engine.stats.num_steps // 2
+
+
+# -- tokens equal the synchronous loop's ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "S{}k{}N{}".format(*c))
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: "-".join(m))
+@pytest.mark.parametrize("buckets", [(), (2, 4, 8)], ids=["eager", "padded"])
+def test_overlapped_v2_steps_emit_what_synchronous_ones_emit(
+    models: ModelCache,
+    model: tuple[str, str],
+    config: tuple[int, int, int],
+    buckets: tuple[int, ...],
+) -> None:
+    loaded = models(*model)
+    prompts = prompts_for(6, seed=sum(config))
+    runs = []
+    for overlap in (False, True):
+        spec = speculative_engine(loaded, *config, graph_buckets=buckets, overlap=overlap)
+        runs.append(summary(spec.engine.generate(prompts, MAX_NEW)))
+        assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+    assert_ran_ahead(spec.engine)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_overlapped_seeded_sampling_draws_the_synchronous_samples(
+    models: ModelCache, temperature: float
+) -> None:
+    loaded = models("llama", "eagle3")
+    prompts = prompts_for(5, seed=7)
+    runs = []
+    for overlap in (False, True):
+        spec = speculative_engine(loaded, 5, 4, 8, overlap=overlap)
+        results = spec.engine.generate(
+            prompts, MAX_NEW, temperature=temperature, top_p=0.9, seed=11
+        )
+        runs.append(summary(results))
+    assert_ran_ahead(spec.engine)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("oracle", [False, True], ids=["random", "oracle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_overlapped_mtp_steps_emit_what_synchronous_ones_emit(
+    models: ModelCache, oracle: bool, temperature: float
+) -> None:
+    loaded = models(
+        "deepseek-mla", "mtp", sizes_with(SIZES, num_mtp_layers=NUM_LAYERS["deepseek-mla"])
+    )
+    # prompts of 1 and 2 tokens are shorter than S − 1 = 2: their first steps are ragged, which
+    # the engine runs only from exact lengths (it reads the step in flight first)
+    prompts = ragged_prompts(SIZES.vocab_size, [1, 2, 9, 4, 12], seed=5)
+    runs = []
+    for overlap in (False, True):
+        mtp = mtp_engine(loaded, 3, prompts=prompts if oracle else (), overlap=overlap)
+        results = mtp.engine.generate(prompts, MAX_NEW, temperature=temperature, seed=2)
+        # the layer oracle's deliberate errors come from its own generator: not compared
+        runs.append(summary(results, acceptance=not oracle))
+        assert mtp.allocator.available_size() == mtp.allocator.size
+    assert_ran_ahead(mtp.engine)
+    assert runs[0] == runs[1]
+
+
+def test_a_full_tree_mask_never_runs_ahead_and_still_emits_the_same_tokens(
+    models: ModelCache,
+) -> None:
+    loaded = models("llama", "eagle")
+    prompts = prompts_for(3, seed=3)
+    runs = []
+    for overlap in (False, True):
+        spec = speculative_engine(
+            loaded, 3, 2, 6, mask_mode=TreeMaskMode.FULL_MASK, overlap=overlap
+        )
+        runs.append(summary(spec.engine.generate(prompts, MAX_NEW)))
+    assert spec.engine.stats.num_steps_ahead == 0  # its mask is sized from Σ L_b on the host
+    assert runs[0] == runs[1]
+
+
+# -- stops inside an accepted path -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["stop", "eos", "length"])
+def test_stops_at_every_position_of_an_accepted_path_cut_it_as_the_synchronous_loop_does(
+    models: ModelCache, stop: str
+) -> None:
+    loaded = models("llama", "eagle")
+    # a chain oracle emits exactly S + 1 = 4 tokens per verify step: 1 | 2..5 | 6..9 | 10..13
+    config = (3, 1, 4)
+    [prompt] = prompts_for(1, seed=31)
+    _, _, [reference] = oracle_engine(loaded, config, [prompt], 14)
+    for cut in range(1, 10):  # the first token of a path, its middle ones, its last
+        if stop != "length" and reference[cut] in reference[:cut]:
+            continue  # an earlier copy of the token would stop first
+        token = reference[cut]
+        eos = (token,) if stop == "eos" else ()
+        stop_ids = [token] if stop == "stop" else None
+        max_new = cut + 1 if stop == "length" else 14
+        outcomes = []
+        for overlap in (False, True):
+            spec, _, _ = oracle_engine(
+                loaded, config, [prompt], 14, eos_token_ids=eos, overlap=overlap
+            )
+            [result] = spec.engine.generate([prompt], max_new, stop_token_ids=stop_ids)
+            outcomes.append(summary([result]))
+            assert result.output_ids == reference[: cut + 1]
+            # the step launched ahead of the finish wrote KV into the window only: every slot
+            # and the row go back exactly once (the allocator checks double frees)
+            assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+            assert spec.memory.req_to_token_pool.req_to_token.eq(0).all()
+        assert outcomes[0] == outcomes[1]
+        expected = {"stop": FinishReason.STOP, "eos": FinishReason.EOS}.get(
+            stop, FinishReason.LENGTH
+        )
+        assert outcomes[1][0][1] is expected
+
+
+# -- no leak ------------------------------------------------------------------------------------
+
+TINY = ModelSizes(
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=8,
+    max_position_embeddings=256,
+    draft_vocab_size=32,
+)
+
+
+def test_a_thousand_random_requests_with_aborts_and_retracts_leave_no_slot_or_row_behind(
+    models: ModelCache,
+) -> None:
+    loaded = models("llama", "eagle", TINY)
+    # 90 slots: a request needs up to 24 + 16 + 2·max(S·k, N) = 48; eight running do not fit
+    spec = speculative_engine(loaded, 2, 2, 4, pool_size=90, max_running=8, overlap=True)
+    engine, allocator, table = spec.engine, spec.memory.allocator, spec.memory.req_to_token_pool
+    free_at_start, rows_at_start = allocator.available_size(), table.req_to_token.clone()
+    generator = torch.Generator().manual_seed(12)
+
+    def randint(low: int, high: int) -> int:
+        return int(torch.randint(low, high, (1,), generator=generator))
+
+    submitted = []
+    aborted: set[int] = set()
+    while len(submitted) < 1000 or engine.has_work():
+        for _ in range(randint(0, 4) if len(submitted) < 1000 else 0):
+            prompt = torch.randint(0, TINY.vocab_size, (randint(1, 25),), generator=generator)
+            params = SamplingParams(
+                randint(1, 17), temperature=float(randint(0, 2)), seed=len(submitted)
+            )
+            submitted.append(engine.submit(prompt.tolist(), params))
+        if randint(0, 6) == 0:  # a queued, running, finishing or finished request
+            victim = submitted[randint(0, len(submitted))]
+            if engine.abort(victim.request_id):
+                aborted.add(victim.request_id)
+        engine.step()
+    engine.step()  # reads the last step in flight (its tokens are all dropped)
+    assert engine.stats.num_retracted > 10 and len(aborted) > 50
+    assert_ran_ahead(engine)
+    assert allocator.available_size() == free_at_start
+    assert torch.equal(table.req_to_token, rows_at_start)
+    assert table.available_size() == table.size
+    for request in submitted:
+        assert request.status is RequestStatus.FINISHED
+        assert (request.finish_reason is FinishReason.ABORT) == (request.request_id in aborted)
+        if request.request_id not in aborted:
+            assert len(request.output_ids) == request.params.max_new_tokens
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_under_retraction_greedy_tokens_match_and_seeded_samples_repeat(
+    models: ModelCache, temperature: float
+) -> None:
+    """A retracted request is prefilled again, which draws one coin where a verify step draws
+    N + 1, so its later samples depend on the step it was retracted at; the overlapped engine
+    decides retraction from lower bounds, possibly a step later. Greedy tokens do not depend on
+    it, and seeded samples still repeat run after run."""
+    loaded = models("llama", "eagle")
+    prompts = prompts_for(8, seed=41)
+    runs = []
+    for overlap in (False, True, True):
+        # 100 slots: one request fits (≤ 12 + 16 tokens + 16 reserved), eight do not
+        spec = speculative_engine(loaded, 3, 2, 4, pool_size=100, max_running=8, overlap=overlap)
+        results = spec.engine.generate(prompts, MAX_NEW, temperature=temperature, seed=9)
+        runs.append([(r.output_ids, r.finish_reason) for r in results])
+        assert spec.engine.stats.num_retracted > 0
+        assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+    assert_ran_ahead(spec.engine)
+    assert runs[1] == runs[2]
+    if temperature == 0.0:
+        assert runs[0] == runs[1]
+
+
+# -- the tripwire -------------------------------------------------------------------------------
+
+
+def test_the_tripwire_catches_a_read_back_inside_a_step(
+    models: ModelCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loaded = models("llama", "eagle")
+    prompts = prompts_for(2, seed=1)
+    decode = EagleWorkerV2._decode_on_device
+
+    def reads_back(self: EagleWorkerV2, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        inputs.seq_lens.max().item()  # what the tripwire is for
+        return decode(self, inputs)
+
+    monkeypatch.setattr(EagleWorkerV2, "_decode_on_device", reads_back)
+    spec = speculative_engine(loaded, 3, 1, 4)
+    with pytest.raises(HostSyncError, match=r"Tensor\.item"):
+        spec.engine.generate(prompts, MAX_NEW)
+
+
+def test_the_strict_tripwire_catches_int_of_a_tensor_and_the_plain_one_allows_it() -> None:
+    lens = torch.tensor([3, 4])
+    with no_host_sync():
+        assert int(lens.sum()) == 7  # a host copy's sum: allowed while lengths are exact
+        with pytest.raises(HostSyncError, match=r"Tensor\.__bool__"):
+            _ = bool(lens.any())
+    with no_host_sync(strict=True), pytest.raises(HostSyncError, match=r"Tensor\.__int__"):
+        int(lens.sum())
+    assert lens.sum().item() == 7  # disarmed again
