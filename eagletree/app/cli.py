@@ -21,6 +21,7 @@ from eagletree.app.run_settings import (
 )
 from eagletree.app.server.serve_args import add_serve_parser
 from eagletree.config.eagle_hook import resolve_speculative
+from eagletree.config.overlap import resolve_overlap
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import ATTENTION_KINDS, TargetDescription
 from eagletree.domain.errors import ConfigurationError
@@ -80,11 +81,15 @@ def config_command(args: argparse.Namespace) -> int:
     values["speculative"] = {**values["speculative"], "resolved": resolved_values}
     values["target"] = dataclasses.asdict(target)
     model, backend = settings.model, settings.backend
+    overlap = resolve_overlap(settings, model.device.partition(":")[0], resolved.worker)
     print(
         f"# eagletree settings resolved for {target.architecture} ({target.attention_kind}) on "
         f"{model.device} in {model.dtype}: attention {backend.attention}, kv_move "
-        f"{backend.kv_move}, cuda_graph {backend.cuda_graph}"
+        f"{backend.kv_move}, cuda_graph {backend.cuda_graph}, overlap "
+        f"{'on' if overlap.enabled else 'off'}"
     )
+    if overlap.reason is not None:
+        print(f"# scheduler.overlap off: {overlap.reason}")
     for note in notes:
         print(f"# {note}")
     if assumed is not None:

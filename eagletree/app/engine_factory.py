@@ -23,6 +23,7 @@ from eagletree.app.platform import resolve_platform
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.step_graphs import graph_buckets
 from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
+from eagletree.config.overlap import resolve_overlap
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
@@ -138,6 +139,7 @@ def engine_from_settings(
         max_context_len=max_context_len,
         max_running_requests=resolved.max_running_requests,
         eos_token_ids=eos_token_ids(target_path),
+        overlap=resolve_overlap(settings, device_type, resolved.worker).enabled,
     )
     engine.tokenizer = tokenizer
     return engine

@@ -30,7 +30,8 @@ class PendingStep:
         """Per request: its tokens, then num_emitted, then num_committed (waits for the copy)."""
         if self.event is not None:
             self.event.synchronize()  # SYNC: the host needs the step's tokens for its stops
-        return self.block.tolist()  # type: ignore[no-any-return]
+        rows: list[list[int]] = self.block.tolist()
+        return rows
 
 
 class StepReadback:
@@ -48,7 +49,7 @@ class StepReadback:
         if columns.device.type != "cuda":
             return PendingStep(output, columns, None)
         block = self._block(columns.shape).copy_(columns, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record()
         return PendingStep(output, block, event)
 

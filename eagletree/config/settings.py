@@ -40,6 +40,7 @@ VersionName = Literal["auto", "v1", "v2"]
 AttentionBackendName = Literal["auto", "torch", "triton", "flash"]
 KVMoveName = Literal["auto", "torch", "triton"]
 CudaGraphName = Literal["auto", "on", "off"]
+OverlapName = Literal["auto", "on", "off"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -129,6 +130,14 @@ class BackendSettings(_Section):
     )
 
 
+class SchedulerSettings(_Section):
+    overlap: OverlapName = Field(
+        default="auto",
+        description="Launch step i + 1 before reading step i's tokens; auto: on for the v2 "
+        "workers on CUDA, else off.",
+    )
+
+
 class ParallelSettings(_Section):
     dp_size: int = Field(default=1, ge=1, description="Data-parallel replicas.")
     tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks.")
@@ -169,6 +178,7 @@ class EngineSettings(BaseSettings):
     speculative: SpeculativeSettings = Field(default_factory=SpeculativeSettings)
     memory: MemorySettings = Field(default_factory=MemorySettings)
     backend: BackendSettings = Field(default_factory=BackendSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     parallel: ParallelSettings = Field(default_factory=ParallelSettings)
 
     @classmethod

@@ -45,7 +45,24 @@ def test_show_prints_what_generate_runs_without_a_file_as_parseable_toml(
     assert shown["backend"]["attention"] == ("triton" if on_cuda else "torch")
     assert shown["backend"]["cuda_graph"] == ("on" if on_cuda else "off")
     assert shown["memory"]["page_size"] == 1
+    assert shown["scheduler"]["overlap"] == "auto"
     assert shown["target"]["architecture"] == "LlamaForCausalLM"
+
+
+def test_show_says_whether_the_engine_overlaps_and_why_not(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("EAGLETREE_MODEL__DEVICE", "cpu")
+    assert main(["config", "show"]) == 0
+    header = capsys.readouterr().out
+    assert "overlap off" in header and "nothing to overlap" in header  # the CPU, on auto
+    monkeypatch.setenv("EAGLETREE_SCHEDULER__OVERLAP", "on")
+    assert main(["config", "show"]) == 0
+    assert "overlap on" in capsys.readouterr().out
+    monkeypatch.setenv("EAGLETREE_SPECULATIVE__VERSION", "v1")
+    assert main(["config", "show"]) == 1
+    assert "scheduler.overlap = 'on' cannot be kept: the eagle_v1 worker" in capsys.readouterr().err
 
 
 def test_show_reads_the_target_from_the_checkpoint_when_given(

@@ -687,15 +687,19 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
     model = {"target_path": target_path, "device": str(device), "dtype": "float32"}
     plain = Engine.from_settings(EngineSettings(model=model, backend=backend, memory=memory))
+    assert not plain.overlap  # auto: the plain worker runs synchronously
+    overlap = case.worker != "EagleWorkerV1"  # "on" is kept for the v2 workers, even on the CPU
     engine = Engine.from_settings(
         EngineSettings(
             model={**model, "draft_path": draft_path},
             speculative={"algorithm": case.kind, **case.speculative},
             backend=backend,
             memory=memory,
+            scheduler={"overlap": "on" if overlap else "auto"},
         )
     )
     assert type(engine._worker).__name__ == case.worker
+    assert engine.overlap is overlap
     prompts = prompts_for(3, seed=70)
     expected = greedy_outputs(plain, prompts, 10)
     results = engine.generate(prompts, max_new_tokens=10)

@@ -16,7 +16,7 @@ from eagletree.adapters.models.random_checkpoint import ModelSizes, sizes_with
 from eagletree.app.engine import Engine, GenerationResult
 from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
-from eagletree.domain.request import FinishReason, RequestStatus, SamplingParams
+from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.integration.spec.harness import (
     SIZES,
@@ -43,7 +43,7 @@ MAX_NEW = 16
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
-    cache: dict[tuple[str, str], SpecModels] = {}
+    cache: dict[tuple[str, str, str], SpecModels] = {}
 
     def get(arch: str, kind: str, sizes: ModelSizes = SIZES) -> SpecModels:
         key = (arch, kind, repr(sizes))
@@ -52,7 +52,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
             cache[key] = load_spec_models(root, arch, kind, torch.device("cpu"), sizes=sizes)  # type: ignore[arg-type]
         return cache[key]
 
-    return get  # type: ignore[return-value]
+    return get
 
 
 def prompts_for(batch_size: int, seed: int) -> list[list[int]]:
@@ -221,7 +221,7 @@ def test_a_thousand_random_requests_with_aborts_and_retracts_leave_no_slot_or_ro
     def randint(low: int, high: int) -> int:
         return int(torch.randint(low, high, (1,), generator=generator))
 
-    submitted = []
+    submitted: list[Request] = []
     aborted: set[int] = set()
     while len(submitted) < 1000 or engine.has_work():
         for _ in range(randint(0, 4) if len(submitted) < 1000 else 0):

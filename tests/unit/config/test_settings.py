@@ -130,9 +130,11 @@ def test_environment_alone_configures_every_section(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("EAGLETREE_BACKEND__CUDA_GRAPH", "off")
     monkeypatch.setenv("EAGLETREE_PARALLEL__TP_SIZE", "2")
     monkeypatch.setenv("EAGLETREE_MODEL__DRAFT_PATH", "/d")
+    monkeypatch.setenv("EAGLETREE_SCHEDULER__OVERLAP", "on")
     settings = EngineSettings()
     assert settings.speculative.algorithm == "eagle3"
     assert settings.backend.cuda_graph == "off"
+    assert settings.scheduler.overlap == "on"
     assert settings.parallel.tp_size == 2
     assert settings.model.draft_path == "/d"
 
