@@ -14,10 +14,12 @@ import torch
 
 from eagletree.adapters.models.random_checkpoint import ModelSizes, sizes_with
 from eagletree.app.engine import Engine, GenerationResult
+from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
 from eagletree.domain.tree import TreeMaskMode
+from tests.conftest import requires_cuda
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,
@@ -43,13 +45,13 @@ MAX_NEW = 16
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
-    cache: dict[tuple[str, str, str], SpecModels] = {}
+    cache: dict[tuple[str, str, str, str], SpecModels] = {}
 
-    def get(arch: str, kind: str, sizes: ModelSizes = SIZES) -> SpecModels:
-        key = (arch, kind, repr(sizes))
+    def get(arch: str, kind: str, sizes: ModelSizes = SIZES, device: str = "cpu") -> SpecModels:
+        key = (arch, kind, repr(sizes), device)
         if key not in cache:
             root = tmp_path_factory.mktemp(f"{arch}-{kind}")
-            cache[key] = load_spec_models(root, arch, kind, torch.device("cpu"), sizes=sizes)  # type: ignore[arg-type]
+            cache[key] = load_spec_models(root, arch, kind, torch.device(device), sizes=sizes)  # type: ignore[arg-type]
         return cache[key]
 
     return get
@@ -301,3 +303,82 @@ def test_the_strict_tripwire_catches_int_of_a_tensor_and_the_plain_one_allows_it
     with no_host_sync(strict=True), pytest.raises(HostSyncError, match=r"Tensor\.__int__"):
         int(lens.sum())
     assert lens.sum().item() == 7  # disarmed again
+
+
+# -- on CUDA: graph replays overlapped, and no sync in a step launched ahead ----------------------
+
+GRAPH_BUCKETS = (1, 2, 4, 8)
+
+
+def cuda_engine(models: ModelCache, worker: str, overlap: bool) -> Engine:
+    """A Triton engine replaying CUDA graphs (greedy graphs captured now)."""
+    if worker == "mtp":
+        sizes = sizes_with(SIZES, num_mtp_layers=NUM_LAYERS["deepseek-mla"])
+        loaded = models("deepseek-mla", "mtp", sizes, device="cuda")
+        mtp = mtp_engine(
+            loaded,
+            3,
+            backend="triton",
+            graph_buckets=GRAPH_BUCKETS,
+            use_cuda_graphs=True,
+            overlap=overlap,
+        )
+        mtp.worker.capture_graphs()
+        return mtp.engine
+    loaded = models("llama", "eagle3", device="cuda")
+    spec = speculative_engine(
+        loaded,
+        5,
+        4,
+        8,
+        backend="triton",
+        graph_buckets=GRAPH_BUCKETS,
+        use_cuda_graphs=True,
+        overlap=overlap,
+    )
+    spec.worker.capture_graphs()
+    return spec.engine
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("worker", ["v2", "mtp"])
+def test_overlapped_graph_replays_emit_what_synchronous_ones_emit(
+    models: ModelCache, worker: str, temperature: float
+) -> None:
+    """The replay of step i + 1 overwrites the graph's outputs: step i's must have been copied
+    out before it, in stream order."""
+    prompts = prompts_for(6, seed=13)
+    runs = []
+    for overlap in (False, True):
+        engine = cuda_engine(models, worker, overlap)
+        runs.append(summary(engine.generate(prompts, MAX_NEW, temperature=temperature, seed=4)))
+    assert_ran_ahead(engine)
+    assert runs[0] == runs[1]
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("worker", ["v2", "mtp"])
+def test_a_step_launched_ahead_never_synchronises_with_the_host(
+    models: ModelCache, worker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = cuda_engine(models, worker, overlap=True)
+    worker_class = type(engine._worker)
+    step = worker_class.step
+    checked = []
+
+    def guarded(self: Any, plan: SchedulePlan) -> Any:
+        if plan.exact_lengths:
+            return step(self, plan)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return step(self, plan)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            checked.append(len(plan.decode))
+
+    monkeypatch.setattr(worker_class, "step", guarded)
+    engine.generate(prompts_for(5, seed=17), MAX_NEW)
+    assert len(checked) > 3 and max(checked) == 5
