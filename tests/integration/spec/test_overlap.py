@@ -23,7 +23,9 @@ from tests.conftest import requires_cuda
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,
+    greedy_outputs,
     load_spec_models,
+    plain_engine,
     ragged_prompts,
     speculative_engine,
 )
@@ -94,13 +96,34 @@ def test_overlapped_v2_steps_emit_what_synchronous_ones_emit(
 ) -> None:
     loaded = models(*model)
     prompts = prompts_for(6, seed=sum(config))
+    expected = greedy_outputs(plain_engine(loaded), prompts, MAX_NEW)
     runs = []
     for overlap in (False, True):
         spec = speculative_engine(loaded, *config, graph_buckets=buckets, overlap=overlap)
-        runs.append(summary(spec.engine.generate(prompts, MAX_NEW)))
+        results = spec.engine.generate(prompts, MAX_NEW)
+        assert [r.output_ids for r in results] == expected
+        runs.append(summary(results))
         assert spec.memory.allocator.available_size() == spec.memory.allocator.size
     assert_ran_ahead(spec.engine)
     assert runs[0] == runs[1]
+
+
+def test_without_a_step_in_flight_the_host_lengths_are_the_devices(models: ModelCache) -> None:
+    """The device's committed lengths drive the steps; the host's drive windows and releases."""
+    loaded = models("llama", "eagle")
+    spec = speculative_engine(loaded, 5, 4, 8)
+    for prompt in prompts_for(4, seed=8):
+        spec.engine.submit(prompt, SamplingParams(MAX_NEW))
+    committed = spec.worker.step_runner.buffers.committed
+    assert committed is not None
+    num_checked = 0
+    while spec.engine.has_work():
+        spec.engine.step()
+        for request in spec.engine.scheduler.running:
+            assert request.row is not None
+            assert int(committed[request.row]) == request.committed_len, request
+            num_checked += 1
+    assert num_checked > 10
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
@@ -131,10 +154,13 @@ def test_overlapped_mtp_steps_emit_what_synchronous_ones_emit(
     # prompts of 1 and 2 tokens are shorter than S − 1 = 2: their first steps are ragged, which
     # the engine runs only from exact lengths (it reads the step in flight first)
     prompts = ragged_prompts(SIZES.vocab_size, [1, 2, 9, 4, 12], seed=5)
+    expected = greedy_outputs(plain_engine(loaded), prompts, MAX_NEW)
     runs = []
     for overlap in (False, True):
         mtp = mtp_engine(loaded, 3, prompts=prompts if oracle else (), overlap=overlap)
         results = mtp.engine.generate(prompts, MAX_NEW, temperature=temperature, seed=2)
+        if temperature == 0.0:
+            assert [r.output_ids for r in results] == expected
         # the layer oracle's deliberate errors come from its own generator: not compared
         runs.append(summary(results, acceptance=not oracle))
         assert mtp.allocator.available_size() == mtp.allocator.size
@@ -184,6 +210,7 @@ def test_stops_at_every_position_of_an_accepted_path_cut_it_as_the_synchronous_l
             [result] = spec.engine.generate([prompt], max_new, stop_token_ids=stop_ids)
             outcomes.append(summary([result]))
             assert result.output_ids == reference[: cut + 1]
+            spec.engine.close()  # reads the step launched past the finish: its tokens dropped
             # the step launched ahead of the finish wrote KV into the window only: every slot
             # and the row go back exactly once (the allocator checks double frees)
             assert spec.memory.allocator.available_size() == spec.memory.allocator.size
