@@ -18,6 +18,7 @@ from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
+from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
@@ -71,6 +72,7 @@ class Container(containers.DeclarativeContainer):
             StepKernels,
             coins=triton_coins.uniform_coins,
             top_k=triton_draft_topk.top_k_probs,
+            build_tree=triton_tree_build.build_tree,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
         ),
     )

@@ -33,7 +33,7 @@ from eagletree.domain.tree import (
 
 if TYPE_CHECKING:
     from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
-    from eagletree.app.workers.step_kernels import TopK
+    from eagletree.app.workers.step_kernels import TopK, TreeBuild
     from eagletree.ports.model import DraftRunner
 
 
@@ -54,6 +54,7 @@ class TreeDrafter:
         num_draft_tokens: int,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         top_k: TopK = top_k_probs,
+        build: TreeBuild = build_tree,
     ) -> None:
         if num_steps < 1 or topk < 1 or num_draft_tokens < 2:
             raise ValueError(
@@ -67,6 +68,7 @@ class TreeDrafter:
             )
         self._draft = draft
         self._top_k = top_k
+        self._build_tree = build
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
@@ -99,7 +101,7 @@ class TreeDrafter:
         parent_list, top_scores_index, draft_tokens = organize_draft_results(
             score_list, token_list, parents_list, self.num_draft_tokens
         )
-        return build_tree(
+        return self._build_tree(
             state.bonus_tokens,
             parent_list,
             top_scores_index,

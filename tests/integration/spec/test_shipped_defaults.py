@@ -30,6 +30,7 @@ from tests.integration.spec.oracle_head import install_oracle_heads
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
+from eagletree.app.platform import resolve_platform
 from eagletree.config.settings import EngineSettings
 
 SIZES = ModelSizes(
@@ -118,20 +119,27 @@ def engine_settings(
     speculative: bool,
     cuda_graph: str | None = None,
 ) -> EngineSettings:
-    """``case``'s settings with every backend left at its default (``cuda_graph`` aside)."""
+    """``case``'s settings with the backends CUDA's "auto" resolves to: left at "auto" on CUDA,
+    named (Triton attention and mover, under the interpreter) on the CPU, where "auto" would
+    pick torch (``cuda_graph`` aside)."""
     target_path, draft_path = dirs
     model = {"target_path": target_path, "dtype": "float32", "device": str(device)}
     options: dict[str, Any] = {
         "model": {**model, "max_context_len": 64},
         "memory": {**MEMORY, "page_size": case.page_size},
     }
+    backend: dict[str, str] = {}
+    if device.type == "cpu":
+        backend.update(attention="triton", kv_move="triton")
     if cuda_graph is not None:
-        options["backend"] = {"cuda_graph": cuda_graph}
+        backend["cuda_graph"] = cuda_graph
+    options["backend"] = backend
     if speculative:
         options["model"]["draft_path"] = draft_path
         options["speculative"] = {"algorithm": case.kind, **case.speculative}
     settings = EngineSettings(**options)
-    assert (settings.backend.attention, settings.backend.kv_move) == ("triton", "triton")
+    resolved = resolve_platform(settings).backend
+    assert (resolved.attention, resolved.kv_move) == ("triton", "triton")
     return settings
 
 
