@@ -16,6 +16,7 @@ from dependency_injector import containers, providers
 
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
+from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
@@ -73,6 +74,7 @@ class Container(containers.DeclarativeContainer):
             coins=triton_coins.uniform_coins,
             top_k=triton_draft_topk.top_k_probs,
             build_tree=triton_tree_build.build_tree,
+            beam_step=triton_beam_step.beam_step,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
         ),
     )
