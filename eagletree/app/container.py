@@ -18,6 +18,7 @@ from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend
 from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
 from eagletree.adapters.kernels.triton import coins as triton_coins
+from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
@@ -75,6 +76,7 @@ class Container(containers.DeclarativeContainer):
             top_k=triton_draft_topk.top_k_probs,
             build_tree=triton_tree_build.build_tree,
             beam_step=triton_beam_step.beam_step,
+            compaction_plan=triton_compaction.compaction_plan,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
         ),
     )

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from eagletree.domain.coins import uniform_coins
+from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.sampling import top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
@@ -26,6 +27,8 @@ TreeBuild = Callable[..., DraftTree]
 # domain.tree.beam_step's signature: (step, topk_p, topk_index, hidden, scores, ancestors,
 # own_slots, k) -> (BeamStep, ancestors)
 BeamStepFn = Callable[..., tuple[BeamStep, torch.Tensor]]
+# domain.compaction.compaction_plan's signature
+PlanCompaction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], CompactionPlan]
 # domain.verify.verify_tree_greedy's signature
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
@@ -33,13 +36,14 @@ GreedyVerify = Callable[
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins, the draft's top-k, the beam step, the verify tree and greedy tree
-    verification (defaults: the torch references)."""
+    """Sampling coins, the draft's top-k, the beam step, the verify tree, greedy tree
+    verification and the compaction plan (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     top_k: TopK = top_k_probs
     build_tree: TreeBuild = build_tree
     beam_step: BeamStepFn = beam_step
+    compaction_plan: PlanCompaction = compaction_plan
     verify_greedy: GreedyVerify = verify_tree_greedy
 
 
