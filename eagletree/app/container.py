@@ -131,7 +131,11 @@ def build_draft_runners(
                 qk_rope_head_dim=layout.qk_rope_head_dim,
             )
         backend = attention_backend_over(kv_pool=pool)
-        runners.append(DraftModelRunner(head, pool, req_to_token_pool, backend))
+        runners.append(
+            DraftModelRunner(
+                head, kv_pool=pool, req_to_token_pool=req_to_token_pool, attention_backend=backend
+            )
+        )
     return runners
 
 
