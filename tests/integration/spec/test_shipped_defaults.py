@@ -33,7 +33,6 @@ from tests.integration.spec.oracle_head import install_oracle_heads
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
-from eagletree.app.platform import resolve_platform
 from eagletree.config.settings import EngineSettings
 
 SIZES = ModelSizes(
