@@ -125,7 +125,7 @@ def _target_of(
 
 def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -> None:
     from eagletree.adapters.models.config import ConfigReader
-    from eagletree.app.engine_factory import check_context_len, check_topk
+    from eagletree.app.startup import check_context_len, check_topk
 
     path = settings.model.target_path
     if path is None or not Path(path).is_dir():  # the embedded default, not written yet

@@ -197,10 +197,15 @@ class Engine:
         settings: EngineSettings, progress: Callable[[str], None] | None = None
     ) -> Engine:
         """Load the target checkpoint named by the settings and wire an engine around it
-        (``progress`` receives the lines of long start-up work, e.g. CUDA-graph capture)."""
-        from eagletree.app.engine_factory import engine_from_settings
+        (``progress`` receives the lines of long start-up work, e.g. CUDA-graph capture).
 
-        return engine_from_settings(settings, progress)
+        The composition root (``app/container.py``) builds engines and so imports this module;
+        this module imports it only here, when called, so that importing the engine loads no
+        adapter and no container.
+        """
+        from eagletree.app.container import build_engine_container
+
+        return build_engine_container(settings, progress).engine()
 
     @property
     def scheduler(self) -> Scheduler:

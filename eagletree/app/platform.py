@@ -35,7 +35,8 @@ class Platform:
 def resolve_platform(settings: EngineSettings, platform: Platform | None = None) -> EngineSettings:
     """``settings`` with model.device, model.dtype, backend.attention, backend.kv_move and
     backend.cuda_graph concrete: CUDA when visible, else the CPU; bfloat16 on CUDA, float32 on
-    the CPU; Triton on CUDA, torch on the CPU; CUDA graphs on for CUDA with Triton attention."""
+    the CPU; Triton on CUDA, torch on the CPU; CUDA graphs on for CUDA with Triton attention
+    (and no ``memory.debug_checks``, whose host reads a graph cannot replay)."""
     platform = Platform.detect() if platform is None else platform
     model, backend = settings.model, settings.backend
     device = _device(model.device, platform)
@@ -46,7 +47,8 @@ def resolve_platform(settings: EngineSettings, platform: Platform | None = None)
     # auto: on where a graph can be captured (the rest of the rules: config/cuda_graphs.py)
     cuda_graph = backend.cuda_graph
     if cuda_graph == "auto":
-        cuda_graph = "on" if on_cuda and attention == "triton" else "off"
+        capturable = on_cuda and attention == "triton" and not settings.memory.debug_checks
+        cuda_graph = "on" if capturable else "off"
     if not on_cuda:
         triton_hint = (
             "Triton runs on CUDA (on the CPU only under TRITON_INTERPRET=1, for tests): set {} = "

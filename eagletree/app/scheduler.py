@@ -227,19 +227,21 @@ class Scheduler:
         growing = [(r, target) for r, target in targets if target > r.allocated_len]
         if not growing:
             return
-        counts = torch.tensor([target - r.allocated_len for r, target in growing])
-        starts = torch.tensor([r.allocated_len for r, _ in growing])
-        row_ids = torch.tensor([r.row for r, _ in growing])
-        total = int(counts.sum())
+        # the req_to_token cell of each new slot, request by request, built in Python: a few
+        # hundred ints cost less host time than a chain of small torch calls
+        cells: list[int] = []
+        width = self._req_to_token_pool.req_to_token.shape[1]
+        for request, target in growing:
+            assert request.row is not None, request
+            base = request.row * width
+            cells.extend(range(base + request.allocated_len, base + target))
+        total = len(cells)
         slots = self._allocator.alloc(total)
         if slots is None:
             raise OutOfSlots(total, self._allocator.available_size())
-        # rows/cols: (total,) the req_to_token cell of each new slot, request by request
-        first_of_request = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        cols = torch.repeat_interleave(starts, counts) + torch.arange(total) - first_of_request
-        rows = torch.repeat_interleave(row_ids, counts)
         table = self._req_to_token_pool.req_to_token
-        table[to_device(rows, table.device), to_device(cols, table.device)] = slots.to(table.dtype)
+        flat_cells = to_device(torch.tensor(cells, dtype=torch.int64), table.device)
+        table.view(-1)[flat_cells] = slots.to(table.dtype)
         for request, target in growing:
             request.grow_window(target)
 

@@ -4,8 +4,9 @@
 is a promise the settings must keep, so a contradiction is an error naming the setting to
 change; ``"off"`` never captures. What a graph needs: a CUDA device, an attention backend whose
 launches do not depend on host copies of the lengths (Triton: the torch and flash backends size
-their work from ``seq_lens_cpu``), and a worker whose decode step is one device function (the
-plain, v2 and multi-layer MTP v2 workers; v1 keeps host books every step).
+their work from ``seq_lens_cpu``), no host checks inside a step (``memory.debug_checks`` off),
+and a worker whose decode step is one device function (the plain, v2 and multi-layer MTP v2
+workers; v1 keeps host books every step).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def resolve_cuda_graphs(
             f"backend.attention = {settings.backend.attention!r} sizes its launches from host "
             "lengths (use 'triton')"
         )
+    if settings.memory.debug_checks:
+        problems.append("memory.debug_checks reads device values on the host inside a step")
     if worker not in GRAPH_WORKERS:
         problems.append(f"the {worker} worker runs its decode steps eagerly")
     if not problems:

@@ -115,6 +115,10 @@ class MemorySettings(_Section):
     max_running_requests: int | None = Field(
         default=None, ge=1, description="Concurrent requests; unset: 48."
     )
+    debug_checks: bool = Field(
+        default=False,
+        description="Check slot ranges, frees and moves on accelerators too (synchronises).",
+    )
 
 
 class BackendSettings(_Section):

@@ -8,6 +8,8 @@ expects a chain, so the path is moved to rows / slots ``[0, accept_length]`` of 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
@@ -68,3 +70,41 @@ def bonus_tokens(
     """The target's token after each request's last accepted node → (bs,), predict's dtype."""
     last_node = torch.gather(accept_index.long(), 1, accept_length.long().unsqueeze(1))
     return predict[last_node.squeeze(1)]
+
+
+class CompactionPlan(NamedTuple):
+    """Everything compaction needs, computed once per step from the verify result.
+
+    ``tgt``, ``src`` (bs·(S+1),) int64: ``accepted_move_plan``'s KV slot pairs. ``path_rows``,
+    ``front_rows`` (bs·R,) int64 with R = min(S+1, N): node row ``path_rows[i]`` goes to row
+    ``front_rows[i]`` (``compact_to_front``'s gather and scatter indices; past a path a row maps
+    to itself).
+    """
+
+    tgt: torch.Tensor
+    src: torch.Tensor
+    path_rows: torch.Tensor
+    front_rows: torch.Tensor
+
+
+def compaction_plan(
+    accept_index: torch.Tensor,
+    accept_length: torch.Tensor,
+    verify_slots: torch.Tensor,
+    num_draft_tokens: int,
+) -> CompactionPlan:
+    """The KV move plan and the row compaction indices of a verify result (see above)."""
+    tgt, src = accepted_move_plan(accept_index, accept_length, verify_slots, num_draft_tokens)
+    bs, width = accept_index.shape
+    n = num_draft_tokens
+    rows = min(width, n)
+    step = torch.arange(rows, device=accept_index.device)
+    front = torch.arange(bs, device=accept_index.device).unsqueeze(1) * n + step  # (bs, rows)
+    path = accept_index[:, :rows].long()
+    return CompactionPlan(tgt, src, torch.where(path >= 0, path, front).flatten(), front.flatten())
+
+
+def compact_rows(x: torch.Tensor, plan: CompactionPlan) -> torch.Tensor:
+    """``compact_to_front(x, …, inplace=True)`` with the plan's indices: two kernels."""
+    path_rows = x.index_select(0, plan.path_rows)  # gathered before any write
+    return x.index_copy_(0, plan.front_rows, path_rows)

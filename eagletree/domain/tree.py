@@ -250,3 +250,44 @@ def build_tree(
         parents=parents,
         mask_mode=mask_mode,
     )
+
+
+def beam_step(
+    step: int,
+    topk_p: torch.Tensor,
+    topk_index: torch.Tensor,
+    hidden_states: torch.Tensor,
+    scores: torch.Tensor,
+    ancestors: torch.Tensor,
+    own_slots: torch.Tensor,
+    topk: int,
+) -> tuple[BeamStep, torch.Tensor]:
+    """Beam step ``step >= 1`` and every survivor's ancestor slots → (beam, (bs·k, step)).
+
+    ``select_top_k_tokens``, then each survivor's parent branch's ancestor slots followed by
+    that parent's slot ``own_slots`` (the draft KV slot it wrote in the forward just run).
+    """
+    # topk_p, topk_index: (bs·k, k); scores: (bs, k); ancestors: (bs·k, step − 1)
+    beam = select_top_k_tokens(step, topk_p, topk_index, hidden_states, scores, topk)
+    bs = scores.shape[0]
+    return beam, survivor_ancestors(beam, ancestors, own_slots, bs, topk, step)
+
+
+def survivor_ancestors(
+    beam: BeamStep,
+    ancestors: torch.Tensor,
+    own_slots: torch.Tensor,
+    bs: int,
+    k: int,
+    step: int,
+) -> torch.Tensor:
+    """Ancestor slots of each new survivor: its parent branch's ancestors, then the parent's
+    own slot of the forward just run → (bs·k, step) int64."""
+    # tree_info[2] holds the survivors' flat candidate ids k + k²(step − 1) + parent·k + child
+    survivor = beam.tree_info[2] - (k * k * (step - 1) + k)  # (bs, k) in [0, k²)
+    parent_branch = survivor // k
+    paths = torch.cat(
+        [ancestors.view(bs, k, step - 1), own_slots.view(bs, k, 1)], dim=2
+    )  # (bs, k, step): every branch's path slots before re-ranking
+    index = parent_branch.unsqueeze(2).expand(bs, k, step)
+    return torch.gather(paths, 1, index).reshape(bs * k, step)

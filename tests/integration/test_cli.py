@@ -45,6 +45,7 @@ def test_show_prints_what_generate_runs_without_a_file_as_parseable_toml(
     assert shown["backend"]["attention"] == ("triton" if on_cuda else "torch")
     assert shown["backend"]["cuda_graph"] == ("on" if on_cuda else "off")
     assert shown["memory"]["page_size"] == 1
+    assert shown["memory"]["debug_checks"] is False
     assert shown["scheduler"]["overlap"] == "auto"
     assert shown["target"]["architecture"] == "LlamaForCausalLM"
 

@@ -1,8 +1,10 @@
-"""Tests of the composition root: each setting selects its adapter, sizes reach the pools."""
+"""Tests of the composition root: each setting selects its adapter, sizes reach the pools, an
+overridden provider is what the engine runs end to end."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -19,19 +21,17 @@ from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app import container as container_module
 from eagletree.app import factories
-from eagletree.app.container import (
-    ROW_HEADROOM,
-    Container,
-    build_container,
-    req_to_token_row_width,
-    tokens_allocated_per_step,
-)
+from eagletree.app.container import Container, build_container, build_engine_container
+from eagletree.app.sizing import ROW_HEADROOM, req_to_token_row_width, tokens_allocated_per_step
+from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
+from tests.integration.spec.harness import SIZES, WEIGHT_STD
 
 SMALL_MEMORY = {"max_total_tokens": 64, "max_running_requests": 4}
 TREE = {"algorithm": "eagle", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8}
@@ -283,3 +283,109 @@ def test_an_unselected_backend_is_never_built(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "eagletree.adapters.attention.flash_backend", None)
     container = build_container(settings(backend={"attention": "torch"}))
     assert type(container.attention_backend()) is TorchAttentionBackend
+
+
+# -- the engine, end to end through the container --------------------------------------------
+
+PROMPTS = [[1, 2, 3, 4, 5], [6, 7], [8, 9, 10, 11]]
+
+
+class RecordingRowMover:
+    """A RowMover that records each call's buffer and move counts and delegates the move."""
+
+    def __init__(self, inner: TorchRowMover) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, int]] = []
+
+    def move(
+        self,
+        buffers: Sequence[torch.Tensor],
+        tgt: torch.Tensor,
+        src: torch.Tensor,
+        *,
+        independent_groups: int | None = None,
+    ) -> None:
+        self.calls.append((len(buffers), tgt.numel()))
+        self.inner.move(buffers, tgt, src, independent_groups=independent_groups)
+
+
+@pytest.fixture(scope="module")
+def tree_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    target, draft = write_random_checkpoint(
+        tmp_path_factory.mktemp("checkpoint"),
+        "llama",
+        "eagle",
+        sizes=SIZES,
+        dtype=torch.float32,
+        std=WEIGHT_STD,
+    )
+    assert draft is not None
+    return str(target), str(draft)
+
+
+def checkpoint_settings(paths: tuple[str, str], *, speculative: bool) -> EngineSettings:
+    target, draft = paths
+    model = {"target_path": target, "device": "cpu", "dtype": "float32"}
+    return EngineSettings(
+        model={**model, "draft_path": draft} if speculative else model,
+        speculative=TREE if speculative else {},
+        memory={"max_total_tokens": 512, "max_running_requests": 4},
+        backend={"attention": "torch", "kv_move": "torch"},
+    )
+
+
+def test_an_overridden_mover_moves_the_kv_rows_of_every_speculative_step(
+    tree_checkpoint: tuple[str, str],
+) -> None:
+    plain = build_engine_container(checkpoint_settings(tree_checkpoint, speculative=False))
+    expected = [r.output_ids for r in plain.engine().generate(PROMPTS, max_new_tokens=6)]
+    container = build_engine_container(checkpoint_settings(tree_checkpoint, speculative=True))
+    mover = RecordingRowMover(TorchRowMover())
+    container.kv_mover.override(providers.Object(mover))
+    engine = container.engine()
+    results = engine.generate(PROMPTS, max_new_tokens=6)
+    assert [r.output_ids for r in results] == expected  # the delegated moves kept it lossless
+    assert type(container.worker()) is EagleWorkerV2
+    assert engine.scheduler is container.scheduler()
+    # one compaction per decode step, over the target pool's K and V buffers of every layer
+    assert len(mover.calls) >= 6 - 1
+    assert {buffers for buffers, _ in mover.calls} == {2 * SIZES.num_layers}
+    [draft] = container.draft_runners()
+    assert draft.kv_pool is not container.kv_pool()
+    assert draft.req_to_token_pool is container.req_to_token_pool()
+
+
+def test_debug_checks_reach_the_allocator_the_pools_and_the_mover() -> None:
+    for debug in (False, True):
+        container = build_container(settings(memory={"debug_checks": debug}))
+        for provider in (
+            container.slot_allocator,
+            container.mha_kv_pool,
+            container.mla_kv_pool,
+            container.dsa_kv_pool,
+            *container.kv_mover.providers.values(),
+        ):
+            assert isinstance(provider, providers.Singleton | providers.Factory)
+            assert provider.kwargs["debug_checks"]() is debug
+
+
+@pytest.mark.gpu
+def test_debug_checks_turn_the_range_checks_on_on_cuda() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for debug in (False, True):
+        container = build_container(settings("cuda", memory={"debug_checks": debug}))
+        assert container.kv_pool().checks_enabled is debug
+
+
+def test_importing_the_engine_loads_no_container_and_no_adapter() -> None:
+    code = (
+        "import sys, eagletree.app.engine\n"
+        "names = ('eagletree.adapters', 'eagletree.app.container', 'eagletree.app.startup',"
+        " 'dependency_injector')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(names)))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert loaded.strip() == "[]"

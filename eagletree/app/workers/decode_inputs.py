@@ -18,6 +18,7 @@ lengths carries no ``seq_lens_cpu``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,10 +50,11 @@ class DecodeInputs:
     # (padded,) int64 host copy of seq_lens for eager steps; None in a captured graph, whose
     # launches must not depend on the values of one step, and when the host does not know them
     seq_lens_cpu: torch.Tensor | None = None
+    seq_lens_sum_value: int | None = None  # Σ seq_lens_cpu, known with it
 
     @property
     def seq_lens_sum(self) -> int | None:
-        return None if self.seq_lens_cpu is None else int(self.seq_lens_cpu.sum())
+        return self.seq_lens_sum_value
 
     @property
     def padded_size(self) -> int:
@@ -96,6 +98,7 @@ class DecodeInputBuffers:
             for _ in range(2)
         ]
         self._turn = 0
+        self._views: dict[tuple[int, bool], DecodeInputs] = {}  # the views never move
         # (capacity,) int64 committed length of every req_to_token row (device_lengths only)
         self.committed: torch.Tensor | None = (
             torch.zeros(capacity, dtype=torch.int64, device=device) if device_lengths else None
@@ -156,20 +159,27 @@ class DecodeInputBuffers:
             raise ValueError(f"{bs} requests padded to {padded_size} > capacity {self.capacity}")
         ints, floats = self._staging[self._turn]
         self._turn ^= 1
-        ints[:, :padded_size].zero_()
-        floats[:, :padded_size].zero_()
-        ints[0, :padded_size] = self.padding_row
-        floats[1, :padded_size] = 1.0  # top_p of padding rows: keep all
-        if bs:
-            sampling_ints, sampling_floats = sampling_rows(requests, num_coins)
-            host_ints = [r.row for r in requests]
-            host_ints += [r.committed_len for r in requests]
-            host_ints += [r.last_token for r in requests]
-            ints[:6, :bs] = torch.tensor(host_ints + sampling_ints).view(6, bs)
-            floats[:, :bs] = torch.tensor(sampling_floats).view(2, bs)
-            if self.num_extra:
-                assert extra is not None and len(extra) == bs, "one extra row per request"
-                ints[6:, :bs] = torch.tensor(extra, dtype=torch.int64).view(bs, -1).t()
+        # one host tensor per block, built from Python lists: a handful of torch calls per step
+        # whatever the batch (each call costs microseconds of host time on the hot path)
+        pad = padded_size - bs
+        zeros = [0] * pad
+        sampling_ints, sampling_floats = sampling_rows(requests, num_coins)
+        lens = [r.committed_len for r in requests] + zeros
+        int_rows = [
+            [r.row for r in requests] + [self.padding_row] * pad,
+            lens,
+            [r.last_token for r in requests] + zeros,
+            *(sampling_ints[i * bs : (i + 1) * bs] + zeros for i in range(3)),
+        ]
+        if self.num_extra:
+            assert extra is not None and len(extra) == bs, "one extra row per request"
+            int_rows += [[row[j] for row in extra] + zeros for j in range(self.num_extra)]
+        float_rows = [
+            sampling_floats[:bs] + [0.0] * pad,  # temperature: padding rows are greedy
+            sampling_floats[bs:] + [1.0] * pad,  # top_p: padding rows keep all
+        ]
+        ints[:, :padded_size].copy_(torch.tensor(int_rows, dtype=torch.int64))
+        floats[:, :padded_size].copy_(torch.tensor(float_rows, dtype=torch.float32))
         # whole blocks (a few KiB): contiguous copies, so they stay asynchronous from pinned memory
         non_blocking = self._device.type == "cuda"
         self._ints.copy_(ints, non_blocking=non_blocking)
@@ -177,8 +187,11 @@ class DecodeInputBuffers:
         if self.committed is not None and bs:
             self._ints[1, :bs] = self.committed[self._ints[0, :bs]]  # padding rows keep 0
         greedy = all(r.params.greedy for r in requests)
-        host_lens = ints[1, :padded_size] if exact_lengths else None
-        return self.views(padded_size, bs, all_greedy=greedy, seq_lens_cpu=host_lens)
+        views = self.views(padded_size, bs, all_greedy=greedy)
+        if not exact_lengths:
+            return views
+        seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+        return dataclasses.replace(views, seq_lens_cpu=seq_lens_cpu, seq_lens_sum_value=sum(lens))
 
     def views(
         self,
@@ -189,6 +202,16 @@ class DecodeInputBuffers:
         seq_lens_cpu: torch.Tensor | None = None,
     ) -> DecodeInputs:
         """The device views of the first ``padded_size`` rows (what ``fill`` last wrote)."""
+        key = (padded_size, all_greedy)
+        cached = self._views.get(key)
+        if cached is None:
+            cached = self._make_views(padded_size, all_greedy)
+            self._views[key] = cached
+        if seq_lens_cpu is None and cached.batch_size == batch_size:
+            return cached
+        return dataclasses.replace(cached, batch_size=batch_size, seq_lens_cpu=seq_lens_cpu)
+
+    def _make_views(self, padded_size: int, all_greedy: bool) -> DecodeInputs:
         ints, floats = self._ints[:, :padded_size], self._floats[:, :padded_size]
         return DecodeInputs(
             rows=ints[0],
@@ -203,6 +226,5 @@ class DecodeInputBuffers:
                 all_greedy=all_greedy,
             ),
             extra=ints[6:].t(),
-            batch_size=batch_size,
-            seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu.clone(),
+            batch_size=padded_size,
         )

@@ -33,7 +33,7 @@ from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
-from eagletree.domain.compaction import accepted_move_plan, compact_to_front
+from eagletree.domain.compaction import compact_rows
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
@@ -170,14 +170,14 @@ class EagleWorkerV2:
             verification.hidden_states, verification.aux_hidden_states
         )
         if self.topk > 1:  # a chain's accepted path is already at the front of its block
-            tgt, src = accepted_move_plan(
+            plan = parts.kernels.compaction_plan(
                 result.accept_index, result.accept_length, verification.verify_slots, n
             )
             # pairs overlap only within a request's S+1 pairs: each group moves independently
             groups = result.accept_index.shape[1]
-            self._target.kv_pool.move_kv_cache(tgt, src, independent_groups=groups)
-            predict = compact_to_front(predict, result.accept_index, n, inplace=True)
-            features = compact_to_front(features, result.accept_index, n, inplace=True)
+            self._target.kv_pool.move_kv_cache(plan.tgt, plan.src, independent_groups=groups)
+            predict = compact_rows(predict, plan)
+            features = compact_rows(features, plan)
         next_state = parts.extender.extend_block(
             window, predict, features, result.accept_length, verification.verify_slots, n
         )

@@ -42,7 +42,7 @@ from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.verifier import TreeVerifier, Verification
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
-from eagletree.domain.tree import DraftTree, TreeMaskMode, build_tree
+from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
@@ -306,7 +306,7 @@ class MultiLayerEagleWorkerV2:
         bs, num_steps = window.batch_size, self.num_steps
         device = window.seq_lens.device
         chain = torch.arange(num_steps, dtype=torch.int64, device=device).expand(bs, num_steps)
-        return build_tree(
+        return self._kernels.build_tree(
             state.bonus_tokens,
             torch.zeros((bs, 0), dtype=torch.int64, device=device),  # unused for a chain
             chain,

@@ -66,28 +66,33 @@ class NonSpeculativeWorker:
         return self._steps.capture(progress)
 
     def step(self, plan: SchedulePlan) -> StepOutput:
-        tokens: list[torch.Tensor] = []  # each (rows,) int64
-        if plan.prefill:
-            batch, last_rows = self._batches.extend(plan.prefill)
-            logits = self._runner.forward(batch, last_rows).logits
-            tokens.append(sample_next_tokens(logits, plan.prefill, self._kernels.coins))
+        if not plan.prefill:  # the common step: everything from the decode function (or graph)
+            tokens, ones = self._steps.run(plan.decode)
+            return StepOutput(plan.decode, tokens, ones, ones, num_forwards=1, num_prefill=0)
+        batch, last_rows = self._batches.extend(plan.prefill)
+        logits = self._runner.forward(batch, last_rows).logits
+        first = sample_next_tokens(logits, plan.prefill, self._kernels.coins)  # (bs,)
+        committed = [r.num_tokens - r.committed_len for r in plan.prefill]
+        tokens, emitted = first.unsqueeze(1), torch.ones_like(first)
+        num_committed = to_device(torch.tensor(committed), first.device)
         if plan.decode:
-            tokens.append(self._steps.run(plan.decode)[0])
-        requests = plan.prefill + plan.decode
-        next_tokens = torch.cat(tokens)  # (bs,)
-        committed = [r.num_tokens - r.committed_len for r in plan.prefill] + [1] * len(plan.decode)
+            decode_tokens, ones = self._steps.run(plan.decode)
+            tokens = torch.cat([tokens, decode_tokens])
+            emitted = torch.cat([emitted, ones])
+            num_committed = torch.cat([num_committed, ones])
         return StepOutput(
-            requests=requests,
-            tokens=next_tokens.unsqueeze(1),
-            num_emitted=torch.ones_like(next_tokens),
-            num_committed=to_device(torch.tensor(committed), next_tokens.device),
-            num_forwards=len(tokens),
+            requests=plan.prefill + plan.decode,
+            tokens=tokens,
+            num_emitted=emitted,
+            num_committed=num_committed,
+            num_forwards=1 + bool(plan.decode),
             num_prefill=len(plan.prefill),
         )
 
-    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor]:
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One DECODE forward of every row's pending token at its committed length, sampled →
-        ((bs,) int64 next tokens,). Device work only."""
+        (next tokens (bs, 1) int64, ones (bs,) int64: emitted and committed). Device work
+        only."""
         table = self._runner.req_to_token_pool.req_to_token
         batch = ForwardBatch(
             mode=ForwardMode.DECODE,
@@ -100,4 +105,5 @@ class NonSpeculativeWorker:
             seq_lens_sum=inputs.seq_lens_sum,
         )
         logits = self._runner.forward(batch).logits  # (bs, V)
-        return (sample_tokens(logits, inputs.sampling, self._kernels.coins).to(torch.int64),)
+        tokens = sample_tokens(logits, inputs.sampling, self._kernels.coins).to(torch.int64)
+        return tokens.unsqueeze(1), torch.ones_like(tokens)

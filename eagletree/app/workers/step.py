@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -67,6 +68,8 @@ def speculative_step(
         parts.append(prefill(plan.prefill))
     if plan.decode or not plan.prefill:
         parts.append(decode(plan.decode))
+    if len(parts) == 1:  # one phase: its tensors as they are (no joining kernels)
+        return dataclasses.replace(parts[0], num_prefill=len(plan.prefill), speculative=True)
     return StepOutput(
         requests=[r for part in parts for r in part.requests],
         tokens=torch.cat([part.tokens for part in parts]),

@@ -138,7 +138,7 @@ class DecodeStepRunner:
         if not greedy:
             _log.info("capturing the sampling CUDA graph of batch size %d", bucket)
         # every row is padding: the warm-up runs touch only the padding row and slot 0
-        inputs = self._buffers.fill([], bucket, self._num_coins)
+        self._buffers.fill([], bucket, self._num_coins)
         inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

@@ -13,13 +13,22 @@ from typing import NamedTuple
 import torch
 
 from eagletree.domain.coins import uniform_coins
+from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.sampling import top_k_probs
+from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 
 # (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # (logits (rows, V), k) -> (probabilities (rows, k) float32, tokens (rows, k) int64)
 TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+# domain.tree.build_tree's signature (keyword seq_lens_sum included)
+TreeBuild = Callable[..., DraftTree]
+# domain.tree.beam_step's signature: (step, topk_p, topk_index, hidden, scores, ancestors,
+# own_slots, k) -> (BeamStep, ancestors)
+BeamStepFn = Callable[..., tuple[BeamStep, torch.Tensor]]
+# domain.compaction.compaction_plan's signature
+PlanCompaction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], CompactionPlan]
 # domain.verify.verify_tree_greedy's signature
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
@@ -27,11 +36,14 @@ GreedyVerify = Callable[
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins, the draft's top-k and greedy tree verification (defaults: the torch
-    references)."""
+    """Sampling coins, the draft's top-k, the beam step, the verify tree, greedy tree
+    verification and the compaction plan (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     top_k: TopK = top_k_probs
+    build_tree: TreeBuild = build_tree
+    beam_step: BeamStepFn = beam_step
+    compaction_plan: PlanCompaction = compaction_plan
     verify_greedy: GreedyVerify = verify_tree_greedy
 
 

@@ -26,6 +26,7 @@ from eagletree.domain.tree import (
     BeamStep,
     DraftTree,
     TreeMaskMode,
+    beam_step,
     build_tree,
     organize_draft_results,
     select_top_k_tokens,
@@ -33,7 +34,7 @@ from eagletree.domain.tree import (
 
 if TYPE_CHECKING:
     from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
-    from eagletree.app.workers.step_kernels import TopK
+    from eagletree.app.workers.step_kernels import BeamStepFn, TopK, TreeBuild
     from eagletree.ports.model import DraftRunner
 
 
@@ -54,6 +55,8 @@ class TreeDrafter:
         num_draft_tokens: int,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         top_k: TopK = top_k_probs,
+        build: TreeBuild = build_tree,
+        step: BeamStepFn = beam_step,
     ) -> None:
         if num_steps < 1 or topk < 1 or num_draft_tokens < 2:
             raise ValueError(
@@ -67,6 +70,8 @@ class TreeDrafter:
             )
         self._draft = draft
         self._top_k = top_k
+        self._build_tree = build
+        self._beam_step = step
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
@@ -90,16 +95,17 @@ class TreeDrafter:
                 beam.hidden_states,
             )
             topk_p, topk_index = self._top_k(out.logits, k)  # (bs·k, k) each
-            beam = select_top_k_tokens(step, topk_p, topk_index, out.hidden_states, beam.scores, k)
+            beam, ancestors = self._beam_step(
+                step, topk_p, topk_index, out.hidden_states, beam.scores, ancestors, own_slots, k
+            )
             steps.append(beam)
-            ancestors = _survivor_ancestors(beam, ancestors, own_slots, bs, k, step)
         score_list = [s.tree_info[0] for s in steps]
         token_list = [s.tree_info[1] for s in steps]
         parents_list = [s.tree_info[2] for s in steps]
         parent_list, top_scores_index, draft_tokens = organize_draft_results(
             score_list, token_list, parents_list, self.num_draft_tokens
         )
-        return build_tree(
+        return self._build_tree(
             state.bonus_tokens,
             parent_list,
             top_scores_index,
@@ -133,23 +139,3 @@ class TreeDrafter:
             seq_lens_sum=window.seq_lens_sum,
             spec=DraftDecodeSpec(topk=k, ancestor_slots=ancestors),
         )
-
-
-def _survivor_ancestors(
-    beam: BeamStep,
-    ancestors: torch.Tensor,
-    own_slots: torch.Tensor,
-    bs: int,
-    k: int,
-    step: int,
-) -> torch.Tensor:
-    """Ancestor slots of each new survivor: its parent branch's ancestors, then the parent's
-    own slot of the forward just run → (bs·k, step) int64."""
-    # tree_info[2] holds the survivors' flat candidate ids k + k²(step − 1) + parent·k + child
-    survivor = beam.tree_info[2] - (k * k * (step - 1) + k)  # (bs, k) in [0, k²)
-    parent_branch = survivor // k
-    paths = torch.cat(
-        [ancestors.view(bs, k, step - 1), own_slots.view(bs, k, 1)], dim=2
-    )  # (bs, k, step): every branch's path slots before re-ranking
-    index = parent_branch.unsqueeze(2).expand(bs, k, step)
-    return torch.gather(paths, 1, index).reshape(bs * k, step)

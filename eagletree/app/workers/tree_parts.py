@@ -56,6 +56,8 @@ def build_tree_parts(
             num_draft_tokens=num_draft_tokens,
             mask_mode=mask_mode,
             top_k=kernels.top_k,
+            build=kernels.build_tree,
+            step=kernels.beam_step,
         ),
         verifier=TreeVerifier(
             target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, kernels=kernels

@@ -1,7 +1,7 @@
 """A draft *network* test double that knows the target's greedy continuation of every request.
 
-``OracleHead`` wraps a loaded draft head (EAGLE, or MTP layer ``layer``) and is installed where
-``Engine.from_settings`` loads the heads (``install_oracle_heads``), so the engine, its workers,
+``OracleHead`` wraps a loaded draft head (EAGLE, or MTP layer ``layer``) and is installed in
+place of the container's draft models (``install_oracle_heads``), so the engine, its workers,
 runners, pools, attention backends and KV mover are exactly the ones the settings build. The
 real head runs on every forward (its KV goes to the draft pool); then its output is replaced:
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-import pytest
 import torch
+from dependency_injector import providers
 
 from eagletree.adapters.models import loading
 from eagletree.domain.batch import ForwardBatch, ForwardMode
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from eagletree.adapters.models.layers import AttentionContext
     from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
     from eagletree.adapters.models.stack import KVLayout
+    from eagletree.app.container import Container
 
 ON_PATH_LOGIT = 20.0  # the topk proposals of an on-path row share almost all probability
 RANK_STEP = 0.01  # keeps the proposals' probabilities distinct (no exact ties)
@@ -44,6 +45,8 @@ SequenceOfRow = Callable[[int], Sequence[int]]
 class OracleHead:
     """``sequence_of_row(row)``: prompt + greedy continuation of the request in req_to_token row
     ``row``; MTP layer ``layer`` at position p reads token p + layer + 1 and proposes the next."""
+
+    HOST_STAND_IN = True  # it reads the batch on the host: exempt from the sync tripwire
 
     def __init__(
         self, inner: DraftModel, sequence_of_row: SequenceOfRow, topk: int, layer: int = 0
@@ -135,10 +138,10 @@ class OracleHead:
 
 
 def install_oracle_heads(
-    monkeypatch: pytest.MonkeyPatch, sequence_of_row: SequenceOfRow, topk: int
+    container: Container, sequence_of_row: SequenceOfRow, topk: int
 ) -> list[OracleHead]:
-    """Make ``Engine.from_settings`` wrap every draft head it loads in an ``OracleHead`` (MTP
-    layer i as layer i); returns the list the heads are appended to as they are loaded."""
+    """Make ``container`` wrap every draft head it loads in an ``OracleHead`` (MTP layer i as
+    layer i); returns the list the heads are appended to as they are loaded."""
     heads: list[OracleHead] = []
 
     def load_oracle_draft(
@@ -149,6 +152,14 @@ def install_oracle_heads(
         heads.extend(oracles)
         return oracles
 
-    # the factory's own name for the loader, so nothing else sees the oracle
-    monkeypatch.setattr("eagletree.app.engine_factory.load_draft", load_oracle_draft)
+    resolved = container.speculative.provided
+    container.draft_models.override(
+        providers.Singleton(
+            load_oracle_draft,
+            resolved.draft_path,
+            resolved.algorithm,
+            container.target_model,
+            container.dtype,
+        )
+    )
     return heads

@@ -1,7 +1,8 @@
 """End to end through ``Engine.from_settings`` with the shipped backend defaults.
 
-The settings leave ``backend`` unset, so the container builds what users get: Triton attention
-and the Triton KV mover (under ``TRITON_INTERPRET=1`` on CPU; tiny shapes keep it fast). For the
+The settings leave ``backend`` unset on CUDA, so the container builds what users get: Triton
+attention and the Triton KV mover (named explicitly on the CPU, whose default is torch, and
+run under ``TRITON_INTERPRET=1``; tiny shapes keep it fast). For the
 v2 worker, the v1 worker (page_size 4 with a tree, the paged fallback) and the multi-layer MTP
 worker: greedy speculation emits the plain greedy tokens with the random draft heads, and with
 oracle heads (``oracle_head.py``) that put every true token on a side branch of the tree, so
@@ -21,7 +22,9 @@ import torch
 
 from eagletree.adapters.models.loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
+from eagletree.app.container import build_engine_container
 from eagletree.app.engine import Engine
+from eagletree.app.platform import resolve_platform
 from eagletree.domain.request import SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import WEIGHT_STD, greedy_outputs, ragged_prompts
@@ -118,20 +121,27 @@ def engine_settings(
     speculative: bool,
     cuda_graph: str | None = None,
 ) -> EngineSettings:
-    """``case``'s settings with every backend left at its default (``cuda_graph`` aside)."""
+    """``case``'s settings with every backend left at its CUDA default (``cuda_graph`` aside):
+    on the CPU, whose default is torch, the Triton backends are named (the interpreter runs
+    them)."""
     target_path, draft_path = dirs
     model = {"target_path": target_path, "dtype": "float32", "device": str(device)}
+    backend: dict[str, str] = {}
+    if device.type == "cpu":
+        backend = {"attention": "triton", "kv_move": "triton"}
+    if cuda_graph is not None:
+        backend["cuda_graph"] = cuda_graph
     options: dict[str, Any] = {
         "model": {**model, "max_context_len": 64},
         "memory": {**MEMORY, "page_size": case.page_size},
+        "backend": backend,
     }
-    if cuda_graph is not None:
-        options["backend"] = {"cuda_graph": cuda_graph}
     if speculative:
         options["model"]["draft_path"] = draft_path
         options["speculative"] = {"algorithm": case.kind, **case.speculative}
     settings = EngineSettings(**options)
-    assert (settings.backend.attention, settings.backend.kv_move) == ("triton", "triton")
+    backends = resolve_platform(settings).backend
+    assert (backends.attention, backends.kv_move) == ("triton", "triton")
     return settings
 
 
@@ -160,7 +170,6 @@ def test_an_oracle_draft_behind_the_default_backends_is_accepted_deeply_and_stay
     name: str,
     checkpoints: Checkpoints,
     device: torch.device,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     requires_triton(device)
     case = CASES[name]
@@ -176,10 +185,11 @@ def test_an_oracle_draft_behind_the_default_backends_is_accepted_deeply_and_stay
         [owner] = [r for r in engines[0].scheduler.running if r.row == row]
         return sequences[owner.prompt_ids]
 
-    heads = install_oracle_heads(monkeypatch, sequence_of_row, case.topk)
     # the oracle reads tensors on the host, which a captured CUDA graph cannot replay
     settings = engine_settings(case, device, dirs, speculative=True, cuda_graph="off")
-    engines.append(Engine.from_settings(settings))
+    container = build_engine_container(settings)
+    heads = install_oracle_heads(container, sequence_of_row, case.topk)
+    engines.append(container.engine())
     assert len(heads) == (case.num_mtp_layers if case.kind == "mtp" else 1)
     requests = [engines[0].submit(p, SamplingParams(max_new_tokens=MAX_NEW)) for p in prompts]
     while engines[0].has_work():

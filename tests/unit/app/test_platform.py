@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from eagletree.app.platform import Platform, cpu_threads, resolve_platform
+from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
@@ -31,6 +32,16 @@ def resolved(platform: Platform, **sections: Any) -> tuple[str, str, str, str, s
 
 def test_auto_is_cuda_bf16_triton_and_graphs_with_a_gpu() -> None:
     assert resolved(ONE_GPU) == ("cuda", "bfloat16", "triton", "triton", "on")
+
+
+def test_debug_checks_keep_auto_graphs_off_and_contradict_graphs_on() -> None:
+    checked = {"memory": {"debug_checks": True}}
+    assert resolved(ONE_GPU, **checked)[4] == "off"
+    on = resolve_platform(EngineSettings(**checked, backend={"cuda_graph": "on"}), ONE_GPU)
+    with pytest.raises(ConfigurationError, match=r"memory\.debug_checks reads device values"):
+        resolve_cuda_graphs(on, "cuda", "eagle_v2")
+    decided = resolve_cuda_graphs(resolve_platform(EngineSettings(), ONE_GPU), "cuda", "eagle_v2")
+    assert decided == ResolvedCudaGraphs(True, None)
 
 
 def test_auto_is_cpu_fp32_torch_without_graphs_without_one() -> None:

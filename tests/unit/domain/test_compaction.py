@@ -9,8 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagletree.domain.compaction import accepted_move_plan, bonus_tokens, compact_to_front
+from eagletree.domain.compaction import (
+    accepted_move_plan,
+    bonus_tokens,
+    compact_rows,
+    compact_to_front,
+    compaction_plan,
+)
 from eagletree.domain.kv_move import move_rows_reference
+from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
 from .brute_force import FakeKVPool, move_pairs_reference
@@ -210,3 +217,29 @@ def test_inplace_compaction_writes_the_same_path_rows_into_its_input(
     for b, path in enumerate(trees.paths):
         rows = slice(b * n, b * n + len(path))
         assert torch.equal(out[rows], expected[rows])
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=examples(100), deadline=None)
+@given(trees=tree_batches(), seed=st.integers(0, 2**31 - 1))
+def test_the_compaction_plan_equals_the_move_plan_and_the_row_compaction(
+    impl: str, device: str, trees: TreeBatch, seed: int
+) -> None:
+    plan_fn = compaction_plan
+    if impl == "triton":
+        requires_triton(device)
+        from eagletree.adapters.kernels.triton.compaction import compaction_plan as plan_fn
+    bs, n, steps = len(trees.parents), trees.num_draft_tokens, trees.num_steps
+    gen = torch.Generator().manual_seed(seed)
+    accept_index, accept_length = accept_tensors(trees.paths, n, steps, device)
+    verify_slots = (torch.randperm(4 * bs * n + 8, generator=gen)[: bs * n] + 1).to(device)
+    plan = plan_fn(accept_index, accept_length, verify_slots, n)
+    tgt, src = accepted_move_plan(accept_index, accept_length, verify_slots, n)
+    assert torch.equal(plan.tgt, tgt) and torch.equal(plan.src, src)
+    hidden = torch.randn((bs * n, 3), generator=gen).to(device)
+    expected = compact_to_front(hidden, accept_index, n)
+    compacted = compact_rows(hidden.clone(), plan)
+    for b, path in enumerate(trees.paths):  # the path rows; the rest is never read
+        front = slice(b * n, b * n + len(path))
+        assert torch.equal(compacted[front], expected[front])
