@@ -4,7 +4,9 @@ Lengths (page_size 1), all host-side Python ints:
 
 * ``committed_len`` — tokens whose KV is valid in the pools (``L``); the last sampled token is
   pending (its KV is written by the next forward), so a running request has
-  ``committed_len <= num_tokens - 1`` once prefilled.
+  ``committed_len <= num_tokens - 1`` once prefilled. (A prefill commits its fill when it is
+  launched, so until its first token is read ``committed_len == num_tokens``; while a decode
+  step is in flight, ``committed_len`` lags the device's by that step.)
 * ``allocated_len`` — columns ``[0, allocated_len)`` of the request's req_to_token row hold KV
   slots owned by this request. ``[committed_len, allocated_len)`` is the window a step writes
   into (a decode token, or a draft tree and its verify nodes); a speculative worker keeps it
