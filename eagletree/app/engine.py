@@ -241,6 +241,8 @@ class Engine:
         if self._in_flight is not None and not self._can_run_ahead():
             finished += self._retire()
         plan = self._scheduler.schedule()
+        # a retraction frees a row the step in flight still reports on: decided after reading it
+        assert self._in_flight is None or not plan.retracted, "retracted with a step in flight"
         self.stats.num_prefill_tokens += sum(r.num_tokens for r in plan.prefill)
         launched = None
         if not plan.is_empty:
