@@ -97,6 +97,11 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--attention", choices=["torch", "triton", "flash"])
     engine.add_argument("--kv-move", choices=["torch", "triton"])
     engine.add_argument("--cuda-graph", choices=["auto", "on", "off"])
+    engine.add_argument(
+        "--overlap",
+        choices=["auto", "off"],
+        help="scheduler.overlap; auto: the v2 workers run one step ahead on CUDA",
+    )
     p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
     return p
 
@@ -269,6 +274,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
     title = (
         f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
         f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
+        f"overlap {base.scheduler.overlap}, "
         f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {

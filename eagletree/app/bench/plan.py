@@ -106,6 +106,9 @@ def plan_run(
             "model": base.model.model_copy(update=model_update),
             "memory": base.memory.model_copy(update=memory_update),
             "backend": backend.model_copy(update=backend_update),
+            "scheduler": base.scheduler.model_copy(
+                update={"overlap": args.overlap or base.scheduler.overlap}
+            ),
         }
     )
     return BenchPlan(settings, target, draft, draft_kind, cuda)

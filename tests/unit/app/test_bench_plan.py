@@ -72,3 +72,6 @@ def test_a_settings_file_gives_the_defaults_and_flags_override_it(
     args = parser().parse_args(["--settings", str(file), "--cuda-graph", "on", "--draft", "eagle"])
     p = plan_run(args, parse_configs(["plain"]), notify=print)
     assert p.base.backend.cuda_graph == "on" and p.draft_kind == "eagle"
+    assert p.base.scheduler.overlap == "auto"
+    args = parser().parse_args(["--settings", str(file), "--overlap", "off"])
+    assert plan_run(args, parse_configs(["plain"]), notify=print).base.scheduler.overlap == "off"
