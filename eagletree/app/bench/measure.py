@@ -98,7 +98,7 @@ def measure_decode(
         started = time.perf_counter()
         while generated() < new_tokens:
             request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
-            engine.step()  # reads the step's tokens back: each step ends synchronised
+            engine.step()  # reads a step's tokens back (with overlap: the previous one's)
             num_steps += 1
             on_tokens(generated())
             _check_running(engine, requests, retracted_before, "the timed decode steps")
