@@ -1,8 +1,8 @@
 """The engine's overlap mode (one step in flight) against the synchronous loop: identical tokens
 for every v2 worker and target kind, greedy and seeded sampling, stops at every position of an
 accepted path, and no slot or row left behind by 1,000 random requests with aborts and retracts.
-Every v2 / MTP-v2 step here runs under the sync tripwire (``conftest.py``), strictly so when it
-is launched ahead of the host."""
+Every v2 / MTP-v2 step here runs under the sync tripwire (``tests/integration/conftest.py``),
+strictly so when it is launched ahead of the host."""
 
 from __future__ import annotations
 
