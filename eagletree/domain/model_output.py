@@ -11,12 +11,13 @@ import torch
 class ModelOutput:
     """Logits of the requested rows and hidden states of every token of the forward.
 
-    ``logits``: (num_logit_rows, V) float32, one row per index of the forward's ``logits_rows``
-    (every token when it was None). ``hidden_states``: (num_tokens, H); for a target, the
-    final-normed last hidden state (the lm_head input) — what an EAGLE draft consumes, as in the
-    EAGLE reference and SGLang; for a draft model, its own output hidden state fed to the next
-    draft step. ``aux_hidden_states``: (num_tokens, n·H) the
-    concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
+    ``logits``: (num_logit_rows, V) in the model's dtype (no float32 copy of a 128k-wide row
+    is made unless a consumer needs one: an argmax or a top-k does not), one row per index of
+    the forward's ``logits_rows`` (every token when it was None). ``hidden_states``:
+    (num_tokens, H); for a target, the final-normed last hidden state (the lm_head input) —
+    what an EAGLE draft consumes, as in the EAGLE reference and SGLang; for a draft model, its
+    own output hidden state fed to the next draft step. ``aux_hidden_states``: (num_tokens,
+    n·H) the concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
     """
 
     logits: torch.Tensor

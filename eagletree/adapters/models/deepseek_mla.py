@@ -221,6 +221,6 @@ class DeepseekMLAForCausalLM(nn.Module):
         )
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) final-normed hidden states -> (rows, V) float32 logits."""
+        """(rows, H) final-normed hidden states -> (rows, V) logits in the model's dtype."""
         logits: torch.Tensor = self.lm_head(hidden)
-        return logits.float()
+        return logits

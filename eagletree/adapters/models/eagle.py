@@ -79,6 +79,6 @@ class EagleDraft(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) draft output -> (rows, V) float32 logits through the target's lm_head."""
+        """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype)."""
         logits: torch.Tensor = self.shared.lm_head(hidden)
-        return logits.float()
+        return logits

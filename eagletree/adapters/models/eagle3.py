@@ -122,9 +122,8 @@ class Eagle3Draft(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) -> (rows, V_target) float32: draft logits at their target ids, −inf else."""
+        """(rows, H) -> (rows, V_target) in the model's dtype: draft logits at their target ids,
+        −inf elsewhere."""
         draft_logits: torch.Tensor = self.lm_head(self.norm(hidden))
-        logits = draft_logits.new_full(
-            (hidden.shape[0], self.config.vocab_size), float("-inf"), dtype=torch.float32
-        )
-        return logits.index_copy_(1, self.draft_to_target, draft_logits.float())
+        logits = draft_logits.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
+        return logits.index_copy_(1, self.draft_to_target, draft_logits)

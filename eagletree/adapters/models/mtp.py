@@ -90,6 +90,6 @@ class MTPLayer(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) normed MTP output -> (rows, V) float32 logits through the target's lm_head."""
+        """(rows, H) normed MTP output -> (rows, V) logits through the target's lm_head."""
         logits: torch.Tensor = self.shared.lm_head(hidden)
-        return logits.float()
+        return logits
