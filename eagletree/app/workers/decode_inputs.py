@@ -45,7 +45,6 @@ class DecodeInputs:
     seq_lens: torch.Tensor  # (padded,) int64 committed lengths L_b (padding: 0)
     last_tokens: torch.Tensor  # (padded,) int64 each request's pending token (padding: 0)
     sampling: SamplingInputs  # padding rows are greedy
-    extra: torch.Tensor  # (padded, E) int64 worker-specific host data (padding: 0)
     batch_size: int  # live rows
     # (padded,) int64 host copy of seq_lens for eager steps; None in a captured graph, whose
     # launches must not depend on the values of one step, and when the host does not know them
@@ -65,7 +64,6 @@ class DecodeInputBuffers:
     """Device buffers for up to ``capacity`` rows; ``fill`` writes a step into them.
 
     ``padding_row`` is a req_to_token row no request owns, with every slot 0.
-    ``num_extra`` int64 columns per request are the caller's (``fill(..., extra=...)``).
     Two pinned staging blocks alternate, so a step's copy never reads a block the host is
     rewriting for the next step.
     """
@@ -75,7 +73,6 @@ class DecodeInputBuffers:
         capacity: int,
         device: torch.device,
         padding_row: int,
-        num_extra: int = 0,
         *,
         device_lengths: bool = False,
     ) -> None:
@@ -83,10 +80,9 @@ class DecodeInputBuffers:
             raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.padding_row = padding_row
-        self.num_extra = num_extra
         self._device = device
-        self._rows_total = len(_INT_FIELDS) + num_extra
-        # ints: (fields + E, capacity) int64; floats: (2, capacity) float32
+        self._rows_total = len(_INT_FIELDS)
+        # ints: (fields, capacity) int64; floats: (2, capacity) float32
         self._ints = torch.zeros(self._rows_total, capacity, dtype=torch.int64, device=device)
         self._floats = torch.zeros(len(_FLOAT_FIELDS), capacity, dtype=torch.float32, device=device)
         pin = device.type == "cuda"
@@ -106,7 +102,7 @@ class DecodeInputBuffers:
 
     @staticmethod
     def for_pool(
-        pool: ReqToTokenPool, *, padded: bool, num_extra: int = 0, device_lengths: bool = False
+        pool: ReqToTokenPool, *, padded: bool, device_lengths: bool = False
     ) -> DecodeInputBuffers:
         """Buffers for every row of ``pool`` on its device. With ``padded`` one row is taken
         from the pool for good and zeroed to be the padding row (every slot is slot 0)."""
@@ -118,9 +114,7 @@ class DecodeInputBuffers:
             padding_row = rows[0]
             pool.req_to_token[padding_row].zero_()
         device = pool.req_to_token.device
-        return DecodeInputBuffers(
-            pool.size, device, padding_row, num_extra, device_lengths=device_lengths
-        )
+        return DecodeInputBuffers(pool.size, device, padding_row, device_lengths=device_lengths)
 
     def set_lengths(self, requests: Sequence[Request]) -> None:
         """Record the committed lengths the host knows exactly (after a prefill: every token
@@ -143,16 +137,14 @@ class DecodeInputBuffers:
         requests: Sequence[Request],
         padded_size: int,
         num_coins: int,
-        extra: Sequence[Sequence[int]] | None = None,
         *,
         exact_lengths: bool = True,
     ) -> DecodeInputs:
         """Write ``requests`` (then padding up to ``padded_size``) and return device views.
 
-        Reserves ``num_coins`` coins of every sampling request. ``extra[i]`` holds
-        ``num_extra`` ints of request i. With device lengths ``seq_lens`` is gathered from
-        ``committed``; ``exact_lengths`` False: the host's lengths are stale, so the views carry
-        no ``seq_lens_cpu``.
+        Reserves ``num_coins`` coins of every sampling request. With device lengths ``seq_lens``
+        is gathered from ``committed``; ``exact_lengths`` False: the host's lengths are stale,
+        so the views carry no ``seq_lens_cpu``.
         """
         bs = len(requests)
         if not bs <= padded_size <= self.capacity:
@@ -171,9 +163,6 @@ class DecodeInputBuffers:
             [r.last_token for r in requests] + zeros,
             *(sampling_ints[i * bs : (i + 1) * bs] + zeros for i in range(3)),
         ]
-        if self.num_extra:
-            assert extra is not None and len(extra) == bs, "one extra row per request"
-            int_rows += [[row[j] for row in extra] + zeros for j in range(self.num_extra)]
         float_rows = [
             sampling_floats[:bs] + [0.0] * pad,  # temperature: padding rows are greedy
             sampling_floats[bs:] + [1.0] * pad,  # top_p: padding rows keep all
@@ -225,6 +214,5 @@ class DecodeInputBuffers:
                 coin_offsets=ints[5],
                 all_greedy=all_greedy,
             ),
-            extra=ints[6:].t(),
             batch_size=padded_size,
         )

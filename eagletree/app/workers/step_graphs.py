@@ -94,7 +94,6 @@ class DecodeStepRunner:
     def run(
         self,
         requests: Sequence[Request],
-        extra: Sequence[Sequence[int]] | None = None,
         *,
         exact_lengths: bool = True,
     ) -> tuple[torch.Tensor, ...]:
@@ -109,9 +108,7 @@ class DecodeStepRunner:
         if bucket is not None and self.use_graphs and (bucket, greedy) not in self._graphs:
             self._capture(bucket, greedy)
         padded = bs if bucket is None else bucket
-        inputs = self._buffers.fill(
-            requests, padded, self._num_coins, extra, exact_lengths=exact_lengths
-        )
+        inputs = self._buffers.fill(requests, padded, self._num_coins, exact_lengths=exact_lengths)
         captured = None if bucket is None else self._graphs.get((bucket, greedy))
         if captured is None:
             outputs = self._step(inputs)
