@@ -1,0 +1,142 @@
+"""App: the process group an engine's tensor parallelism runs over, and joining one.
+
+Every rank of a tensor-parallel group builds the same engine from the same settings and is
+given the same requests in the same order; the scheduler is deterministic and the sampling
+coins are a function of (seed, position), and every collective hands all ranks one result, so
+each rank's scheduler, worker and acceptance stay identical without broadcasting a plan. Rank 0
+is the one that reports.
+
+The default process group is torch.distributed's global state; the engine never uses it, it
+gets an explicit group (``dist.new_group``), which the container wraps in the models'
+``TensorParallel`` value. Joining
+(``join_process_group``) is the launcher's business: ``torchrun`` or a spawning parent, both
+rendezvousing on 127.0.0.1 with a timeout on every collective, so that a dead rank ends the
+others with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import start_processes
+
+from eagletree.domain.errors import ConfigurationError
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a spawned group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def join_process_group(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None = None,
+    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+) -> None:
+    """Join the default group of ``world_size`` processes on 127.0.0.1:``port`` (gloo on the
+    CPU, NCCL when CUDA is there); every collective fails after ``timeout`` instead of hanging."""
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
+
+
+def tensor_parallel_process_group(
+    tp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+) -> dist.ProcessGroup | None:
+    """The group of ``tp_size`` tensor-parallel ranks: None for one, else a new group over the
+    ranks of the (already joined) default group. Every rank must call it (a collective)."""
+    if tp_size == 1:
+        return None
+    if not dist.is_available() or not dist.is_initialized():
+        raise ConfigurationError(
+            f"parallel.tp_size = {tp_size} needs one process per rank: launch the ranks with "
+            f"torchrun --nproc-per-node {tp_size}, or join them with "
+            "eagletree.app.distributed.join_process_group before building the engine"
+        )
+    world_size = dist.get_world_size()
+    if world_size != tp_size:
+        raise ConfigurationError(
+            f"parallel.tp_size = {tp_size}, but the process group has {world_size} ranks: "
+            "launch exactly tp_size processes"
+        )
+    group: dist.ProcessGroup = dist.new_group(list(range(tp_size)), timeout=timeout)
+    return group
+
+
+def rank_device(device: str, rank: int, world_size: int) -> torch.device:
+    """``device`` for this rank: a bare ``cuda`` becomes the rank's GPU (LOCAL_RANK under
+    torchrun, else the rank); an explicit index or another device stays as it is."""
+    chosen = torch.device(device)
+    if chosen.type != "cuda" or chosen.index is not None or world_size == 1:
+        return chosen
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+
+
+def _rank_main(
+    rank: int,
+    main: Callable[..., None],
+    world_size: int,
+    port: int,
+    timeout: datetime.timedelta,
+    args: tuple[Any, ...],
+) -> None:
+    join_process_group(rank, world_size, port, timeout=timeout)
+    try:
+        main(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_ranks(
+    main: Callable[..., None],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    *,
+    timeout_s: float = 600.0,
+    collective_timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+) -> None:
+    """Run ``main(rank, *args)`` in ``world_size`` spawned processes joined in one group.
+
+    ``main`` must be importable by name (spawn pickles it by reference). A rank that raises
+    ends the others and this call raises with its traceback, naming the rank; ranks still
+    running after ``timeout_s`` are killed and ``TimeoutError`` names them.
+    """
+    port = free_port()
+    context = start_processes(  # type: ignore[no-untyped-call]
+        _rank_main,
+        args=(main, world_size, port, collective_timeout, args),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            running = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+            raise TimeoutError(
+                f"tensor-parallel rank(s) {running} of {world_size} still running after "
+                f"{timeout_s:.0f} s; killed"
+            )

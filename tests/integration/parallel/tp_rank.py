@@ -1,0 +1,35 @@
+"""What each rank of a spawned tensor-parallel group runs: every case's engine, built through
+``Engine``'s container from the same settings on every rank, then its greedy outputs and the
+shapes of its shards written to ``out_dir/rank{rank}.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagletree.app.container import build_engine_container
+from eagletree.config.settings import EngineSettings
+
+
+def run_cases(
+    rank: int, cases: dict[str, dict[str, Any]], prompts: list[list[int]], max_new: int, out: str
+) -> None:
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {}
+    for name, options in cases.items():
+        container = build_engine_container(EngineSettings(**options))
+        engine = container.engine()
+        target = container.target_model()
+        outputs = [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new)]
+        results[name] = {
+            "outputs": outputs,
+            "embed_rows": target.embed_tokens.weight.shape[0],
+            "kv_layout": list(target.kv_layout),
+            "draft_kv_layouts": [list(d.kv_layout) for d in container.draft_models()]
+            if "draft_path" in options["model"]
+            else [],
+        }
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
