@@ -20,12 +20,18 @@ import datetime
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import (
+    ProcessExitedException,
+    ProcessRaisedException,
+    start_processes,
+)
 
 from eagletree.domain.errors import ConfigurationError
 
@@ -92,17 +98,30 @@ def rank_device(device: str, rank: int, world_size: int) -> torch.device:
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
 
 
+class RankFailed(RuntimeError):
+    """A rank of a spawned group raised; the others were ended. ``rank``: the first to fail."""
+
+    def __init__(self, rank: int, world_size: int, error: str) -> None:
+        super().__init__(f"tensor-parallel rank {rank} of {world_size} failed first:\n{error}")
+        self.rank = rank
+
+
 def _rank_main(
     rank: int,
     main: Callable[..., None],
     world_size: int,
     port: int,
     timeout: datetime.timedelta,
+    failures: Any,
     args: tuple[Any, ...],
 ) -> None:
     join_process_group(rank, world_size, port, timeout=timeout)
     try:
         main(rank, *args)
+    except BaseException:
+        # recorded before this process exits: its peers' errors (a closed connection) follow it
+        failures.put((time.time(), rank, traceback.format_exc()))
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -118,25 +137,36 @@ def spawn_ranks(
     """Run ``main(rank, *args)`` in ``world_size`` spawned processes joined in one group.
 
     ``main`` must be importable by name (spawn pickles it by reference). A rank that raises
-    ends the others and this call raises with its traceback, naming the rank; ranks still
-    running after ``timeout_s`` are killed and ``TimeoutError`` names them.
+    ends the others and this call raises ``RankFailed`` naming the rank that failed first, with
+    its traceback; ranks still running after ``timeout_s`` are killed and ``TimeoutError``
+    names them.
     """
     port = free_port()
+    failures = mp.get_context("spawn").SimpleQueue()
     context = start_processes(  # type: ignore[no-untyped-call]
         _rank_main,
-        args=(main, world_size, port, collective_timeout, args),
+        args=(main, world_size, port, collective_timeout, failures, args),
         nprocs=world_size,
         join=False,
         start_method="spawn",
     )
     deadline = time.monotonic() + timeout_s
-    while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
-        if time.monotonic() >= deadline:
-            running = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
-            for process in context.processes:
-                if process.is_alive():
-                    process.kill()
-            raise TimeoutError(
-                f"tensor-parallel rank(s) {running} of {world_size} still running after "
-                f"{timeout_s:.0f} s; killed"
-            )
+    try:
+        while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                running = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise TimeoutError(
+                    f"tensor-parallel rank(s) {running} of {world_size} still running after "
+                    f"{timeout_s:.0f} s; killed"
+                )
+    except (ProcessRaisedException, ProcessExitedException) as error:
+        recorded = []
+        while not failures.empty():
+            recorded.append(failures.get())
+        if not recorded:  # killed by a signal: nothing could be recorded
+            raise
+        _, rank, trace = min(recorded)
+        raise RankFailed(rank, world_size, trace) from error

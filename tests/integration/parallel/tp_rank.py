@@ -5,6 +5,7 @@ shapes of its shards written to ``out_dir/rank{rank}.json``."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +34,15 @@ def run_cases(
             else [],
         }
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def fail_on_rank_one(rank: int) -> None:
+    """Rank 1 raises; rank 0 waits for it in a collective (a hang without the group's end)."""
+    if rank == 1:
+        raise RuntimeError("rank 1 broke on purpose")
+    torch.distributed.barrier()
+
+
+def hang_on_rank_one(rank: int) -> None:
+    if rank == 1:
+        time.sleep(120)
