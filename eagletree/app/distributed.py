@@ -66,6 +66,26 @@ def join_process_group(
     )
 
 
+def launched_by_torchrun() -> bool:
+    """Whether this process is a rank torchrun started (its rendezvous is in the environment)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def join_launched_group(timeout: datetime.timedelta = COLLECTIVE_TIMEOUT) -> None:
+    """Join the group torchrun launched (``env://``), with the same collective timeout."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def in_process_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def group_rank() -> int:
+    """This process's rank in the joined group; 0 outside one."""
+    return dist.get_rank() if in_process_group() else 0
+
+
 def tensor_parallel_process_group(
     tp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
 ) -> dist.ProcessGroup | None:
@@ -73,7 +93,7 @@ def tensor_parallel_process_group(
     ranks of the (already joined) default group. Every rank must call it (a collective)."""
     if tp_size == 1:
         return None
-    if not dist.is_available() or not dist.is_initialized():
+    if not in_process_group():
         raise ConfigurationError(
             f"parallel.tp_size = {tp_size} needs one process per rank: launch the ranks with "
             f"torchrun --nproc-per-node {tp_size}, or join them with "
@@ -118,6 +138,9 @@ def _rank_main(
     join_process_group(rank, world_size, port, timeout=timeout)
     try:
         main(rank, *args)
+    except SystemExit as exit_:  # a command's exit status; it printed its own message
+        failures.put((time.time(), rank, f"exited with status {exit_.code}"))
+        raise
     except BaseException:
         # recorded before this process exits: its peers' errors (a closed connection) follow it
         failures.put((time.time(), rank, traceback.format_exc()))
@@ -131,15 +154,15 @@ def spawn_ranks(
     world_size: int,
     args: tuple[Any, ...] = (),
     *,
-    timeout_s: float = 600.0,
+    timeout_s: float | None = 600.0,
     collective_timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
 ) -> None:
     """Run ``main(rank, *args)`` in ``world_size`` spawned processes joined in one group.
 
     ``main`` must be importable by name (spawn pickles it by reference). A rank that raises
     ends the others and this call raises ``RankFailed`` naming the rank that failed first, with
-    its traceback; ranks still running after ``timeout_s`` are killed and ``TimeoutError``
-    names them.
+    its traceback; ranks still running after ``timeout_s`` (None: no deadline) are killed and
+    ``TimeoutError`` names them.
     """
     port = free_port()
     failures = mp.get_context("spawn").SimpleQueue()
@@ -150,7 +173,7 @@ def spawn_ranks(
         join=False,
         start_method="spawn",
     )
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
     try:
         while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
@@ -160,7 +183,7 @@ def spawn_ranks(
                         process.kill()
                 raise TimeoutError(
                     f"tensor-parallel rank(s) {running} of {world_size} still running after "
-                    f"{timeout_s:.0f} s; killed"
+                    f"{timeout_s} s; killed"
                 )
     except (ProcessRaisedException, ProcessExitedException) as error:
         recorded = []
