@@ -4,7 +4,8 @@ Every rank of a tensor-parallel group builds the same engine from the same setti
 given the same requests in the same order; the scheduler is deterministic and the sampling
 coins are a function of (seed, position), and every collective hands all ranks one result, so
 each rank's scheduler, worker and acceptance stay identical without broadcasting a plan. Rank 0
-is the one that reports.
+is the one that reports. A sampling request needs the same seed on every rank: a request
+without one draws it from the process's entropy, so a launcher seeds them (``agreed_seed``).
 
 The default process group is torch.distributed's global state; the engine never uses it, it
 gets an explicit group (``dist.new_group``), which the container wraps in the models'
@@ -84,6 +85,14 @@ def in_process_group() -> bool:
 def group_rank() -> int:
     """This process's rank in the joined group; 0 outside one."""
     return dist.get_rank() if in_process_group() else 0
+
+
+def agreed_seed() -> int:
+    """A fresh random seed, the same on every rank (rank 0's, broadcast): an unseeded sampling
+    request draws its seed from this process's entropy, which the ranks would not share."""
+    seed = [int.from_bytes(os.urandom(4), "little")]
+    dist.broadcast_object_list(seed, src=0)
+    return int(seed[0])
 
 
 def tensor_parallel_process_group(

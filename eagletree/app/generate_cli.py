@@ -106,6 +106,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             if not distributed.launched_by_torchrun():
                 return _spawn_ranks(args, tp_size, err)
             distributed.join_launched_group()
+        seed = args.seed
+        if tp_size > 1 and args.temperature > 0 and seed is None:
+            seed = distributed.agreed_seed()  # the ranks must draw the same coins
         if distributed.group_rank() != 0:  # every rank computes the results; rank 0 prints
             out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
         specs = _prompt_specs(args, note)
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 "temperature": args.temperature,
                 "top_k": args.top_k,
                 "top_p": args.top_p,
-                "seed": args.seed,
+                "seed": seed,
                 "stop_token_ids": stop_ids,
             }
             if args.stream:

@@ -1,5 +1,6 @@
 """``eagletree generate --tp 2`` spawns two ranks itself and prints, once, what one process
-prints (greedy, speculative, the tiny random checkpoints on the CPU)."""
+prints (greedy, speculative, the tiny random checkpoints on the CPU); unseeded sampling
+agrees on a seed across the ranks (else they would diverge and fail)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
 
-def generate(tp: int, target: Path, draft: Path) -> list[list[int]]:
+def generate(tp: int, target: Path, draft: Path, *options: str) -> list[list[int]]:
     env = {
         **os.environ,
         "EAGLETREE_MODEL__TARGET_PATH": str(target),
@@ -36,17 +37,35 @@ def generate(tp: int, target: Path, draft: Path) -> list[list[int]]:
     }
     command = [sys.executable, "-m", "eagletree.app.cli", "generate", "--tp", str(tp), "--json"]
     command += ["--max-new-tokens", "10", "--no-progress"]
-    command += ["--prompt-ids", "5 17 3", "--prompt-ids", "60 2 9 41 8"]
+    command += ["--prompt-ids", "5 17 3", "--prompt-ids", "60 2 9 41 8", *options]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [json.loads(line)["output_ids"] for line in done.stdout.splitlines()]
 
 
-def test_generate_with_tp_2_prints_the_single_process_tokens_once(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     target, draft = write_random_checkpoint(
-        tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+        tmp_path_factory.mktemp("launch"),
+        "llama",
+        "eagle",
+        sizes=SIZES,
+        dtype=torch.float32,
+        std=WEIGHT_STD,
     )
     assert draft is not None
-    single = generate(1, target, draft)
+    return target, draft
+
+
+def test_generate_with_tp_2_prints_the_single_process_tokens_once(
+    checkpoints: tuple[Path, Path],
+) -> None:
+    single = generate(1, *checkpoints)
     assert len(single) == 2 and all(len(ids) == 10 for ids in single)
-    assert generate(2, target, draft) == single
+    assert generate(2, *checkpoints) == single
+
+
+def test_unseeded_sampling_with_tp_2_completes(checkpoints: tuple[Path, Path]) -> None:
+    # the exit status is checked by ``generate``; a sampled eos (id 2) may end a request early
+    outputs = generate(2, *checkpoints, "--temperature", "1.0")
+    assert len(outputs) == 2 and all(1 <= len(ids) <= 10 for ids in outputs)

@@ -1,8 +1,10 @@
 """Tensor parallelism on the CPU: two gloo ranks, each building its engine through the container
 from the same settings with ``parallel.tp_size = 2``, emit exactly the single-process greedy
 tokens for the plain, v2-tree (Llama and MLA targets, EAGLE and EAGLE-3 heads) and multi-layer
-MTP workers; both ranks emit the same tokens (no rank diverges) and hold half of each sharded
-dimension. One spawn runs every case (the processes' start-up is most of the cost)."""
+MTP workers, and the single-process samples of seeded sampling (the coins are the same; the
+all-reduce's rounding moves probabilities by ~1e-7, far from any coin); both ranks emit the
+same tokens (no rank diverges) and hold half of each sharded dimension. One spawn runs every
+case (the processes' start-up is most of the cost)."""
 
 from __future__ import annotations
 
@@ -38,11 +40,13 @@ SIZES = ModelSizes(
     num_mtp_layers=2,
 )
 PROMPTS = ragged_prompts(SIZES.vocab_size, [3, 7, 1], seed=90)
-MAX_NEW = 12
+GREEDY = {"max_new_tokens": 12}
+SAMPLED = {"max_new_tokens": 12, "temperature": 1.0, "seed": 5}
 TREE = {"num_steps": 3, "eagle_topk": 2, "num_draft_tokens": 8}
 # name: (target architecture, draft kind, speculative settings or None for no speculation)
 CASES: dict[str, tuple[Arch, DraftKind, dict[str, Any] | None]] = {
     "plain-llama": ("llama", "eagle", None),
+    "v2-tree-llama-eagle-sampled": ("llama", "eagle", TREE),
     "v2-tree-llama-eagle": ("llama", "eagle", TREE),
     "v2-tree-llama-eagle3": ("llama", "eagle3", TREE),
     "v2-tree-mla-eagle": ("deepseek-mla", "eagle", TREE),
@@ -53,6 +57,10 @@ CASES: dict[str, tuple[Arch, DraftKind, dict[str, Any] | None]] = {
     ),
 }
 SPAWN_TIMEOUT_S = 240.0
+
+
+def generate_options(name: str) -> dict[str, Any]:
+    return SAMPLED if name.endswith("-sampled") else GREEDY
 
 
 def case_options(name: str, root: Path, tp_size: int) -> dict[str, Any]:
@@ -88,17 +96,19 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tp_results(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """Each rank's results of every case (one spawn of two ranks)."""
     out = tmp_path_factory.mktemp("tp-results")
-    cases = {name: case_options(name, checkpoints, tp_size=2) for name in CASES}
-    spawn_ranks(run_cases, 2, (cases, PROMPTS, MAX_NEW, str(out)), timeout_s=SPAWN_TIMEOUT_S)
+    cases = {
+        name: (case_options(name, checkpoints, tp_size=2), generate_options(name)) for name in CASES
+    }
+    spawn_ranks(run_cases, 2, (cases, PROMPTS, str(out)), timeout_s=SPAWN_TIMEOUT_S)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_two_tensor_parallel_ranks_emit_the_single_process_greedy_tokens(
+def test_two_tensor_parallel_ranks_emit_the_single_process_tokens(
     name: str, checkpoints: Path, tp_results: list[Any]
 ) -> None:
     single = Engine.from_settings(EngineSettings(**case_options(name, checkpoints, tp_size=1)))
-    expected = [r.output_ids for r in single.generate(PROMPTS, max_new_tokens=MAX_NEW)]
+    expected = [r.output_ids for r in single.generate(PROMPTS, **generate_options(name))]
     rank0, rank1 = (results[name] for results in tp_results)
     assert rank0["outputs"] == expected
     assert rank1["outputs"] == expected

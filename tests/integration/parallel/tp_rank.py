@@ -16,15 +16,19 @@ from eagletree.config.settings import EngineSettings
 
 
 def run_cases(
-    rank: int, cases: dict[str, dict[str, Any]], prompts: list[list[int]], max_new: int, out: str
+    rank: int,
+    cases: dict[str, tuple[dict[str, Any], dict[str, Any]]],
+    prompts: list[list[int]],
+    out: str,
 ) -> None:
+    """``cases``: name -> (settings keywords, ``Engine.generate`` keywords)."""
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
-    for name, options in cases.items():
+    for name, (options, sampling) in cases.items():
         container = build_engine_container(EngineSettings(**options))
         engine = container.engine()
         target = container.target_model()
-        outputs = [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new)]
+        outputs = [r.output_ids for r in engine.generate(prompts, **sampling)]
         results[name] = {
             "outputs": outputs,
             "embed_rows": target.embed_tokens.weight.shape[0],
