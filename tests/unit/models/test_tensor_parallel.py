@@ -15,7 +15,9 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch import nn
 
+from eagletree.adapters.models.loading import load_target
 from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
 from eagletree.adapters.models.tensor_files import TensorFiles, fill_module, module_tensors
 from eagletree.adapters.models.tensor_parallel import (
     CheckpointShard,
@@ -134,3 +136,25 @@ def test_a_shard_is_the_block_of_its_rank() -> None:
     full = torch.arange(2 * 9).view(2, 9)
     assert shard.local_shape((2, 9)) == (2, 3)
     assert torch.equal(full[shard.slices((2, 9))], full[:, 3:6])
+
+
+@pytest.mark.parametrize("arch", ["llama", "deepseek-mla"])
+def test_each_rank_of_a_target_loads_its_blocks_of_the_same_checkpoint(
+    arch: Arch, tmp_path: Path
+) -> None:
+    sizes = ModelSizes(vocab_size=32, num_layers=1, tie_word_embeddings=arch == "llama")
+    target_dir, _ = write_random_checkpoint(tmp_path, arch, None, sizes=sizes, dtype=torch.float32)
+    full = module_tensors(load_target(target_dir, torch.float32, "cpu"))
+    for tp in ranks():
+        shard = load_target(target_dir, torch.float32, "cpu", tp=tp)
+        tensors = module_tensors(shard)
+        assert tensors.keys() == full.keys()
+        for name, tensor in tensors.items():
+            expected = full[name]
+            for dim in range(expected.dim()):  # the block along the one dim that shrank
+                if tensor.shape[dim] != expected.shape[dim]:
+                    expected = expected.chunk(WORLD, dim)[tp.rank]
+            assert torch.equal(tensor, expected), name
+        head = shard.lm_head.weight
+        assert (head is shard.embed_tokens.weight) == sizes.tie_word_embeddings
+        assert head.shape == (sizes.vocab_size // WORLD, sizes.hidden_size)
