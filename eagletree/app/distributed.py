@@ -58,6 +58,7 @@ def join_process_group(
     CPU, NCCL when CUDA is there); every collective fails after ``timeout`` instead of hanging."""
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _use_rank_gpu(rank)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{port}",
@@ -75,7 +76,14 @@ def launched_by_torchrun() -> bool:
 def join_launched_group(timeout: datetime.timedelta = COLLECTIVE_TIMEOUT) -> None:
     """Join the group torchrun launched (``env://``), with the same collective timeout."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _use_rank_gpu(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
     dist.init_process_group(backend, timeout=timeout)
+
+
+def _use_rank_gpu(local_rank: int) -> None:
+    # NCCL communicators and Triton launches use the current device: make it the rank's own
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
 
 
 def in_process_group() -> bool:
