@@ -37,8 +37,9 @@ from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import MHALayout
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
-from eagletree.app import factories, sizing, startup
+from eagletree.app import distributed, factories, sizing, startup
 from eagletree.app.platform import resolve_platform
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
@@ -142,6 +143,14 @@ def build_draft_runners(
     return runners
 
 
+def build_tensor_parallel(tp_size: int) -> TensorParallel:
+    """This rank's place in the ``tp_size``-rank group its models are sharded over."""
+    group = distributed.tensor_parallel_process_group(tp_size)
+    if group is None:
+        return SINGLE
+    return TensorParallel(torch.distributed.get_rank(group), tp_size, group)
+
+
 def reads_aux_hidden(algorithm: str) -> bool:
     """Whether the draft reads the target's aux hidden states (EAGLE-3 does)."""
     return algorithm == "eagle3"
@@ -160,7 +169,14 @@ class Container(containers.DeclarativeContainer):
     # receives the progress lines of long start-up work (CUDA-graph capture); None: the logger
     progress: providers.Object[Callable[[str], None] | None] = providers.Object(None)
 
-    device = providers.Singleton(torch.device, config.model.device)
+    # the group the models are sharded over (one rank without tensor parallelism)
+    tensor_parallel = providers.Singleton(build_tensor_parallel, config.parallel.tp_size)
+    device = providers.Singleton(
+        distributed.rank_device,
+        config.model.device,
+        tensor_parallel.provided.rank,
+        tensor_parallel.provided.world_size,
+    )
     dtype = providers.Callable(factories.torch_dtype, config.model.dtype)
 
     # -- models and what the settings rules learn from them -----------------------------------
@@ -168,13 +184,14 @@ class Container(containers.DeclarativeContainer):
         load_target,
         config.model.target_path,
         dtype,
-        config.model.device,
+        device,
         providers.Callable(
             aux_layer_ids,
             config.speculative.algorithm,
             config.model.target_path,
             config.model.draft_path,
         ),
+        tp=tensor_parallel,
     )
     target = providers.Singleton(described_target, settings, config.model.target_path, target_model)
     speculative = providers.Singleton(resolve_speculative, settings, target)

@@ -6,12 +6,17 @@ checkpoint with a byte-level tokenizer, created on first use, see ``default_chec
 timings and the summary go to stderr; results to stdout: per prompt a line of token ids and,
 with a tokenizer, a line of text, or with ``--json`` one JSON object per prompt. ``--stream``
 prints the output as the engine commits it.
+
+``--tp N`` runs the engine tensor-parallel over N ranks: launched by torchrun, this process is
+one of them; otherwise it spawns them (one per device) and waits. Every rank runs the same
+command on the same prompts; rank 0 prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -61,6 +66,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--chat", action="store_true", help="wrap each --prompt in the checkpoint's chat template"
     )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
+        "(under torchrun: the ranks it launched)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None)
@@ -75,6 +88,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``eagletree generate``; returns the exit status (0 ok, 1 bad input or settings)."""
+    from eagletree.app import distributed  # imported here, as the engine: it pulls in torch
     from eagletree.app.engine import Engine
 
     # resolved at call time, so that a redirected sys.stdout / sys.stderr is honoured
@@ -86,7 +100,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     try:
         _check_flags(args, note)
-        settings = prepare_settings(args.settings, note)
+        settings = with_tensor_parallel(prepare_settings(args.settings, note), args.tp)
+        tp_size = settings.parallel.tp_size
+        if tp_size > 1 and not distributed.in_process_group():
+            if not distributed.launched_by_torchrun():
+                return _spawn_ranks(args, tp_size, err)
+            distributed.join_launched_group()
+        seed = args.seed
+        if tp_size > 1 and args.temperature > 0 and seed is None:
+            seed = distributed.agreed_seed()  # the ranks must draw the same coins
+        if distributed.group_rank() != 0:  # every rank computes the results; rank 0 prints
+            out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
         specs = _prompt_specs(args, note)
         stop_ids = None if args.stop_token_ids is None else parse_ids(args.stop_token_ids)
         engine = Engine.from_settings(settings)
@@ -98,7 +122,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 "temperature": args.temperature,
                 "top_k": args.top_k,
                 "top_p": args.top_p,
-                "seed": args.seed,
+                "seed": seed,
                 "stop_token_ids": stop_ids,
             }
             if args.stream:
@@ -119,6 +143,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(format_timings(index, result), file=err)
     _print_summary(engine, results, elapsed, err)
     return 0
+
+
+def with_tensor_parallel(settings: EngineSettings, tp_size: int | None) -> EngineSettings:
+    """``settings`` with ``parallel.tp_size`` = ``tp_size`` (``--tp``), unchanged for None."""
+    if tp_size is None:
+        return settings
+    if tp_size < 1:
+        raise ValueError(f"--tp must be >= 1, got {tp_size}")
+    parallel = settings.parallel.model_copy(update={"tp_size": tp_size})
+    return settings.model_copy(update={"parallel": parallel})
+
+
+def _spawn_ranks(args: argparse.Namespace, tp_size: int, err: TextIO) -> int:
+    from eagletree.app import distributed
+
+    try:
+        distributed.spawn_ranks(_generate_rank, tp_size, (args,), timeout_s=None)
+    except distributed.RankFailed as failure:
+        print(f"error: {failure}", file=err)
+        return 1
+    return 0
+
+
+def _generate_rank(rank: int, args: argparse.Namespace) -> None:
+    """One spawned rank: the same command inside the group."""
+    status = run(args)
+    if status:
+        raise SystemExit(status)
 
 
 def prepare_settings(path: str | None, note: Any) -> EngineSettings:

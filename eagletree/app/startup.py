@@ -31,19 +31,19 @@ _log = logging.getLogger("eagletree.engine")
 
 
 def check_engine_settings(settings: EngineSettings) -> None:
-    """What an engine needs before anything is loaded: a target directory and one device."""
+    """What an engine needs before anything is loaded: a target directory, no data parallelism
+    (tensor parallelism is checked against the process group when the container builds it)."""
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
             "model.target_path is unset: set it to a checkpoint directory (config.json + "
             "safetensors), e.g. one written by `eagletree init-random`"
         )
-    parallel = settings.parallel
-    if parallel.dp_size != 1 or parallel.tp_size != 1:
+    if settings.parallel.dp_size != 1:
         raise ConfigurationError(
-            f"parallel.dp_size = {parallel.dp_size}, parallel.tp_size = {parallel.tp_size}: "
-            "this release runs one engine on one device; set both to 1 (data parallelism: run "
-            "one engine per device)"
+            f"parallel.dp_size = {settings.parallel.dp_size}: data-parallel attention is not "
+            "implemented yet; set it to 1 (tensor parallelism: parallel.tp_size; data "
+            "parallelism: run one engine per device)"
         )
     if not Path(target_path).is_dir():
         raise ConfigurationError(

@@ -437,15 +437,30 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
     assert len(plan.prefill) == 2 and len(plan.decode) == 2
 
 
-@pytest.mark.parametrize(("dp", "tp"), [(2, 1), (1, 2)])
-def test_from_settings_refuses_parallelism_it_would_silently_ignore(dp: int, tp: int) -> None:
+@pytest.mark.parametrize("tp", [1, 2])
+def test_from_settings_refuses_data_parallelism_it_does_not_implement(tp: int) -> None:
     pytest.importorskip("pydantic_settings")
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError
 
     settings = EngineSettings(
         model={"target_path": "/nonexistent", "device": "cpu", "dtype": "float32"},
-        parallel={"dp_size": dp, "tp_size": tp},
+        parallel={"dp_size": 2, "tp_size": tp},
     )
-    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = \d, parallel\.tp_size"):
+    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = 2: data-parallel attention"):
+        Engine.from_settings(settings)
+
+
+def test_from_settings_with_tensor_parallelism_outside_a_process_group_says_how_to_launch(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("pydantic_settings")
+    from eagletree.config.settings import EngineSettings
+    from eagletree.domain.errors import ConfigurationError
+
+    settings = EngineSettings(
+        model={"target_path": str(tmp_path), "device": "cpu", "dtype": "float32"},
+        parallel={"tp_size": 2},
+    )
+    with pytest.raises(ConfigurationError, match=r"parallel\.tp_size = 2 needs one process per"):
         Engine.from_settings(settings)

@@ -33,6 +33,13 @@ from eagletree.adapters.models.stack import (
     check_aux_layer_ids,
     run_decoder_stack,
 )
+from eagletree.adapters.models.tensor_parallel import (
+    SINGLE,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallel,
+    VocabParallelEmbedding,
+)
 from eagletree.domain.attention_layer import AttentionLayer
 
 
@@ -49,34 +56,45 @@ class MLAAttention(nn.Module):
     """With a q LoRA, ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the same input and run as one
     GEMM (``fused_qkv_a_proj``, filled from both checkpoint tensors). With ``fused_kernels`` and
     an MLA pool in the context, one kernel normalises the latent, rotates q_rope and k_rope and
-    stores the pool row, and the backend runs with ``save_kv=False``."""
+    stores the pool row, and the backend runs with ``save_kv=False``.
 
-    def __init__(self, config: MLAConfig, layer_id: int, fused_kernels: bool = False) -> None:
+    Tensor-parallel: the latent (``kv_a``, its norm, the pool row) is replicated on every rank;
+    a rank owns ``heads / W`` heads — their rows of ``q_b_proj`` / ``q_proj`` and ``kv_b_proj``
+    — and ``o_proj`` sums the ranks' head outputs (one all-reduce)."""
+
+    def __init__(
+        self,
+        config: MLAConfig,
+        layer_id: int,
+        fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
         self.config = config
         hidden, heads = config.hidden_size, config.num_attention_heads
         bias, eps = config.attention_bias, config.rms_norm_eps
         kv_a_rows = config.kv_lora_rank + config.qk_rope_head_dim
+        self.num_local_heads = tp.split(heads, "num_attention_heads")
+        q_rows = heads * config.qk_head_dim
         self.q_proj: nn.Linear | None = None
         self.kv_a_proj_with_mqa: nn.Linear | None = None
         self.fused_qkv_a_proj: MergedLinear | None = None
         if config.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, heads * config.qk_head_dim, False)
+            self.q_proj = ColumnParallelLinear(hidden, q_rows, False, tp)
             self.kv_a_proj_with_mqa = nn.Linear(hidden, kv_a_rows, bias=bias)
         else:
             parts = (("q_a_proj", config.q_lora_rank), ("kv_a_proj_with_mqa", kv_a_rows))
             self.fused_qkv_a_proj = MergedLinear(hidden, parts, bias=bias)
             self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps, fused_kernels)
-            self.q_b_proj = nn.Linear(config.q_lora_rank, heads * config.qk_head_dim, bias=False)
+            self.q_b_proj = ColumnParallelLinear(config.q_lora_rank, q_rows, False, tp)
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, eps, fused_kernels)
-        self.kv_b_proj = nn.Linear(
-            config.kv_lora_rank, heads * (config.qk_nope_head_dim + config.v_head_dim), bias=False
-        )
-        self.o_proj = nn.Linear(heads * config.v_head_dim, hidden, bias=bias)
+        kv_b_rows = heads * (config.qk_nope_head_dim + config.v_head_dim)
+        self.kv_b_proj = ColumnParallelLinear(config.kv_lora_rank, kv_b_rows, False, tp)
+        self.o_proj = RowParallelLinear(heads * config.v_head_dim, hidden, bias=bias, tp=tp)
         self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
-            num_q_heads=heads,
+            num_q_heads=self.num_local_heads,
             num_kv_heads=1,
             head_dim=config.kv_lora_rank + config.qk_rope_head_dim,
             v_head_dim=config.kv_lora_rank,
@@ -96,7 +114,7 @@ class MLAAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
         # x: (num_tokens, hidden)
         cfg = self.config
-        num_tokens, heads = x.shape[0], cfg.num_attention_heads
+        num_tokens, heads = x.shape[0], self.num_local_heads
         nope, rope_dim, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
         q, compressed = self._query_and_compressed(x)
         q_nope, q_rope = torch.split(
@@ -142,13 +160,19 @@ class MLAAttention(nn.Module):
 class MLADecoderLayer(nn.Module):
     """Pre-norm MLA and SwiGLU blocks on a carried residual stream (see ``LlamaDecoderLayer``)."""
 
-    def __init__(self, config: MLAConfig, layer_id: int, fused_kernels: bool = False) -> None:
+    def __init__(
+        self,
+        config: MLAConfig,
+        layer_id: int,
+        fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.self_attn = MLAAttention(config, layer_id, fused_kernels)
+        self.self_attn = MLAAttention(config, layer_id, fused_kernels, tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, fused_kernels=fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, fused_kernels=fused_kernels, tp=tp)
 
     def forward(
         self,
@@ -168,20 +192,28 @@ def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
 
 
 class DeepseekMLAForCausalLM(nn.Module):
-    """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head."""
+    """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head; tensor-parallel
+    over ``tp`` as ``LlamaForCausalLM`` is (attention by heads over a replicated latent)."""
 
     def __init__(
-        self, config: MLAConfig, aux_layer_ids: Sequence[int] = (), fused_kernels: bool = False
+        self,
+        config: MLAConfig,
+        aux_layer_ids: Sequence[int] = (),
+        fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            MLADecoderLayer(config, i, fused_kernels) for i in range(config.num_hidden_layers)
+            MLADecoderLayer(config, i, fused_kernels, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ColumnParallelLinear(
+            config.hidden_size, config.vocab_size, False, tp, gather_output=True, what="vocab_size"
+        )
         self.rotary = mla_rotary(config)
         self.tie_weights()
 

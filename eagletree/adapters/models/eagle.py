@@ -16,7 +16,8 @@ from torch import nn
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext, RotaryEmbedding
 from eagletree.adapters.models.llama import LlamaDecoderLayer
-from eagletree.adapters.models.stack import MHALayout
+from eagletree.adapters.models.stack import MHALayout, mha_layout
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
 
 class SharedTargetModules(NamedTuple):
@@ -29,7 +30,8 @@ class SharedTargetModules(NamedTuple):
 
 class EagleDraft(nn.Module):
     """EAGLE-1: ``hidden_states`` are the target's final-normed features (H) or this head's own
-    output from the previous draft step."""
+    output from the previous draft step. Tensor-parallel over the target's ``tp``: the decoder
+    layers are sharded as the target's are, the small ``fc`` is replicated."""
 
     def __init__(
         self,
@@ -37,13 +39,17 @@ class EagleDraft(nn.Module):
         shared: SharedTargetModules,
         fc_bias: bool,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
         self.shared = shared
+        self.tp = tp
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, skip_input_norm=(i == 0), fused_kernels=fused_kernels)
+            LlamaDecoderLayer(
+                config, i, skip_input_norm=(i == 0), fused_kernels=fused_kernels, tp=tp
+            )
             for i in range(config.num_hidden_layers)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
@@ -58,8 +64,7 @@ class EagleDraft(nn.Module):
 
     @property
     def kv_layout(self) -> MHALayout:
-        cfg = self.config
-        return MHALayout(len(self.layers), cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+        return mha_layout(self.config, len(self.layers), self.tp)
 
     def forward(
         self,

@@ -23,20 +23,23 @@ from eagletree.adapters.models.layers import (
     concat_norms,
 )
 from eagletree.adapters.models.llama import LlamaAttention
-from eagletree.adapters.models.stack import MHALayout
+from eagletree.adapters.models.stack import MHALayout, mha_layout
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
 
 class Eagle3MidLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, fused_kernels: bool = False) -> None:
+    def __init__(
+        self, config: LlamaConfig, fused_kernels: bool = False, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
         self.hidden_norm = RMSNorm(hidden, eps, fused_kernels)
         self.self_attn = LlamaAttention(
-            config, layer_id=0, input_size=2 * hidden, fused_kernels=fused_kernels
+            config, layer_id=0, input_size=2 * hidden, fused_kernels=fused_kernels, tp=tp
         )
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
 
     def forward(
         self, embeds: torch.Tensor, h: torch.Tensor, rope: RopeTables, ctx: AttentionContext
@@ -52,7 +55,9 @@ class Eagle3MidLayer(nn.Module):
 
 class Eagle3Draft(nn.Module):
     """``hidden_states`` are the target's aux states (3·H_target, fused by ``fc``) or this head's
-    own pre-norm output (H) from the previous draft step; the width tells which."""
+    own pre-norm output (H) from the previous draft step; the width tells which.
+    Tensor-parallel over the target's ``tp``: the midlayer is sharded; ``fc``, the norm and the
+    draft-vocabulary lm_head are small and replicated (every rank computes all draft logits)."""
 
     d2t: torch.Tensor
     draft_to_target: torch.Tensor
@@ -64,6 +69,7 @@ class Eagle3Draft(nn.Module):
         draft_vocab_size: int,
         target_hidden_size: int,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         if 3 * target_hidden_size == config.hidden_size:
@@ -74,9 +80,10 @@ class Eagle3Draft(nn.Module):
             )
         self.config = config
         self.shared = shared
+        self.tp = tp
         self.draft_vocab_size = draft_vocab_size
         self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
-        self.midlayer = Eagle3MidLayer(config, fused_kernels)
+        self.midlayer = Eagle3MidLayer(config, fused_kernels, tp)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = nn.Linear(config.hidden_size, draft_vocab_size, bias=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
@@ -96,8 +103,7 @@ class Eagle3Draft(nn.Module):
 
     @property
     def kv_layout(self) -> MHALayout:
-        cfg = self.config
-        return MHALayout(1, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+        return mha_layout(self.config, 1, self.tp)
 
     def reset_vocab_map(self) -> None:
         """Recompute ``draft_to_target`` after ``d2t`` was loaded."""

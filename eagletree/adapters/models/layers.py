@@ -18,6 +18,7 @@ from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm, rmsnorm
 from eagletree.adapters.kernels.triton.silu_and_mul import silu_and_mul
 from eagletree.adapters.models.config import RopeConfig
 from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
 
 if TYPE_CHECKING:
     from eagletree.domain.batch import ForwardBatch
@@ -88,7 +89,10 @@ def concat_norms(first: RMSNorm, x: torch.Tensor, second: RMSNorm, y: torch.Tens
 
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))``, the MLP of Llama and of DeepSeek's dense layers, with
-    gate and up merged into one GEMM (the checkpoint's ``gate_proj`` / ``up_proj``)."""
+    gate and up merged into one GEMM (the checkpoint's ``gate_proj`` / ``up_proj``).
+
+    Tensor-parallel: a rank holds its block of the intermediate features (gate/up rows, down
+    columns); ``down_proj`` sums the ranks' partial outputs (one all-reduce)."""
 
     def __init__(
         self,
@@ -96,15 +100,18 @@ class SwiGLU(nn.Module):
         intermediate_size: int,
         bias: bool = False,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         parts = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
-        self.gate_up_proj = MergedLinear(hidden_size, parts, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedLinear(hidden_size, parts, bias=bias, tp=tp)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, tp=tp, what="intermediate_size"
+        )
         self.fused_kernels = fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate)
+        # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate / W)
         gate_up = self.gate_up_proj(x)
         if self.fused_kernels:
             act = silu_and_mul(gate_up)

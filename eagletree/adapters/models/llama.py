@@ -27,7 +27,15 @@ from eagletree.adapters.models.stack import (
     MHALayout,
     TargetHidden,
     check_aux_layer_ids,
+    mha_layout,
     run_decoder_stack,
+)
+from eagletree.adapters.models.tensor_parallel import (
+    SINGLE,
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallel,
+    VocabParallelEmbedding,
 )
 from eagletree.domain.attention_layer import AttentionLayer
 
@@ -38,6 +46,9 @@ class LlamaAttention(nn.Module):
     q, k and v come from one GEMM (``qkv_proj``, filled from the checkpoint's q/k/v_proj). With
     ``fused_kernels`` and an MHA pool in the context, one kernel rotates q and k and stores k and
     v in the pool, and the backend runs with ``save_kv=False``.
+
+    Tensor-parallel: a rank owns ``heads / W`` query heads and ``kv_heads / W`` kv heads (its
+    KV pool holds only those), and ``o_proj`` sums the ranks' head outputs (one all-reduce).
     """
 
     def __init__(
@@ -46,6 +57,7 @@ class LlamaAttention(nn.Module):
         layer_id: int,
         input_size: int | None = None,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         heads, kv_heads, head_dim = (
@@ -60,13 +72,13 @@ class LlamaAttention(nn.Module):
             ("k_proj", kv_heads * head_dim),
             ("v_proj", kv_heads * head_dim),
         )
-        self.qkv_proj = MergedLinear(width, parts, bias=bias)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=bias)
+        self.qkv_proj = MergedLinear(width, parts, bias=bias, tp=tp)
+        self.o_proj = RowParallelLinear(heads * head_dim, config.hidden_size, bias=bias, tp=tp)
         self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
-            num_q_heads=heads,
-            num_kv_heads=kv_heads,
+            num_q_heads=tp.split(heads, "num_attention_heads"),
+            num_kv_heads=tp.split(kv_heads, "num_key_value_heads"),
             head_dim=head_dim,
             v_head_dim=head_dim,
             scaling=head_dim**-0.5,
@@ -111,13 +123,14 @@ class LlamaDecoderLayer(nn.Module):
         layer_id: int,
         skip_input_norm: bool = False,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = None if skip_input_norm else RMSNorm(hidden, eps, fused_kernels)
-        self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels)
+        self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels, tp=tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels)
+        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
 
     def forward(
         self,
@@ -133,21 +146,31 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured)."""
+    """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured).
+
+    Tensor-parallel over ``tp``: embedding and lm_head by vocabulary (the logits are gathered,
+    so every rank sees all of them), attention by heads, the MLP by intermediate features."""
 
     def __init__(
-        self, config: LlamaConfig, aux_layer_ids: Sequence[int] = (), fused_kernels: bool = False
+        self,
+        config: LlamaConfig,
+        aux_layer_ids: Sequence[int] = (),
+        fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels)
+            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels, tp=tp)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = ColumnParallelLinear(
+            config.hidden_size, config.vocab_size, False, tp, gather_output=True, what="vocab_size"
+        )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()
 
@@ -165,8 +188,7 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def kv_layout(self) -> MHALayout:
-        cfg = self.config
-        return MHALayout(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+        return mha_layout(self.config, self.config.num_hidden_layers, self.tp)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

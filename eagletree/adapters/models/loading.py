@@ -9,6 +9,9 @@ leading ``model.``. Models are built on the meta device and filled in place, so 
 initialisation is spent on multi-gigabyte weights. Merged projections (q/k/v, gate/up, MLA's
 q_a/kv_a) are filled from the checkpoint's separate tensors (``MergedLinear``).
 
+Under tensor parallelism (``tp``, the target's group; its drafts follow it) every rank builds
+its shard of each model and reads only its blocks of the sharded tensors from the checkpoint.
+
 ``fused_kernels`` picks the models' Triton kernels over the torch reference code; left None it
 is on for CUDA and off elsewhere (the CPU runs Triton only in the interpreter, far too slowly).
 """
@@ -38,6 +41,7 @@ from eagletree.adapters.models.llama import LlamaForCausalLM
 from eagletree.adapters.models.mtp import MTPLayer
 from eagletree.adapters.models.stack import default_aux_layer_ids
 from eagletree.adapters.models.tensor_files import Rename, TensorFiles, fill_module
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 from eagletree.domain.errors import ConfigurationError
 
 DraftKind = Literal["eagle", "eagle3", "mtp"]
@@ -92,19 +96,23 @@ def load_target(
     device: torch.device | str,
     aux_layer_ids: Sequence[int] = (),
     fused_kernels: bool | None = None,
+    tp: TensorParallel = SINGLE,
 ) -> TargetModel:
-    """The target model of an HF checkpoint directory, capturing ``aux_layer_ids`` (EAGLE-3)."""
+    """The target model of an HF checkpoint directory, capturing ``aux_layer_ids`` (EAGLE-3);
+    this rank's shard of it under ``tp``."""
     reader = ConfigReader.from_dir(path)
     architecture = reader.architecture()
     fused = _fused(fused_kernels, device)
     model: TargetModel
     if architecture == "LlamaForCausalLM":
         llama = parse_llama_config(reader)
-        model = materialize(lambda: LlamaForCausalLM(llama, aux_layer_ids, fused), dtype, device)
+        model = materialize(
+            lambda: LlamaForCausalLM(llama, aux_layer_ids, fused, tp), dtype, device
+        )
     elif architecture == "DeepseekV3ForCausalLM":
         mla = parse_mla_config(reader)
         model = materialize(
-            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused), dtype, device
+            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused, tp), dtype, device
         )
     else:
         raise reader.error(
@@ -186,7 +194,9 @@ def load_eagle_draft(
     fc_bias = any(_strip_model(name) == "fc.bias" for name in files.names())
     device = target.embed_tokens.weight.device
     fused = _fused(fused_kernels, device)
-    draft = materialize(lambda: EagleDraft(config, _shared(target), fc_bias, fused), dtype, device)
+    draft = materialize(
+        lambda: EagleDraft(config, _shared(target), fc_bias, fused, target.tp), dtype, device
+    )
 
     def rename(name: str) -> str | None:
         rest = _strip_model(name)
@@ -214,7 +224,7 @@ def load_eagle3_draft(
     device = target.embed_tokens.weight.device
     fused = _fused(fused_kernels, device)
     draft = materialize(
-        lambda: Eagle3Draft(config, _shared(target), draft_vocab, target_hidden, fused),
+        lambda: Eagle3Draft(config, _shared(target), draft_vocab, target_hidden, fused, target.tp),
         dtype,
         device,
     )
@@ -283,7 +293,9 @@ def load_mtp_layers(
     fused = _fused(fused_kernels, device)
     layers = []
     for i in range(count):
-        layer = materialize(lambda: MTPLayer(config, _shared(target), fused), dtype, device)
+        layer = materialize(
+            lambda: MTPLayer(config, _shared(target), fused, target.tp), dtype, device
+        )
         fill_module(layer, files, _mtp_rename(f"model.layers.{first + i}."), f"MTP layer {i}")
         layers.append(layer)
     return layers
@@ -324,13 +336,15 @@ def load_models(
     dtype: torch.dtype,
     device: torch.device | str,
     fused_kernels: bool | None = None,
+    tp: TensorParallel = SINGLE,
 ) -> LoadedModels:
-    """Target and draft(s) together: an EAGLE-3 draft decides which target layers are captured."""
+    """Target and draft(s) together: an EAGLE-3 draft decides which target layers are captured;
+    this rank's shards of them under ``tp``."""
     aux: tuple[int, ...] = ()
     if draft_kind == "eagle3" and draft_path is not None:
         num_layers = ConfigReader.from_dir(target_path).get_int("num_hidden_layers")
         aux = eagle3_aux_layer_ids(draft_path, num_layers)
-    target = load_target(target_path, dtype, device, aux, fused_kernels)
+    target = load_target(target_path, dtype, device, aux, fused_kernels, tp)
     if draft_kind is None or draft_path is None:
         return LoadedModels(target, [])
     drafts = load_draft(draft_path, draft_kind, target, dtype, fused_kernels)

@@ -22,7 +22,8 @@ from eagletree.adapters.models.layers import (
     concat_norms,
 )
 from eagletree.adapters.models.llama import LlamaDecoderLayer
-from eagletree.adapters.models.stack import KVLayout, MHALayout, MLALayout
+from eagletree.adapters.models.stack import KVLayout, MLALayout, mha_layout
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
 
 class SharedHead(nn.Module):
@@ -34,17 +35,21 @@ class SharedHead(nn.Module):
 
 
 class MTPLayer(nn.Module):
-    """``hidden_states``: the target's final-normed features or the previous MTP layer's output."""
+    """``hidden_states``: the target's final-normed features or the previous MTP layer's output.
+    Tensor-parallel over the target's ``tp``: the decoder layer is sharded, ``eh_proj`` and the
+    norms are replicated."""
 
     def __init__(
         self,
         config: LlamaConfig | MLAConfig,
         shared: SharedTargetModules,
         fused_kernels: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         self.config = config
         self.shared = shared
+        self.tp = tp
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.enorm = RMSNorm(hidden, eps, fused_kernels)
         self.hnorm = RMSNorm(hidden, eps, fused_kernels)
@@ -52,10 +57,10 @@ class MTPLayer(nn.Module):
         self.decoder: LlamaDecoderLayer | MLADecoderLayer
         self.rotary: RotaryEmbedding
         if isinstance(config, MLAConfig):
-            self.decoder = MLADecoderLayer(config, layer_id=0, fused_kernels=fused_kernels)
+            self.decoder = MLADecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
             self.rotary = mla_rotary(config)
         else:
-            self.decoder = LlamaDecoderLayer(config, layer_id=0, fused_kernels=fused_kernels)
+            self.decoder = LlamaDecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
             self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.shared_head = SharedHead(hidden, eps, fused_kernels)
 
@@ -72,7 +77,7 @@ class MTPLayer(nn.Module):
         cfg = self.config
         if isinstance(cfg, MLAConfig):
             return MLALayout(1, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-        return MHALayout(1, cfg.num_key_value_heads, cfg.head_dim, cfg.head_dim)
+        return mha_layout(cfg, 1, self.tp)
 
     def forward(
         self,

@@ -8,7 +8,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.tensor_parallel import TensorParallel
 
 
 class MHALayout(NamedTuple):
@@ -29,6 +31,12 @@ class MLALayout(NamedTuple):
 
 
 KVLayout = MHALayout | MLALayout
+
+
+def mha_layout(config: LlamaConfig, layer_num: int, tp: TensorParallel) -> MHALayout:
+    """The pool of ``layer_num`` GQA layers of ``config``: this rank's kv heads only."""
+    kv_heads = tp.split(config.num_key_value_heads, "num_key_value_heads")
+    return MHALayout(layer_num, kv_heads, config.head_dim, config.head_dim)
 
 
 class TargetHidden(NamedTuple):

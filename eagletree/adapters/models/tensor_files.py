@@ -1,5 +1,8 @@
 """Adapter: a checkpoint directory's safetensors (one file or a sharded index) and filling modules.
 
+A tensor-parallel module (``ShardedParameters``) is filled shard by shard: only its rank's block
+of each checkpoint tensor is read from the file.
+
 Errors are ``ConfigurationError``s naming the directory or file, the tensor, and for shapes the
 expected and the found shape.
 """
@@ -17,6 +20,7 @@ from safetensors import safe_open
 from torch import nn
 
 from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.tensor_parallel import CheckpointShard, ShardedParameters
 from eagletree.domain.errors import ConfigurationError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -74,14 +78,26 @@ class TensorFiles:
             by_file.setdefault(self._file_of[name], []).append(name)
         return by_file
 
-    def read(self, names: list[str], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield (name, tensor on ``device``), opening each file once."""
+    def read(
+        self,
+        names: list[str],
+        device: torch.device,
+        shards: dict[str, CheckpointShard] | None = None,
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (name, tensor on ``device``), opening each file once; a name in ``shards``
+        yields only that block of its tensor (the rest is never read)."""
+        shards = shards or {}
         for file, file_names in self._group_by_file(names).items():
             with ExitStack() as stack:
                 handle: Any = stack.enter_context(open_safetensors(file, device))
                 for name in file_names:
                     try:
-                        tensor = handle.get_tensor(name)
+                        shard = shards.get(name)
+                        if shard is None:
+                            tensor = handle.get_tensor(name)
+                        else:
+                            view = handle.get_slice(name)
+                            tensor = view[shard.slices(tuple(view.get_shape()))]
                     except Exception as error:  # safetensors' SafetensorError is not exported
                         raise _unreadable(file, error) from None
                     yield name, tensor
@@ -105,22 +121,39 @@ def _unreadable(file: Path, error: Exception) -> ConfigurationError:
 def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter (tied ones once) and persistent buffer a checkpoint must fill, by
     checkpoint name: a ``MergedLinear``'s weight appears as the row views of its parts."""
-    merged = {name: sub for name, sub in module.named_modules() if isinstance(sub, MergedLinear)}
-    tensors: dict[str, torch.Tensor] = {}
+    return {name: tensor for name, (tensor, _) in _checkpoint_entries(module).items()}
+
+
+def module_shards(module: nn.Module) -> dict[str, CheckpointShard]:
+    """The checkpoint names ``module`` holds a block of (tensor parallelism), with the block."""
+    entries = _checkpoint_entries(module)
+    return {name: shard for name, (_, shard) in entries.items() if shard is not None}
+
+
+def _checkpoint_entries(
+    module: nn.Module,
+) -> dict[str, tuple[torch.Tensor, CheckpointShard | None]]:
+    modules = dict(module.named_modules())
+    entries: dict[str, tuple[torch.Tensor, CheckpointShard | None]] = {}
     for name, param in module.named_parameters():
-        owner, _, _ = name.rpartition(".")
-        sub = merged.get(owner)
-        if sub is None:
-            tensors[name] = param
-        elif name == f"{owner}.weight":  # every part's weight and bias, in checkpoint order
-            parent = owner.rpartition(".")[0]
-            prefix = f"{parent}." if parent else ""
-            tensors.update((prefix + part, view) for part, view in sub.checkpoint_parts())
+        owner, _, attr = name.rpartition(".")
+        sub = modules[owner]
+        if isinstance(sub, MergedLinear):
+            if attr == "weight":  # every part's weight and bias, in checkpoint order
+                parent = owner.rpartition(".")[0]
+                prefix = f"{parent}." if parent else ""
+                entries.update(
+                    (prefix + part, (view, shard)) for part, view, shard in sub.checkpoint_parts()
+                )
+        elif isinstance(sub, ShardedParameters):
+            entries[name] = (param, sub.checkpoint_shard(attr))
+        else:
+            entries[name] = (param, None)
     persistent = module.state_dict(keep_vars=True)
     for name, buffer in module.named_buffers():
         if name in persistent:
-            tensors[name] = buffer
-    return tensors
+            entries[name] = (buffer, None)
+    return entries
 
 
 def fill_module(
@@ -136,7 +169,9 @@ def fill_module(
     has initialised); a checkpoint tensor that ``rename`` maps to no module tensor is an error
     (a wrong architecture, usually).
     """
-    expected = module_tensors(module)
+    entries = _checkpoint_entries(module)
+    expected = {name: tensor for name, (tensor, _) in entries.items()}
+    shards = {name: shard for name, (_, shard) in entries.items() if shard is not None}
     device = next(iter(expected.values())).device if expected else torch.device("cpu")
     source: dict[str, str] = {}
     unknown: list[str] = []
@@ -167,12 +202,23 @@ def fill_module(
     for target, name in source.items():
         got = shapes[name]
         want = tuple(expected[target].shape)
-        if got != want:
+        shard = shards.get(target)
+        got_local = shard.local_shape(got) if shard is not None and shard.divides(got) else got
+        if got_local != want:
+            block = (
+                ""
+                if shard is None
+                else (
+                    f" as its block {shard.block} of {shard.num_blocks} along dim {shard.dim}"
+                    " (tensor parallelism)"
+                )
+            )
             raise ConfigurationError(
                 f"{files.file_of(name)}: tensor {name!r} has shape {list(got)}, the {what}"
-                f" expects {list(want)}"
+                f" expects {list(want)}{block}"
             )
     by_name = {name: target for target, name in source.items()}
+    read_shards = {name: shards[target] for target, name in source.items() if target in shards}
     with torch.no_grad():
-        for name, tensor in files.read(list(by_name), device):
+        for name, tensor in files.read(list(by_name), device, read_shards):
             expected[by_name[name]].copy_(tensor)

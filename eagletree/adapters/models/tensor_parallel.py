@@ -1,0 +1,185 @@
+"""Adapter: tensor parallelism on torch.distributed — the group a model is sharded over and the
+sharded layers (column-, row- and vocabulary-parallel).
+
+A ``TensorParallel`` value names this process's rank, the group's size and the explicit process
+group (``dist.new_group``, never the default group), and is passed to every model constructor;
+with ``world_size == 1`` (``SINGLE``) every layer here is exactly its ``nn`` counterpart and no
+collective runs. Sharded layers hold the rank's block of the full weight and say, per
+parameter, which block of the checkpoint tensor fills it (``checkpoint_shard``), so that loading
+reads each rank's slice straight from the same checkpoint files.
+
+Collectives per decoder layer: one all-reduce after attention's ``o_proj`` and one after the
+MLP's ``down_proj`` (row-parallel), one for the vocabulary-parallel embedding and one all-gather
+of the lm_head's logits. The reduced result is the same on every rank (a collective returns one
+value to all), so the replicated parts that follow compute the same bits everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from eagletree.domain.errors import ConfigurationError
+
+
+class CheckpointShard(NamedTuple):
+    """Block ``block`` of ``num_blocks`` equal blocks along ``dim`` of a checkpoint tensor."""
+
+    dim: int
+    block: int
+    num_blocks: int
+
+    def local_shape(self, full: tuple[int, ...]) -> tuple[int, ...]:
+        shape = list(full)
+        shape[self.dim] //= self.num_blocks
+        return tuple(shape)
+
+    def divides(self, full: tuple[int, ...]) -> bool:
+        return len(full) > self.dim and full[self.dim] % self.num_blocks == 0
+
+    def slices(self, full: tuple[int, ...]) -> tuple[slice, ...]:
+        """The index of this block in a tensor of shape ``full``."""
+        size = full[self.dim] // self.num_blocks
+        index = [slice(None)] * len(full)
+        index[self.dim] = slice(self.block * size, (self.block + 1) * size)
+        return tuple(index)
+
+
+@runtime_checkable
+class ShardedParameters(Protocol):
+    """A module whose parameters are blocks of the checkpoint's tensors."""
+
+    def checkpoint_shard(self, parameter: str) -> CheckpointShard | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallel:
+    """This process's place in a tensor-parallel group; ``group`` None only for one rank."""
+
+    rank: int = 0
+    world_size: int = 1
+    group: dist.ProcessGroup | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+        if self.world_size > 1 and self.group is None:
+            raise ValueError("a tensor-parallel group of several ranks needs its process group")
+
+    @property
+    def is_parallel(self) -> bool:
+        return self.world_size > 1
+
+    def split(self, size: int, what: str) -> int:
+        """This rank's share of ``size`` (heads, rows, vocabulary entries): size / world_size."""
+        if size % self.world_size:
+            raise ConfigurationError(
+                f"{what} = {size} is not divisible by the tensor-parallel size"
+                f" {self.world_size}: choose a parallel.tp_size that divides it"
+            )
+        return size // self.world_size
+
+    def shard(self, dim: int) -> CheckpointShard | None:
+        """This rank's block along ``dim``; None without parallelism (the whole tensor)."""
+        return CheckpointShard(dim, self.rank, self.world_size) if self.is_parallel else None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of ``x`` over the group, in place; ``x`` itself for one rank."""
+        if self.is_parallel:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """(…, n) per rank -> (…, world_size · n): every rank's block in rank order."""
+        if not self.is_parallel:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x, group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
+SINGLE = TensorParallel()
+
+
+class ColumnParallelLinear(nn.Linear):
+    """``nn.Linear(in, out)`` holding output rows ``rank·out/W .. (rank+1)·out/W``; each rank's
+    output is its block of the full output, or the full output with ``gather_output``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TensorParallel = SINGLE,
+        *,
+        gather_output: bool = False,
+        what: str = "output features",
+    ) -> None:
+        super().__init__(in_features, tp.split(out_features, what), bias=bias)
+        self.tp = tp
+        self.gather_output = gather_output
+
+    def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
+        return self.tp.shard(0)  # weight (out, in) and bias (out,): rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, in) -> (num_tokens, out / W), or (num_tokens, out) gathered
+        y: torch.Tensor = super().forward(x)
+        return self.tp.all_gather_last(y) if self.gather_output else y
+
+
+class RowParallelLinear(nn.Linear):
+    """``nn.Linear(in, out)`` holding input columns ``rank·in/W .. (rank+1)·in/W``: each rank
+    multiplies its block of the input (a column-parallel layer's output), the partial products
+    are summed across the group, and the (replicated) bias is added once after the sum."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TensorParallel = SINGLE,
+        *,
+        what: str = "input features",
+    ) -> None:
+        super().__init__(tp.split(in_features, what), out_features, bias=bias)
+        self.tp = tp
+
+    def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
+        return self.tp.shard(1) if parameter == "weight" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, in / W) -> (num_tokens, out), the same on every rank
+        if not self.tp.is_parallel:
+            return super().forward(x)
+        y = self.tp.all_reduce(nn.functional.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    """``nn.Embedding(V, H)`` holding rows ``rank·V/W .. (rank+1)·V/W``: a rank looks up the
+    ids in its block, zeros the others, and the sum over the group is the full lookup (exact:
+    every row but one adds zeros). Its weight may be tied to a gathered ``ColumnParallelLinear``
+    lm_head, whose row blocks are the same."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp: TensorParallel = SINGLE):
+        super().__init__(tp.split(num_embeddings, "vocab_size"), embedding_dim)
+        self.tp = tp
+        self.vocab_start = tp.rank * self.num_embeddings
+
+    def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
+        return self.tp.shard(0)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # input_ids: (num_tokens,) -> (num_tokens, H)
+        if not self.tp.is_parallel:
+            return super().forward(input_ids)
+        local = input_ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        rows = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
+        return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0.0))

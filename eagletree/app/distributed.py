@@ -1,0 +1,212 @@
+"""App: the process group an engine's tensor parallelism runs over, and joining one.
+
+Every rank of a tensor-parallel group builds the same engine from the same settings and is
+given the same requests in the same order; the scheduler is deterministic and the sampling
+coins are a function of (seed, position), and every collective hands all ranks one result, so
+each rank's scheduler, worker and acceptance stay identical without broadcasting a plan. Rank 0
+is the one that reports. A sampling request needs the same seed on every rank: a request
+without one draws it from the process's entropy, so a launcher seeds them (``agreed_seed``).
+
+The default process group is torch.distributed's global state; the engine never uses it, it
+gets an explicit group (``dist.new_group``), which the container wraps in the models'
+``TensorParallel`` value. Joining
+(``join_process_group``) is the launcher's business: ``torchrun`` or a spawning parent, both
+rendezvousing on 127.0.0.1 with a timeout on every collective, so that a dead rank ends the
+others with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import (
+    ProcessExitedException,
+    ProcessRaisedException,
+    start_processes,
+)
+
+from eagletree.domain.errors import ConfigurationError
+
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a spawned group's rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def join_process_group(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None = None,
+    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+) -> None:
+    """Join the default group of ``world_size`` processes on 127.0.0.1:``port`` (gloo on the
+    CPU, NCCL when CUDA is there); every collective fails after ``timeout`` instead of hanging."""
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _use_rank_gpu(rank)
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=timeout,
+    )
+
+
+def launched_by_torchrun() -> bool:
+    """Whether this process is a rank torchrun started (its rendezvous is in the environment)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def join_launched_group(timeout: datetime.timedelta = COLLECTIVE_TIMEOUT) -> None:
+    """Join the group torchrun launched (``env://``), with the same collective timeout."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    _use_rank_gpu(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])))
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def _use_rank_gpu(local_rank: int) -> None:
+    # NCCL communicators and Triton launches use the current device: make it the rank's own
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+
+
+def in_process_group() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def group_rank() -> int:
+    """This process's rank in the joined group; 0 outside one."""
+    return dist.get_rank() if in_process_group() else 0
+
+
+def agreed_seed() -> int:
+    """A fresh random seed, the same on every rank (rank 0's, broadcast): an unseeded sampling
+    request draws its seed from this process's entropy, which the ranks would not share."""
+    seed = [int.from_bytes(os.urandom(4), "little")]
+    dist.broadcast_object_list(seed, src=0)
+    return int(seed[0])
+
+
+def tensor_parallel_process_group(
+    tp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+) -> dist.ProcessGroup | None:
+    """The group of ``tp_size`` tensor-parallel ranks: None for one, else a new group over the
+    ranks of the (already joined) default group. Every rank must call it (a collective)."""
+    if tp_size == 1:
+        return None
+    if not in_process_group():
+        raise ConfigurationError(
+            f"parallel.tp_size = {tp_size} needs one process per rank: launch the ranks with "
+            f"torchrun --nproc-per-node {tp_size}, or join them with "
+            "eagletree.app.distributed.join_process_group before building the engine"
+        )
+    world_size = dist.get_world_size()
+    if world_size != tp_size:
+        raise ConfigurationError(
+            f"parallel.tp_size = {tp_size}, but the process group has {world_size} ranks: "
+            "launch exactly tp_size processes"
+        )
+    group: dist.ProcessGroup = dist.new_group(list(range(tp_size)), timeout=timeout)
+    return group
+
+
+def rank_device(device: str, rank: int, world_size: int) -> torch.device:
+    """``device`` for this rank: a bare ``cuda`` becomes the rank's GPU (LOCAL_RANK under
+    torchrun, else the rank); an explicit index or another device stays as it is."""
+    chosen = torch.device(device)
+    if chosen.type != "cuda" or chosen.index is not None or world_size == 1:
+        return chosen
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+
+
+class RankFailed(RuntimeError):
+    """A rank of a spawned group raised; the others were ended. ``rank``: the first to fail."""
+
+    def __init__(self, rank: int, world_size: int, error: str) -> None:
+        super().__init__(f"tensor-parallel rank {rank} of {world_size} failed first:\n{error}")
+        self.rank = rank
+
+
+def _rank_main(
+    rank: int,
+    main: Callable[..., None],
+    world_size: int,
+    port: int,
+    timeout: datetime.timedelta,
+    failures: Any,
+    args: tuple[Any, ...],
+) -> None:
+    join_process_group(rank, world_size, port, timeout=timeout)
+    try:
+        main(rank, *args)
+    except SystemExit as exit_:  # a command's exit status; it printed its own message
+        failures.put((time.time(), rank, f"exited with status {exit_.code}"))
+        raise
+    except BaseException:
+        # recorded before this process exits: its peers' errors (a closed connection) follow it
+        failures.put((time.time(), rank, traceback.format_exc()))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_ranks(
+    main: Callable[..., None],
+    world_size: int,
+    args: tuple[Any, ...] = (),
+    *,
+    timeout_s: float | None = 600.0,
+    collective_timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+) -> None:
+    """Run ``main(rank, *args)`` in ``world_size`` spawned processes joined in one group.
+
+    ``main`` must be importable by name (spawn pickles it by reference). A rank that raises
+    ends the others and this call raises ``RankFailed`` naming the rank that failed first, with
+    its traceback; ranks still running after ``timeout_s`` (None: no deadline) are killed and
+    ``TimeoutError`` names them.
+    """
+    port = free_port()
+    failures = mp.get_context("spawn").SimpleQueue()
+    context = start_processes(  # type: ignore[no-untyped-call]
+        _rank_main,
+        args=(main, world_size, port, collective_timeout, failures, args),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+    try:
+        while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                running = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise TimeoutError(
+                    f"tensor-parallel rank(s) {running} of {world_size} still running after "
+                    f"{timeout_s} s; killed"
+                )
+    except (ProcessRaisedException, ProcessExitedException) as error:
+        recorded = []
+        while not failures.empty():
+            recorded.append(failures.get())
+        if not recorded:  # killed by a signal: nothing could be recorded
+            raise
+        _, rank, trace = min(recorded)
+        raise RankFailed(rank, world_size, trace) from error
