@@ -82,8 +82,13 @@ def test_a_requests_distribution_is_the_same_alone_and_beside_other_filters(
     )
     if unfiltered and not target.greedy:  # the neutral filters keep every token, exactly
         softmax = torch.softmax(logits[0] / target.temperature, dim=0)
-        assert torch.equal(alone[0], softmax)
-        assert bool((alone[0] > 0).all())
+        if device.type == "cpu":
+            assert torch.equal(alone[0], softmax)
+        else:  # CUDA divides by a scalar as a product with its reciprocal: a one-ulp
+            # difference in a logit of ~25 moves exp by ~25 ulps (2e-6 measured on the H200);
+            # a dropped or truncated tail token would differ by 100 %
+            torch.testing.assert_close(alone[0], softmax, rtol=1e-5, atol=0.0)
+        assert bool((alone[0] > 0).all())  # the tail (p down to ~1e-9) is kept
         ranked = torch.sort(softmax, descending=True).values
         mass_before = torch.cumsum(ranked, dim=0) - ranked
         if device.type == "cpu":  # the hazard is there ("1.0" before the tail), on this device
