@@ -155,6 +155,10 @@ def _rank_main(
     join_process_group(rank, world_size, port, timeout=timeout)
     try:
         main(rank, *args)
+        # every rank done before any tears the group down: a peer destroying its gloo pairs
+        # while another still talks to it aborts that process ("terminate called without an
+        # active exception")
+        dist.barrier()
     except SystemExit as exit_:  # a command's exit status; it printed its own message
         failures.put((time.time(), rank, f"exited with status {exit_.code}"))
         raise
