@@ -157,7 +157,8 @@ def _rank_main(
         main(rank, *args)
         # every rank done before any tears the group down: a peer destroying its gloo pairs
         # while another still talks to it aborts that process ("terminate called without an
-        # active exception")
+        # active exception"); the marker tells a deadline which ranks only wait here
+        failures.put((time.time(), rank, None))
         dist.barrier()
     except SystemExit as exit_:  # a command's exit status; it printed its own message
         failures.put((time.time(), rank, f"exited with status {exit_.code}"))
@@ -198,7 +199,16 @@ def spawn_ranks(
     try:
         while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
-                running = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+                done = set()
+                while not failures.empty():
+                    _, rank, trace = failures.get()
+                    if trace is None:  # finished its work, waiting for the others to finish
+                        done.add(rank)
+                running = [
+                    rank
+                    for rank, p in enumerate(context.processes)
+                    if p.is_alive() and rank not in done
+                ]
                 for process in context.processes:
                     if process.is_alive():
                         process.kill()
@@ -209,7 +219,9 @@ def spawn_ranks(
     except (ProcessRaisedException, ProcessExitedException) as error:
         recorded = []
         while not failures.empty():
-            recorded.append(failures.get())
+            event = failures.get()
+            if event[2] is not None:  # a failure, not a rank's "finished" marker
+                recorded.append(event)
         if not recorded:  # killed by a signal: nothing could be recorded
             raise
         _, rank, trace = min(recorded)
