@@ -49,11 +49,7 @@ class DecodeInputs:
     # (padded,) int64 host copy of seq_lens for eager steps; None in a captured graph, whose
     # launches must not depend on the values of one step, and when the host does not know them
     seq_lens_cpu: torch.Tensor | None = None
-    seq_lens_sum_value: int | None = None  # Σ seq_lens_cpu, known with it
-
-    @property
-    def seq_lens_sum(self) -> int | None:
-        return self.seq_lens_sum_value
+    seq_lens_sum: int | None = None  # Σ seq_lens_cpu, known with it
 
     @property
     def padded_size(self) -> int:
@@ -180,7 +176,7 @@ class DecodeInputBuffers:
         if not exact_lengths:
             return views
         seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
-        return dataclasses.replace(views, seq_lens_cpu=seq_lens_cpu, seq_lens_sum_value=sum(lens))
+        return dataclasses.replace(views, seq_lens_cpu=seq_lens_cpu, seq_lens_sum=sum(lens))
 
     def views(
         self,

@@ -262,7 +262,7 @@ class MultiLayerEagleWorkerV2:
         """The step when a request has fewer than S − 1 committed tokens (eager, host-sized)."""
         device = self._batches.device
         window = DecodeWindow.of(requests, device)
-        state = self._state.gather_rows(to_device(torch.tensor([r.row for r in requests]), device))
+        state = self._state.gather_rows(window.req_pool_indices)
         tree = self._chain_tree(window, state)
         sampling = sampling_inputs(requests, self._verifier.num_coins, device)
         verification = self._verifier.verify(window, tree, sampling)
