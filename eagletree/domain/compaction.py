@@ -51,17 +51,26 @@ def compact_to_front(
     ``inplace=True`` the S+1 path rows per request are gathered first and written back into
     ``x`` itself, which avoids copying all bs·N rows (the hidden states are the large case).
     """
+    src, dst = path_and_front_rows(accept_index, num_draft_tokens)
+    path_rows = x[src]  # gathered before any write: sources and targets overlap
+    out = x if inplace else x.clone()
+    out[dst] = path_rows
+    return out
+
+
+def path_and_front_rows(
+    accept_index: torch.Tensor, num_draft_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row ``src[i]`` of a node-indexed tensor goes to row ``dst[i]`` → two (bs·R,) int64,
+    R = min(S+1, N): the path's nodes to the front of each N-row block (past a path a row maps
+    to itself)."""
     bs, width = accept_index.shape
     n = num_draft_tokens
     rows = min(width, n)  # a path never has more nodes than the tree
     step = torch.arange(rows, device=accept_index.device)
     dst = torch.arange(bs, device=accept_index.device).unsqueeze(1) * n + step  # (bs, rows)
     path = accept_index[:, :rows].long()
-    src = torch.where(path >= 0, path, dst)
-    path_rows = x[src.flatten()]  # gathered before any write: sources and targets overlap
-    out = x if inplace else x.clone()
-    out[dst.flatten()] = path_rows
-    return out
+    return torch.where(path >= 0, path, dst).flatten(), dst.flatten()
 
 
 def bonus_tokens(
@@ -95,13 +104,7 @@ def compaction_plan(
 ) -> CompactionPlan:
     """The KV move plan and the row compaction indices of a verify result (see above)."""
     tgt, src = accepted_move_plan(accept_index, accept_length, verify_slots, num_draft_tokens)
-    bs, width = accept_index.shape
-    n = num_draft_tokens
-    rows = min(width, n)
-    step = torch.arange(rows, device=accept_index.device)
-    front = torch.arange(bs, device=accept_index.device).unsqueeze(1) * n + step  # (bs, rows)
-    path = accept_index[:, :rows].long()
-    return CompactionPlan(tgt, src, torch.where(path >= 0, path, front).flatten(), front.flatten())
+    return CompactionPlan(tgt, src, *path_and_front_rows(accept_index, num_draft_tokens))
 
 
 def compact_rows(x: torch.Tensor, plan: CompactionPlan) -> torch.Tensor:
