@@ -1,4 +1,7 @@
-"""Builds the EXTEND (prefill) and DECODE ForwardBatches of scheduled requests.
+"""Builds the EXTEND (prefill) ForwardBatches of scheduled requests.
+
+(A decode step's batch is built on the device from ``DecodeInputs``: see
+``app/workers/decode_inputs.py``.)
 
 Host metadata (token ids, lengths, row ids) is assembled in CPU tensors and copied without
 waiting for the device; KV slots are gathered on the device from the req_to_token rows the
@@ -62,25 +65,6 @@ class BatchBuilder:
             extend_lens_cpu=extend_lens,
         )
         return batch, to_device(logits_rows, device)
-
-    def decode(self, requests: Sequence[Request]) -> ForwardBatch:
-        """One new token per request: its pending last token, at position ``committed_len``."""
-        seq_lens = torch.tensor([r.committed_len for r in requests], dtype=torch.int64)
-        rows = torch.tensor([r.row for r in requests], dtype=torch.int64)
-        input_ids = torch.tensor([r.last_token for r in requests], dtype=torch.int64)
-        device = self.device
-        rows_dev = to_device(rows, device)
-        seq_lens_dev = to_device(seq_lens, device)
-        return ForwardBatch(
-            mode=ForwardMode.DECODE,
-            input_ids=to_device(input_ids, device),
-            positions=seq_lens_dev,
-            seq_lens=seq_lens_dev,
-            req_pool_indices=rows_dev,
-            out_cache_loc=self._slots(rows_dev, seq_lens_dev),
-            seq_lens_cpu=seq_lens,
-            seq_lens_sum=int(seq_lens.sum()),
-        )
 
     def _slots(self, rows: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
         # out_cache_loc: (num_tokens,) int64 slots from req_to_token (int32)

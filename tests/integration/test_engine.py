@@ -15,6 +15,7 @@ from eagletree.app.engine import Engine, GenerationResult, StepReport
 from eagletree.app.forward_batches import BatchBuilder
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.workers.decode_inputs import DecodeInputBuffers
 from eagletree.app.workers.step import StepOutput
 from eagletree.domain.batch import ForwardMode
 from eagletree.domain.coins import uniform_coins
@@ -421,13 +422,14 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
     for prompt in PROMPTS[2:]:
         engine.submit(prompt, _params(6))
     batches = BatchBuilder(runner.req_to_token_pool)
+    decode_inputs = DecodeInputBuffers.for_pool(runner.req_to_token_pool, padded=False)
     logits = torch.randn(4, 32, device="cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         plan = engine.scheduler.schedule()  # windows grow for two, two are admitted
         batches.extend(plan.prefill)
-        batches.decode(plan.decode)
+        decode_inputs.fill(plan.decode, len(plan.decode), num_coins=1)  # the decode step's input
         sample_next_tokens(logits, plan.prefill + plan.decode, uniform_coins)
         for request in plan.decode:
             request.mark_aborted()
