@@ -47,10 +47,10 @@ cli)
     ;;
 real-pair)
     # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
-    # the machine, the reports come back
-    python3 benchmarks/real_pair.py --out /tmp/real-pair "$@" 2>&1 | tee -a "$OUT/real-pair.log" \
-        | grep -v '^step ' | tail -n 80
-    cp /tmp/real-pair/report.md /tmp/real-pair/report.json "$OUT/" 2>/dev/null
+    # the machine, the reports (rewritten after every phase) come back, also from a run that
+    # REAL_PAIR_TIMEOUT seconds cut short
+    timeout "${REAL_PAIR_TIMEOUT:-570}" python3 benchmarks/real_pair.py --out /tmp/real-pair \
+        --report-dir "$OUT" "$@" 2>&1 | tee -a "$OUT/real-pair.log" | grep -v '^step ' | tail -n 80
     for head in eagle eagle3; do
         [ -f "/tmp/real-pair/$head/training.json" ] && cp "/tmp/real-pair/$head/training.json" \
             "$OUT/training-$head.json"

@@ -1,9 +1,11 @@
-"""App: acceptance of a draft head measured through the real engine, greedy, on given prompts.
+"""App: acceptance of a draft head measured through the real engine on given prompts.
 
 ``emitted`` per verify step is accepted drafts + 1, so the acceptance at depth d is the share of
 steps that accepted ≥ d drafts among those that accepted ≥ d − 1. A continuation *loops* when
 its tail repeats with a short period — a target trained briefly does that, and a looping text
-is easy to draft, so reports state the share.
+is easy to draft, so reports state the share and the acceptance of the continuations that do
+not loop; ``first_step_acceptance`` measures one step from many fresh contexts instead, and
+``lookup_acceptance`` the model-free prompt-lookup baseline.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from eagletree.app.engine import Engine
+from eagletree.app.training.prompt_lookup import LookupDrafter, simulate
 from eagletree.config.settings import EngineSettings
-from eagletree.domain.request import AcceptanceStats
+from eagletree.domain.request import AcceptanceStats, SamplingParams
 
 
 class TreeShape(NamedTuple):
@@ -46,6 +49,34 @@ class AcceptanceRow:
     matches_plain: bool | None  # greedy speculative output equals plain output (None: unchecked)
     looping_share: float
     seconds: float
+    temperature: float = 0.0
+    non_looping_accept_length: float | None = None  # over the continuations that do not loop
+
+    @staticmethod
+    def of(
+        shape: TreeShape,
+        per_request: Sequence[AcceptanceStats],
+        outputs: Sequence[Sequence[int]],
+        *,
+        matches_plain: bool | None,
+        seconds: float,
+        temperature: float = 0.0,
+    ) -> AcceptanceRow:
+        """The row of requests whose verify steps emitted ``per_request[i]`` for ``outputs[i]``."""
+        looping = [is_looping(output) for output in outputs]
+        total = merged(per_request)
+        steady = merged([s for s, loops in zip(per_request, looping, strict=True) if not loops])
+        return AcceptanceRow(
+            shape=shape,
+            mean_accept_length=total.mean_accept_length,
+            per_depth=per_depth_acceptance(total, shape.num_steps),
+            num_verify_steps=total.num_steps,
+            matches_plain=matches_plain,
+            looping_share=sum(looping) / max(len(looping), 1),
+            seconds=seconds,
+            temperature=temperature,
+            non_looping_accept_length=steady.mean_accept_length if steady.num_steps else None,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -53,13 +84,24 @@ class AcceptanceRow:
             "num_steps": self.shape.num_steps,
             "topk": self.shape.topk,
             "num_draft_tokens": self.shape.num_draft_tokens,
+            "temperature": self.temperature,
             "mean_accept_length": self.mean_accept_length,
+            "non_looping_accept_length": self.non_looping_accept_length,
             "per_depth": list(self.per_depth),
             "num_verify_steps": self.num_verify_steps,
             "matches_plain": self.matches_plain,
             "looping_share": self.looping_share,
             "seconds": self.seconds,
         }
+
+
+def merged(stats: Sequence[AcceptanceStats]) -> AcceptanceStats:
+    """One histogram of several requests' verify steps."""
+    width = max((len(s.histogram) for s in stats), default=0)
+    histogram = [sum(s.histogram[i] for s in stats if i < len(s.histogram)) for i in range(width)]
+    return AcceptanceStats(
+        sum(s.num_steps for s in stats), sum(s.num_emitted for s in stats), tuple(histogram)
+    )
 
 
 def per_depth_acceptance(stats: AcceptanceStats, depth: int) -> tuple[float, ...]:
@@ -92,9 +134,10 @@ def engine_settings(
     device: str,
     max_context_len: int,
     backend: dict[str, str] | None = None,
+    max_running_requests: int = 16,
 ) -> EngineSettings:
-    """Settings of a greedy engine; on the CPU fp32 with the torch backends, else bf16 and
-    the default (Triton) backends, ``backend`` overriding either."""
+    """Settings of an engine for these measurements; on the CPU fp32 with the torch backends,
+    else bf16 and the default (Triton) backends, ``backend`` overriding either."""
     on_cpu = device.startswith("cpu")
     speculative: dict[str, Any] = {"algorithm": "none"}
     if shape is not None:
@@ -113,7 +156,7 @@ def engine_settings(
             "max_context_len": max_context_len,
         },
         speculative=speculative,
-        memory={"max_total_tokens": 1 << 16, "max_running_requests": 16},
+        memory={"max_total_tokens": 1 << 16, "max_running_requests": max_running_requests},
         backend={
             **({"attention": "torch", "kv_move": "torch"} if on_cpu else {}),
             **(backend or {}),
@@ -149,9 +192,12 @@ def measure_acceptance(
     reference: Sequence[Sequence[int]] | None = None,
     backend: dict[str, str] | None = None,
     time_budget_s: float | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
 ) -> list[AcceptanceRow]:
     """One row per shape, in order; ``reference`` (plain greedy outputs) checks losslessness.
-    With ``time_budget_s`` no shape starts after the budget is spent (fewer rows come back)."""
+    With ``temperature`` > 0 request i samples with seed ``seed + i``. With ``time_budget_s``
+    no shape starts after the budget is spent (fewer rows come back)."""
     rows = []
     budget_started = time.perf_counter()
     for shape in shapes:
@@ -162,36 +208,100 @@ def measure_acceptance(
         )
         engine = Engine.from_settings(settings)
         started = time.perf_counter()
-        results = engine.generate(prompts, max_new_tokens=max_new_tokens)
+        results = engine.generate(
+            prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
+        )
         seconds = time.perf_counter() - started
-        stats = engine.stats.acceptance or AcceptanceStats(0, 0)
         outputs = [r.output_ids for r in results]
+        matches = None
+        if reference is not None and temperature == 0.0:
+            matches = outputs == [list(r) for r in reference]
         rows.append(
-            AcceptanceRow(
-                shape=shape,
-                mean_accept_length=stats.mean_accept_length,
-                per_depth=per_depth_acceptance(stats, shape.num_steps),
-                num_verify_steps=stats.num_steps,
-                matches_plain=None
-                if reference is None
-                else outputs == [list(r) for r in reference],
-                looping_share=sum(map(is_looping, outputs)) / max(len(outputs), 1),
+            AcceptanceRow.of(
+                shape,
+                [r.acceptance or AcceptanceStats(0, 0) for r in results],
+                outputs,
+                matches_plain=matches,
                 seconds=seconds,
+                temperature=temperature,
             )
         )
     return rows
 
 
-def markdown_table(rows: Sequence[AcceptanceRow]) -> str:
+def first_step_acceptance(
+    target: Path,
+    draft: Path,
+    algorithm: str,
+    contexts: Sequence[Sequence[int]],
+    shape: TreeShape,
+    device: str,
+    backend: dict[str, str] | None = None,
+    max_running_requests: int = 64,
+) -> AcceptanceRow:
+    """Greedy acceptance of the first verify step after each context's prefill: one step from
+    many fresh contexts, which no looping continuation inflates. EOS does not stop a request
+    here, so every first step is counted whole."""
+    new_tokens = 1 + shape.num_steps + 1  # the prefill's token, then one full verify step
+    settings = engine_settings(
+        target,
+        draft,
+        algorithm,
+        shape,
+        device,
+        _context(contexts, new_tokens),
+        backend,
+        max_running_requests,
+    )
+    engine = Engine.from_settings(settings)
+    engine.eos_token_ids = frozenset()
+    started = time.perf_counter()
+    requests = [engine.submit(c, SamplingParams(max_new_tokens=new_tokens)) for c in contexts]
+    while engine.has_work():
+        engine.step()
+    seconds = time.perf_counter() - started
+    first = [AcceptanceStats.from_counts(r.emitted_per_step[:1]) for r in requests]
+    return AcceptanceRow.of(
+        shape, first, [[] for _ in requests], matches_plain=None, seconds=seconds
+    )
+
+
+def lookup_acceptance(
+    num_steps: int,
+    prompts: Sequence[Sequence[int]],
+    reference: Sequence[Sequence[int]],
+    max_ngram: int = 3,
+) -> AcceptanceRow:
+    """The prompt-lookup baseline drafting ``num_steps`` tokens per step, replayed exactly on
+    the target's greedy continuations ``reference``."""
+    drafter = LookupDrafter(num_steps, max_ngram=max_ngram)
+    started = time.perf_counter()
+    per_request = [
+        AcceptanceStats.from_counts(simulate(drafter, prompt, output))
+        for prompt, output in zip(prompts, reference, strict=True)
+    ]
+    return AcceptanceRow.of(
+        TreeShape.chain(num_steps),
+        per_request,
+        reference,
+        matches_plain=True,  # it only ever emits the target's own tokens
+        seconds=time.perf_counter() - started,
+    )
+
+
+def markdown_table(rows: Sequence[AcceptanceRow], label: str = "shape") -> str:
     lines = [
-        "| shape | mean accept length | acceptance by depth | lossless | looping |",
-        "|---|---|---|---|---|",
+        f"| {label} | T | mean accept length | non-looping | acceptance by depth | lossless |"
+        " looping |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         depths = " ".join(f"{rate:.2f}" for rate in row.per_depth)
         lossless = "-" if row.matches_plain is None else ("yes" if row.matches_plain else "NO")
+        steady = row.non_looping_accept_length
         lines.append(
-            f"| {row.shape.label} | {row.mean_accept_length:.2f} | {depths} | {lossless} |"
+            f"| {row.shape.label} | {row.temperature:g} | {row.mean_accept_length:.2f} |"
+            f" {'-' if steady is None else f'{steady:.2f}'} | {depths} | {lossless} |"
             f" {row.looping_share:.0%} |"
         )
     return "\n".join(lines) + "\n"

@@ -114,3 +114,44 @@ def train_target(
     progress.close()
     model.save_pretrained(str(out_dir))
     return losses
+
+
+def num_parameters(target_dir: Path) -> int:
+    from safetensors import safe_open
+
+    count = 0
+    for file in target_dir.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                count += _numel(handle, name)
+    return count
+
+
+def _numel(handle: Any, name: str) -> int:
+    shape = handle.get_slice(name).get_shape()
+    size = 1
+    for dim in shape:
+        size *= int(dim)
+    return size
+
+
+@torch.no_grad()
+def held_out_quality(
+    target_dir: Path, tokens: torch.Tensor, seq_len: int, device: str
+) -> tuple[float, float]:
+    """Mean next-token cross-entropy and top-1 accuracy of the target on up to 32 held-out
+    windows."""
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    model = model.to(device).eval()
+    windows = tokens[: (tokens.numel() // seq_len) * seq_len].view(-1, seq_len)[:32].to(device)
+    if windows.numel() == 0:
+        return float("nan"), float("nan")
+    logits = model(input_ids=windows).logits.float()[:, :-1]
+    labels = windows[:, 1:]
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    )
+    top1 = (logits.argmax(-1) == labels).float().mean()
+    return float(loss), float(top1)

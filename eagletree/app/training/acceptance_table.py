@@ -1,0 +1,173 @@
+"""App: the acceptance table of a target and its draft heads — chains against trees.
+
+For one head it measures, through the engine: greedy continuations of held-out prompts for
+every shape of a grid (chains S = depth, N = S + 1; trees of the same depths at each verify
+budget N and beam width k that fit), then, for the chains and the best tree at each budget,
+one verify step from many fresh held-out contexts and sampled (T = 1) continuations. Shapes
+are measured in that order of importance, and none starts once the time budget is spent: what
+is left is listed as not measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eagletree.app.training import acceptance
+from eagletree.app.training.acceptance import AcceptanceRow, TreeShape
+
+
+def shape_grid(
+    depths: Sequence[int], budgets: Sequence[int], topks: Sequence[int]
+) -> list[TreeShape]:
+    """Chains first, then trees by budget N, depth S, width k — those whose N nodes fit in the
+    tree a k-wide beam of depth S can grow (N ≤ 1 + k + (S − 1)·k²)."""
+    chains = [TreeShape.chain(depth) for depth in depths]
+    trees = [
+        TreeShape(depth, k, n)
+        for n in budgets
+        for depth in depths
+        for k in topks
+        if k > 1 and n <= 1 + k + (depth - 1) * k * k
+    ]
+    return chains + trees
+
+
+def best_tree_per_budget(rows: Sequence[AcceptanceRow]) -> dict[int, AcceptanceRow]:
+    """N → the tree row of that verify budget with the highest mean acceptance length."""
+    best: dict[int, AcceptanceRow] = {}
+    for row in rows:
+        n = row.shape.num_draft_tokens
+        if row.shape.topk > 1 and (
+            n not in best or row.mean_accept_length > best[n].mean_accept_length
+        ):
+            best[n] = row
+    return dict(sorted(best.items()))
+
+
+def best_tree_per_depth(
+    rows: Sequence[AcceptanceRow], max_budget: int = 32
+) -> dict[int, AcceptanceRow]:
+    """S → the best tree row of that depth with N ≤ ``max_budget``."""
+    best: dict[int, AcceptanceRow] = {}
+    for row in rows:
+        s = row.shape
+        better = s.num_steps not in best or (
+            row.mean_accept_length > best[s.num_steps].mean_accept_length
+        )
+        if s.topk > 1 and s.num_draft_tokens <= max_budget and better:
+            best[s.num_steps] = row
+    return dict(sorted(best.items()))
+
+
+def chains_of(rows: Sequence[AcceptanceRow]) -> dict[int, AcceptanceRow]:
+    return {row.shape.num_steps: row for row in rows if row.shape.topk == 1}
+
+
+@dataclass(slots=True)
+class HeadTable:
+    """Everything measured for one head; ``not_measured`` names what the budget cut."""
+
+    algorithm: str
+    greedy: list[AcceptanceRow] = field(default_factory=list)
+    fresh: list[AcceptanceRow] = field(default_factory=list)
+    sampled: list[AcceptanceRow] = field(default_factory=list)
+    not_measured: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "algorithm": self.algorithm,
+            "greedy": [row.as_dict() for row in self.greedy],
+            "fresh_contexts": [row.as_dict() for row in self.fresh],
+            "sampled": [row.as_dict() for row in self.sampled],
+            "not_measured": self.not_measured,
+        }
+
+    def headline_shapes(self) -> list[TreeShape]:
+        """The chains and the best tree of each budget, from the greedy rows."""
+        chains = [row.shape for row in self.greedy if row.shape.topk == 1]
+        return chains + [row.shape for row in best_tree_per_budget(self.greedy).values()]
+
+
+@dataclass(frozen=True, slots=True)
+class TableInputs:
+    """What every head is measured on: held-out prompts, their plain greedy continuations,
+    fresh contexts for one-step acceptance, and how the engines run."""
+
+    target: Path
+    prompts: Sequence[Sequence[int]]
+    reference: Sequence[Sequence[int]]
+    contexts: Sequence[Sequence[int]]
+    max_new_tokens: int
+    device: str
+    backend: dict[str, str] | None = None
+    seed: int = 0
+
+
+def measure_head(
+    inputs: TableInputs,
+    head_dir: Path,
+    algorithm: str,
+    grid: Sequence[TreeShape],
+    budget_s: float,
+) -> HeadTable:
+    """The greedy grid, then fresh contexts and T = 1 for the headline shapes, within
+    ``budget_s`` seconds (a shape under way is finished)."""
+    table = HeadTable(algorithm)
+    deadline = time.perf_counter() + budget_s
+    for shape in grid:
+        if time.perf_counter() > deadline:
+            table.not_measured.append(f"greedy {shape.label}")
+            continue
+        table.greedy += acceptance.measure_acceptance(
+            inputs.target,
+            head_dir,
+            algorithm,
+            inputs.prompts,
+            [shape],
+            inputs.max_new_tokens,
+            inputs.device,
+            inputs.reference,
+            inputs.backend,
+        )
+    headline = table.headline_shapes()
+    for shape in headline:
+        if time.perf_counter() > deadline or not inputs.contexts:
+            table.not_measured.append(f"fresh contexts {shape.label}")
+            continue
+        table.fresh.append(
+            acceptance.first_step_acceptance(
+                inputs.target,
+                head_dir,
+                algorithm,
+                inputs.contexts,
+                shape,
+                inputs.device,
+                inputs.backend,
+            )
+        )
+    for shape in headline:
+        if time.perf_counter() > deadline:
+            table.not_measured.append(f"T=1 {shape.label}")
+            continue
+        table.sampled += acceptance.measure_acceptance(
+            inputs.target,
+            head_dir,
+            algorithm,
+            inputs.prompts,
+            [shape],
+            inputs.max_new_tokens,
+            inputs.device,
+            backend=inputs.backend,
+            temperature=1.0,
+            seed=inputs.seed,
+        )
+    return table
+
+
+def lookup_table(inputs: TableInputs, depths: Sequence[int]) -> list[AcceptanceRow]:
+    """The prompt-lookup baseline at each depth, on the greedy continuations."""
+    return [acceptance.lookup_acceptance(d, inputs.prompts, inputs.reference) for d in depths]

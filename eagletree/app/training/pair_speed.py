@@ -1,0 +1,86 @@
+"""App: decode speed of a trained pair — plain, the best chain and the best tree, per batch size.
+
+Each configuration gets one engine with the device's defaults (CUDA graphs and the overlap
+scheduler where they resolve on), measured by ``eagletree bench``'s ``measure_decode`` on
+held-out prompts: real text, so the tree rows carry the head's real acceptance. EOS does not end
+a measured request (a finished request would leave the batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eagletree.app.bench.measure import measure_decode, token_budget
+from eagletree.app.engine import Engine
+from eagletree.app.training.acceptance import TreeShape, engine_settings
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedRow:
+    config: str
+    batch_size: int
+    tokens_per_s: float
+    ms_per_step: float
+    tokens_per_step: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "batch_size": self.batch_size,
+            "tokens_per_s": self.tokens_per_s,
+            "ms_per_step": self.ms_per_step,
+            "tokens_per_step": self.tokens_per_step,
+        }
+
+
+def measure_speed(
+    target: Path,
+    draft: Path,
+    algorithm: str,
+    shapes: Sequence[TreeShape | None],
+    prompts: Sequence[Sequence[int]],
+    batch_sizes: Sequence[int],
+    new_tokens: int,
+    device: str,
+) -> list[SpeedRow]:
+    """Rows for each shape (None: plain decoding) at each batch size (≤ ``len(prompts)``)."""
+    rows = []
+    largest = max(batch_sizes)
+    for shape in shapes:
+        per_step = 1 if shape is None else shape.num_steps + 1
+        context = max(len(p) for p in prompts) + token_budget(new_tokens, 2, 0, per_step) + 1
+        settings = engine_settings(
+            target,
+            None if shape is None else draft,
+            algorithm,
+            shape,
+            device,
+            context,
+            max_running_requests=largest,
+        )
+        engine = Engine.from_settings(settings)
+        engine.eos_token_ids = frozenset()
+        for bs in batch_sizes:
+            m = measure_decode(
+                engine,
+                prompts[:bs],
+                new_tokens=new_tokens,
+                max_tokens_per_step=per_step,
+                warmup_steps=2,
+                profile_steps=0,
+                cuda=device.startswith("cuda"),
+            )
+            rows.append(
+                SpeedRow(
+                    "plain" if shape is None else shape.label,
+                    bs,
+                    m.tokens_per_s,
+                    m.ms_per_step,
+                    m.tokens_per_step,
+                )
+            )
+        engine.close()
+    return rows
