@@ -107,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--speed-batch-sizes", type=int, nargs="*", default=[1, 8, 32],
         help="tok/s of plain, best chain, best tree (CUDA only; none: skip)")  # fmt: skip
     add("--speed-new-tokens", type=int, default=64)
+    add("--exact-dtype", choices=["float32", "none"], default="float32",
+        help="re-run each head's best shape in this dtype against plain decoding")  # fmt: skip
     add("--llama8b-step-ratio", type=float, nargs=2, default=[1.39, 1.27],
         metavar=("EAGLE", "EAGLE3"),
         help="tree S5 k4 N8 step ÷ plain step, Llama-3.1-8B at bs 1 (eagletree bench)")  # fmt: skip
@@ -201,9 +203,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     report.lookup = lookup_table(inputs, args.depths)
     grid = shape_grid(args.depths, args.tree_sizes, args.tree_topks)
+    exact_reference = None
+    if args.exact_dtype != "none":
+        exact_reference = acceptance.plain_outputs(
+            target_dir, prompts, args.eval_new_tokens, args.device, backend, args.exact_dtype
+        )
+    data["exactness"] = {}
     for algorithm in args.algorithms:
         budget = 60 * args.measure_minutes / len(args.algorithms)
-        report.heads[algorithm] = measure_head(inputs, out / algorithm, algorithm, grid, budget)
+        table = measure_head(inputs, out / algorithm, algorithm, grid, budget)
+        report.heads[algorithm] = table
+        if exact_reference is not None and table.greedy:
+            # the best shape again in a dtype without rounding ties: must equal plain exactly
+            shape = max(table.greedy, key=lambda r: r.mean_accept_length).shape
+            (row,) = acceptance.measure_acceptance(
+                target_dir, out / algorithm, algorithm, prompts, [shape], args.eval_new_tokens,
+                args.device, exact_reference, backend, dtype=args.exact_dtype,
+            )  # fmt: skip
+            data["exactness"][algorithm] = {
+                "dtype": args.exact_dtype, "shape": shape.label,
+                "identical": row.matches_plain, "match_rate": row.match_rate,
+            }  # fmt: skip
         report.phase(f"measure {algorithm}")
 
     if args.device.startswith("cuda") and args.speed_batch_sizes and report.heads:

@@ -77,10 +77,16 @@ def measure_decode(
     profile_steps: int,
     cuda: bool,
     on_tokens: Callable[[int], None] = lambda done: None,
+    max_new_tokens: int | None = None,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
-    request generated so far in the timed window after every step."""
-    budget = token_budget(new_tokens, warmup_steps, profile_steps, max_tokens_per_step)
+    request generated so far in the timed window after every step. ``max_new_tokens`` replaces
+    the requests' default budget (``token_budget``), which assumes they advance alike — real
+    drafts do not: one request may emit ``max_tokens_per_step`` a step while the slowest,
+    which decides when the window ends, emits one."""
+    budget = max_new_tokens or token_budget(
+        new_tokens, warmup_steps, profile_steps, max_tokens_per_step
+    )
     requests = [engine.submit(prompt, SamplingParams(max_new_tokens=budget)) for prompt in prompts]
     try:
         _step_until(engine, lambda: all(r.is_prefilled for r in requests), "prefill")

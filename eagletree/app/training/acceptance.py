@@ -51,6 +51,9 @@ class AcceptanceRow:
     seconds: float
     temperature: float = 0.0
     non_looping_accept_length: float | None = None  # over the continuations that do not loop
+    # mean share of each plain output reproduced before the first differing token (None:
+    # unchecked); below 1 in bf16, where a near tie can round the other way in a tree verify
+    match_rate: float | None = None
 
     @staticmethod
     def of(
@@ -61,8 +64,10 @@ class AcceptanceRow:
         matches_plain: bool | None,
         seconds: float,
         temperature: float = 0.0,
+        reference: Sequence[Sequence[int]] | None = None,
     ) -> AcceptanceRow:
-        """The row of requests whose verify steps emitted ``per_request[i]`` for ``outputs[i]``."""
+        """The row of requests whose verify steps emitted ``per_request[i]`` for ``outputs[i]``;
+        ``reference`` (plain outputs of the same prompts) gives the match rate."""
         looping = [is_looping(output) for output in outputs]
         total = merged(per_request)
         steady = merged([s for s, loops in zip(per_request, looping, strict=True) if not loops])
@@ -76,6 +81,7 @@ class AcceptanceRow:
             seconds=seconds,
             temperature=temperature,
             non_looping_accept_length=steady.mean_accept_length if steady.num_steps else None,
+            match_rate=None if reference is None else match_rate(outputs, reference),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -90,9 +96,23 @@ class AcceptanceRow:
             "per_depth": list(self.per_depth),
             "num_verify_steps": self.num_verify_steps,
             "matches_plain": self.matches_plain,
+            "match_rate": self.match_rate,
             "looping_share": self.looping_share,
             "seconds": self.seconds,
         }
+
+
+def match_rate(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> float:
+    """Mean over requests of the share of the reference reproduced up to the first difference."""
+    shares = []
+    for output, expected in zip(outputs, reference, strict=True):
+        same = 0
+        for got, want in zip(output, expected, strict=False):
+            if got != want:
+                break
+            same += 1
+        shares.append(same / len(expected) if expected else 1.0)
+    return sum(shares) / max(len(shares), 1)
 
 
 def merged(stats: Sequence[AcceptanceStats]) -> AcceptanceStats:
@@ -135,6 +155,7 @@ def engine_settings(
     max_context_len: int,
     backend: dict[str, str] | None = None,
     max_running_requests: int = 16,
+    dtype: str | None = None,
 ) -> EngineSettings:
     """Settings of an engine for these measurements; on the CPU fp32 with the torch backends,
     else bf16 and the default (Triton) backends, ``backend`` overriding either."""
@@ -151,7 +172,7 @@ def engine_settings(
         model={
             "target_path": str(target),
             "draft_path": None if draft is None else str(draft),
-            "dtype": "float32" if on_cpu else "bfloat16",
+            "dtype": dtype or ("float32" if on_cpu else "bfloat16"),
             "device": device,
             "max_context_len": max_context_len,
         },
@@ -170,9 +191,10 @@ def plain_outputs(
     max_new_tokens: int,
     device: str,
     backend: dict[str, str] | None = None,
+    dtype: str | None = None,
 ) -> list[list[int]]:
     context = _context(prompts, max_new_tokens)
-    settings = engine_settings(target, None, "none", None, device, context, backend)
+    settings = engine_settings(target, None, "none", None, device, context, backend, dtype=dtype)
     engine = Engine.from_settings(settings)
     return [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new_tokens)]
 
@@ -194,6 +216,7 @@ def measure_acceptance(
     time_budget_s: float | None = None,
     temperature: float = 0.0,
     seed: int = 0,
+    dtype: str | None = None,
 ) -> list[AcceptanceRow]:
     """One row per shape, in order; ``reference`` (plain greedy outputs) checks losslessness.
     With ``temperature`` > 0 request i samples with seed ``seed + i``. With ``time_budget_s``
@@ -203,8 +226,9 @@ def measure_acceptance(
     for shape in shapes:
         if time_budget_s is not None and time.perf_counter() - budget_started > time_budget_s:
             break
+        context = _context(prompts, max_new_tokens)
         settings = engine_settings(
-            target, draft, algorithm, shape, device, _context(prompts, max_new_tokens), backend
+            target, draft, algorithm, shape, device, context, backend, dtype=dtype
         )
         engine = Engine.from_settings(settings)
         started = time.perf_counter()
@@ -213,9 +237,10 @@ def measure_acceptance(
         )
         seconds = time.perf_counter() - started
         outputs = [r.output_ids for r in results]
+        greedy_reference = reference if temperature == 0.0 else None
         matches = None
-        if reference is not None and temperature == 0.0:
-            matches = outputs == [list(r) for r in reference]
+        if greedy_reference is not None:
+            matches = outputs == [list(r) for r in greedy_reference]
         rows.append(
             AcceptanceRow.of(
                 shape,
@@ -224,6 +249,7 @@ def measure_acceptance(
                 matches_plain=matches,
                 seconds=seconds,
                 temperature=temperature,
+                reference=greedy_reference,
             )
         )
     return rows
@@ -298,6 +324,8 @@ def markdown_table(rows: Sequence[AcceptanceRow], label: str = "shape") -> str:
     for row in rows:
         depths = " ".join(f"{rate:.2f}" for rate in row.per_depth)
         lossless = "-" if row.matches_plain is None else ("yes" if row.matches_plain else "NO")
+        if row.matches_plain is False and row.match_rate is not None:
+            lossless = f"{row.match_rate:.1%} matched"
         steady = row.non_looping_accept_length
         lines.append(
             f"| {row.shape.label} | {row.temperature:g} | {row.mean_accept_length:.2f} |"

@@ -80,12 +80,22 @@ def acceptance_goals(heads: Mapping[str, HeadTable], lookup: Sequence[Acceptance
                         1.2,
                     )
                 )
-        best_lookup = _best(lookup)
+        best_chain = _best(list(chains_of(table.greedy).values()))
         goals.append(
             Goal(
                 f"{name}: best chain vs best prompt lookup",
-                _accept(_best(list(chains_of(table.greedy).values()))),
-                _accept(best_lookup),
+                _accept(best_chain),
+                _accept(_best(lookup)),
+                1.7,
+            )
+        )
+        steady = [r.non_looping_accept_length or 0.0 for r in chains_of(table.greedy).values()]
+        steady_lookup = [r.non_looping_accept_length or 0.0 for r in lookup]
+        goals.append(
+            Goal(
+                f"{name}: the same on the continuations that do not loop",
+                max(steady, default=None),
+                max(steady_lookup, default=None),
                 1.7,
             )
         )
@@ -235,6 +245,12 @@ def render(report: PairReport, goals: Sequence[Goal]) -> str:
     if "plain_looping_share" in data:
         lines.append(f"- plain greedy continuations that loop: {data['plain_looping_share']:.0%}")
     lines += ["- time: " + ", ".join(f"{k} {v:.0f} s" for k, v in data["seconds"].items()), ""]
+    for algorithm, check in data.get("exactness", {}).items():
+        verdict = "identical" if check["identical"] else f"{check['match_rate']:.1%} matched"
+        lines.append(
+            f"- {algorithm}, {check['shape']} in {check['dtype']}: output vs plain decoding in"
+            f" {check['dtype']}: {verdict}"
+        )
     if report.lookup:
         lines += ["## Prompt lookup (model-free baseline)", "",
                   acceptance.markdown_table(report.lookup, "drafted tokens")]  # fmt: skip

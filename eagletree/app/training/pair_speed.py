@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagletree.app.bench.measure import measure_decode, token_budget
+from eagletree.app.bench.measure import measure_decode
 from eagletree.app.engine import Engine
 from eagletree.app.training.acceptance import TreeShape, engine_settings
+
+WARMUP_STEPS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +53,8 @@ def measure_speed(
     largest = max(batch_sizes)
     for shape in shapes:
         per_step = 1 if shape is None else shape.num_steps + 1
-        context = max(len(p) for p in prompts) + token_budget(new_tokens, 2, 0, per_step) + 1
+        budget = (new_tokens + WARMUP_STEPS + 2) * per_step  # the fastest request's share
+        context = max(len(p) for p in prompts) + 1 + budget
         settings = engine_settings(
             target,
             None if shape is None else draft,
@@ -69,9 +72,10 @@ def measure_speed(
                 prompts[:bs],
                 new_tokens=new_tokens,
                 max_tokens_per_step=per_step,
-                warmup_steps=2,
+                warmup_steps=WARMUP_STEPS,
                 profile_steps=0,
                 cuda=device.startswith("cuda"),
+                max_new_tokens=budget,
             )
             rows.append(
                 SpeedRow(
