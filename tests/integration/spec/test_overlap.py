@@ -413,21 +413,26 @@ def test_under_retraction_greedy_tokens_match_and_seeded_samples_repeat(
 # -- the tripwire -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("worker", ["v2", "plain"])
 def test_the_tripwire_catches_a_read_back_inside_a_step(
-    models: ModelCache, monkeypatch: pytest.MonkeyPatch
+    models: ModelCache, monkeypatch: pytest.MonkeyPatch, worker: str
 ) -> None:
     loaded = models("llama", "eagle")
     prompts = prompts_for(2, seed=1)
-    decode = EagleWorkerV2._decode_on_device
+    worker_class = NonSpeculativeWorker if worker == "plain" else EagleWorkerV2
+    decode = worker_class._decode_on_device
 
-    def reads_back(self: EagleWorkerV2, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+    def reads_back(self: Any, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         inputs.seq_lens.max().item()  # what the tripwire is for
         return decode(self, inputs)
 
-    monkeypatch.setattr(EagleWorkerV2, "_decode_on_device", reads_back)
-    spec = speculative_engine(loaded, 3, 1, 4)
+    monkeypatch.setattr(worker_class, "_decode_on_device", reads_back)
+    if worker == "plain":
+        engine = plain_engine(loaded, overlap=True)
+    else:
+        engine = speculative_engine(loaded, 3, 1, 4).engine
     with pytest.raises(HostSyncError, match=r"Tensor\.item"):
-        spec.engine.generate(prompts, MAX_NEW)
+        engine.generate(prompts, MAX_NEW)
 
 
 def test_the_strict_tripwire_catches_int_of_a_tensor_and_the_plain_one_allows_it() -> None:
