@@ -204,7 +204,9 @@ class DecodeInputBuffers:
         self._floats.copy_(floats, non_blocking=non_blocking)
         if self.committed is not None and bs:
             self._ints[1, :bs] = self.committed[self._ints[0, :bs]]  # padding rows keep 0
-        if self.pending_tokens is not None and bs:  # one gather, straight into the buffer
+        # one gather, straight into the buffer, over the host's tokens (stale while a step is
+        # in flight); padding rows keep 0
+        if self.pending_tokens is not None and bs:
             torch.index_select(self.pending_tokens, 0, self._ints[0, :bs], out=self._ints[2, :bs])
         greedy = all(r.params.greedy for r in requests)
         views = self.views(padded_size, bs, all_greedy=greedy)
