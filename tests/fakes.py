@@ -96,6 +96,8 @@ class ForwardRecord:
 class FakeRunner:
     """A ModelRunner over a FakeKVPool and a real TensorReqToTokenPool; records its forwards."""
 
+    HOST_STAND_IN = True  # it computes on the host: exempt from the sync tripwire
+
     def __init__(
         self,
         vocab_size: int = 32,

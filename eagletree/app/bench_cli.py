@@ -100,7 +100,7 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--overlap",
         choices=["auto", "off"],
-        help="scheduler.overlap; auto: the v2 workers run one step ahead on CUDA",
+        help="scheduler.overlap; auto: the v2 and plain workers run one step ahead on CUDA",
     )
     p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
     return p

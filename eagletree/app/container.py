@@ -344,6 +344,10 @@ class Container(containers.DeclarativeContainer):
     num_draft_tokens = speculative.provided.num_draft_tokens
     draft_hidden_size = draft_models.provided[0].hidden_size
     use_aux_hidden = providers.Callable(reads_aux_hidden, config.speculative.algorithm)
+    # the engine keeps one step in flight; the plain worker then keeps its tokens on the device
+    overlap = providers.Singleton(
+        startup.overlap_decision, settings, device.provided.type, worker_name
+    )
     worker = providers.Selector(
         worker_name,
         none=providers.Singleton(
@@ -352,6 +356,7 @@ class Container(containers.DeclarativeContainer):
             kernels=step_kernels,
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
+            run_ahead=overlap,
         ),
         eagle_v2=providers.Singleton(
             EagleWorkerV2,
@@ -408,9 +413,7 @@ class Container(containers.DeclarativeContainer):
         max_running_requests=max_running_requests,
         tokenizer=tokenizer,
         eos_token_ids=providers.Callable(startup.eos_token_ids, config.model.target_path),
-        overlap=providers.Callable(
-            startup.overlap_decision, settings, device.provided.type, worker_name
-        ),
+        overlap=overlap,
     )
     scheduler = engine.provided.scheduler
 

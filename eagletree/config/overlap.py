@@ -1,11 +1,12 @@
 """Configuration: whether the engine runs one step ahead of the host, decided once and explained.
 
-``scheduler.overlap = "auto"`` overlaps where it pays: the v2 and multi-layer MTP v2 workers on
-a CUDA device, whose steps take their lengths from the device. The CPU runs a step to its end
-before returning, so there is nothing to overlap there unless asked for (``"on"``, which the
-tests use: outputs are identical either way). The v1 and plain workers keep host books every
-step (v1 frees rejected draft slots from the accept lengths; the plain worker feeds each
-request's pending token from the host), so they run synchronously and ``"on"`` is an error.
+``scheduler.overlap = "auto"`` overlaps where it pays: the v2 and multi-layer MTP v2 workers,
+whose steps take their lengths from the device, and the plain worker (``"none"``), whose steps
+take each request's pending token from the device and whose lengths the host knows (one token a
+step), on a CUDA device. The CPU runs a step to its end before returning, so there is nothing
+to overlap there unless asked for (``"on"``, which the tests use: outputs are identical either
+way). The v1 worker frees rejected draft slots from each step's accept lengths on the host, so
+it runs synchronously and ``"on"`` is an error.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from eagletree.config.eagle_hook import WorkerName
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
-OVERLAP_WORKERS: frozenset[WorkerName] = frozenset({"eagle_v2", "multi_layer_eagle_v2"})
+OVERLAP_WORKERS: frozenset[WorkerName] = frozenset({"none", "eagle_v2", "multi_layer_eagle_v2"})
 
 _WHY_NOT: dict[str, str] = {
     "eagle_v1": "the eagle_v1 worker frees rejected draft slots from each step's accept lengths "
     "on the host, so it needs them before the next step",
-    "none": "the plain worker feeds each request's pending token from the host",
 }
 
 

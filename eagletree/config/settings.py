@@ -138,7 +138,7 @@ class SchedulerSettings(_Section):
     overlap: OverlapName = Field(
         default="auto",
         description="Launch step i + 1 before reading step i's tokens; auto: on for the v2 "
-        "workers on CUDA, else off.",
+        "and plain workers on CUDA, else off.",
     )
 
 

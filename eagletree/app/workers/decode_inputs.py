@@ -14,6 +14,12 @@ With ``device_lengths`` the buffers also keep every row's committed length on th
 launched before the host has read the previous step's accept lengths (the engine's overlap
 mode). The host's ``committed_len`` is then only a lower bound, and a step without exact host
 lengths carries no ``seq_lens_cpu``.
+
+With ``device_tokens`` they keep every row's pending token on the device (``pending_tokens``):
+a prefill and each decode step write the token they sampled (``set_pending_tokens``) and
+``fill`` gathers the step's ``last_tokens`` from it, so a step can be launched before the host
+has read the tokens of the previous one. (The plain worker's lengths need no device table: each
+of its decode steps commits exactly one token, so the host passes exact ``lengths`` to ``fill``.)
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ class DecodeInputBuffers:
         padding_row: int,
         *,
         device_lengths: bool = False,
+        device_tokens: bool = False,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
@@ -95,10 +102,18 @@ class DecodeInputBuffers:
         self.committed: torch.Tensor | None = (
             torch.zeros(capacity, dtype=torch.int64, device=device) if device_lengths else None
         )
+        # (capacity,) int64 pending token of every req_to_token row (device_tokens only)
+        self.pending_tokens: torch.Tensor | None = (
+            torch.zeros(capacity, dtype=torch.int64, device=device) if device_tokens else None
+        )
 
     @staticmethod
     def for_pool(
-        pool: ReqToTokenPool, *, padded: bool, device_lengths: bool = False
+        pool: ReqToTokenPool,
+        *,
+        padded: bool,
+        device_lengths: bool = False,
+        device_tokens: bool = False,
     ) -> DecodeInputBuffers:
         """Buffers for every row of ``pool`` on its device. With ``padded`` one row is taken
         from the pool for good and zeroed to be the padding row (every slot is slot 0)."""
@@ -110,7 +125,13 @@ class DecodeInputBuffers:
             padding_row = rows[0]
             pool.req_to_token[padding_row].zero_()
         device = pool.req_to_token.device
-        return DecodeInputBuffers(pool.size, device, padding_row, device_lengths=device_lengths)
+        return DecodeInputBuffers(
+            pool.size,
+            device,
+            padding_row,
+            device_lengths=device_lengths,
+            device_tokens=device_tokens,
+        )
 
     def set_lengths(self, requests: Sequence[Request]) -> None:
         """Record the committed lengths the host knows exactly (after a prefill: every token
@@ -128,6 +149,12 @@ class DecodeInputBuffers:
         assert self.committed is not None, "the buffers keep no device lengths"
         self.committed[rows] = new_lens
 
+    def set_pending_tokens(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Store ``tokens`` (n,) int64 as the pending tokens of ``rows`` (n,) int64; one device
+        scatter (padding rows all write the padding row, whose token is never gathered)."""
+        assert self.pending_tokens is not None, "the buffers keep no device tokens"
+        self.pending_tokens[rows] = tokens
+
     def fill(
         self,
         requests: Sequence[Request],
@@ -135,12 +162,15 @@ class DecodeInputBuffers:
         num_coins: int,
         *,
         exact_lengths: bool = True,
+        lengths: Sequence[int] | None = None,
     ) -> DecodeInputs:
         """Write ``requests`` (then padding up to ``padded_size``) and return device views.
 
         Reserves ``num_coins`` coins of every sampling request. With device lengths ``seq_lens``
         is gathered from ``committed``; ``exact_lengths`` False: the host's lengths are stale,
-        so the views carry no ``seq_lens_cpu``.
+        so the views carry no ``seq_lens_cpu``. ``lengths``: the requests' committed lengths
+        where the caller knows them better than their ``committed_len``. With device tokens
+        ``last_tokens`` is gathered from ``pending_tokens``.
         """
         bs = len(requests)
         if not bs <= padded_size <= self.capacity:
@@ -152,7 +182,10 @@ class DecodeInputBuffers:
         pad = padded_size - bs
         zeros = [0] * pad
         sampling_ints, sampling_floats = sampling_rows(requests, num_coins)
-        lens = [r.committed_len for r in requests] + zeros
+        known = [r.committed_len for r in requests] if lengths is None else list(lengths)
+        if len(known) != bs:
+            raise ValueError(f"{len(known)} lengths for {bs} requests")
+        lens = known + zeros
         int_rows = [
             [r.row for r in requests] + [self.padding_row] * pad,
             lens,
@@ -171,6 +204,10 @@ class DecodeInputBuffers:
         self._floats.copy_(floats, non_blocking=non_blocking)
         if self.committed is not None and bs:
             self._ints[1, :bs] = self.committed[self._ints[0, :bs]]  # padding rows keep 0
+        # one gather, straight into the buffer, over the host's tokens (stale while a step is
+        # in flight); padding rows keep 0
+        if self.pending_tokens is not None and bs:
+            torch.index_select(self.pending_tokens, 0, self._ints[0, :bs], out=self._ints[2, :bs])
         greedy = all(r.params.greedy for r in requests)
         views = self.views(padded_size, bs, all_greedy=greedy)
         if not exact_lengths:

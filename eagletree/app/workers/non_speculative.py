@@ -2,6 +2,14 @@
 
 The decode forward and its sampling are one function of the step's ``DecodeInputs``, so a
 ``DecodeStepRunner`` can replay it from a CUDA graph per batch-size bucket.
+
+With ``run_ahead`` a decode step can be launched while the previous step is in flight (the
+engine's overlap mode): each request's pending token is then unknown to the host, so the worker
+keeps it on the device, indexed by req_to_token row — the prefill and every decode step (inside
+the captured function, so a replay writes it too) store the token they sampled, and the next
+step gathers its input tokens from there. Lengths need no device table: every decode step
+commits exactly one token per request, so a request the step in flight decodes is one token
+longer than the host's ``committed_len``, and the host's lengths stay exact.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ class NonSpeculativeWorker:
     """One EXTEND forward for the plan's new requests and one DECODE forward for the running.
 
     ``kernels``, ``graph_buckets`` and ``use_cuda_graphs`` as ``EagleWorkerV2``'s.
+    ``run_ahead``: keep the pending tokens on the device (one gather and one scatter a step)
+    so that ``can_run_ahead`` holds; a step launched ahead writes one slot past the host's
+    committed length, so each request keeps two slots reserved instead of one.
     """
 
     def __init__(
@@ -38,24 +49,33 @@ class NonSpeculativeWorker:
         kernels: StepKernels = REFERENCE_KERNELS,
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
+        run_ahead: bool = False,
     ) -> None:
         self._runner = runner
         self._batches = BatchBuilder(runner.req_to_token_pool)
         self._kernels = kernels
+        self._run_ahead = run_ahead
+        buffers = DecodeInputBuffers.for_pool(
+            runner.req_to_token_pool, padded=bool(graph_buckets), device_tokens=run_ahead
+        )
         self._steps = DecodeStepRunner(
             self._decode_on_device,
-            DecodeInputBuffers.for_pool(runner.req_to_token_pool, padded=bool(graph_buckets)),
+            buffers,
             num_coins=1,
             buckets=graph_buckets,
             use_graphs=use_cuda_graphs,
         )
+        # rows the latest step decoded: the step in flight when a plan's lengths are not exact
+        self._rows_in_flight: frozenset[int | None] = frozenset()
 
     @property
     def reserve_per_step(self) -> int:
-        return 1  # the pending token's slot
+        # the pending token's slot, and with run_ahead the slot of the step launched ahead
+        return 2 if self._run_ahead else 1
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
-        return False  # its decode inputs (lengths, pending tokens) come from the host
+        # without run_ahead the pending tokens come from the host, which has not read them yet
+        return self._run_ahead
 
     @property
     def step_runner(self) -> DecodeStepRunner:
@@ -66,17 +86,22 @@ class NonSpeculativeWorker:
         return self._steps.capture(progress)
 
     def step(self, plan: SchedulePlan) -> StepOutput:
+        assert plan.exact_lengths or self._run_ahead, "launched ahead without run_ahead"
+        ahead = frozenset() if plan.exact_lengths else self._rows_in_flight
+        self._rows_in_flight = frozenset(r.row for r in plan.decode)
         if not plan.prefill:  # the common step: everything from the decode function (or graph)
-            tokens, ones = self._steps.run(plan.decode)
+            tokens, ones = self._decode(plan.decode, ahead)
             return StepOutput(plan.decode, tokens, ones, ones, num_forwards=1, num_prefill=0)
         batch, last_rows = self._batches.extend(plan.prefill)
         logits = self._runner.forward(batch, last_rows).logits
         first = sample_next_tokens(logits, plan.prefill, self._kernels.coins)  # (bs,)
+        if self._run_ahead:
+            self._steps.buffers.set_pending_tokens(batch.req_pool_indices, first.to(torch.int64))
         committed = [r.num_tokens - r.committed_len for r in plan.prefill]
         tokens, emitted = first.unsqueeze(1), torch.ones_like(first)
         num_committed = to_device(torch.tensor(committed), first.device)
         if plan.decode:
-            decode_tokens, ones = self._steps.run(plan.decode)
+            decode_tokens, ones = self._decode(plan.decode, ahead)
             tokens = torch.cat([tokens, decode_tokens])
             emitted = torch.cat([emitted, ones])
             num_committed = torch.cat([num_committed, ones])
@@ -88,6 +113,15 @@ class NonSpeculativeWorker:
             num_forwards=1 + bool(plan.decode),
             num_prefill=len(plan.prefill),
         )
+
+    def _decode(
+        self, requests: list[Request], ahead: frozenset[int | None]
+    ) -> tuple[torch.Tensor, ...]:
+        """The decode step over ``requests`` at exact lengths: those the step in flight decodes
+        (rows ``ahead``) have committed one token more than the host knows (a prefill's fill
+        is committed on the host when it is launched)."""
+        lengths = [r.committed_len + int(r.row in ahead) for r in requests] if ahead else None
+        return self._steps.run(requests, lengths=lengths)
 
     def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One DECODE forward of every row's pending token at its committed length, sampled →
@@ -106,4 +140,6 @@ class NonSpeculativeWorker:
         )
         logits = self._runner.forward(batch).logits  # (bs, V)
         tokens = sample_tokens(logits, inputs.sampling, self._kernels.coins).to(torch.int64)
+        if self._run_ahead:  # the next step's input, whether or not the host has read it
+            self._steps.buffers.set_pending_tokens(inputs.rows, tokens)
         return tokens.unsqueeze(1), torch.ones_like(tokens)

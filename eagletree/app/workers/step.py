@@ -37,14 +37,16 @@ class Worker(Protocol):
     """Runs one step's device work over a plan from ``Scheduler.schedule``.
 
     ``reserve_per_step``: slots the scheduler keeps backed past each running request's committed
-    length before every step (1 without speculation; ``2·max(S·k, N)`` for a v2 tree worker).
+    length before every step (1 without speculation, 2 when it may run ahead; ``2·max(S·k, N)``
+    for a v2 tree worker).
     The plan's ``retracted`` and ``released`` requests no longer own rows: a worker drops any
     device state it keeps for them. ``step`` must not synchronise with the host.
 
     ``can_run_ahead(decode)``: whether a decode step over ``decode`` may be launched while the
     previous step is still in flight, i.e. from the device's own committed lengths, the host's
     being only lower bounds (``SchedulePlan.exact_lengths`` False). Workers that keep host
-    books per step (v1, the plain worker) say False and the engine runs them synchronously.
+    books per step (v1; the plain worker without ``run_ahead``, whose pending tokens come from
+    the host) say False and the engine runs them synchronously.
     """
 
     @property

@@ -96,11 +96,13 @@ class DecodeStepRunner:
         requests: Sequence[Request],
         *,
         exact_lengths: bool = True,
+        lengths: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """One step over ``requests`` → the step's outputs, first dimension ``len(requests)``.
 
         ``exact_lengths`` False: the host's committed lengths lag (a step is in flight), so an
-        eager step runs without host lengths (``DecodeInputBuffers.fill``).
+        eager step runs without host lengths; ``lengths``: exact ones the caller computed in
+        their place (both as ``DecodeInputBuffers.fill``).
         """
         bs = len(requests)
         bucket = bucket_for(bs, self.buckets)
@@ -108,7 +110,9 @@ class DecodeStepRunner:
         if bucket is not None and self.use_graphs and (bucket, greedy) not in self._graphs:
             self._capture(bucket, greedy)
         padded = bs if bucket is None else bucket
-        inputs = self._buffers.fill(requests, padded, self._num_coins, exact_lengths=exact_lengths)
+        inputs = self._buffers.fill(
+            requests, padded, self._num_coins, exact_lengths=exact_lengths, lengths=lengths
+        )
         captured = None if bucket is None else self._graphs.get((bucket, greedy))
         if captured is None:
             outputs = self._step(inputs)

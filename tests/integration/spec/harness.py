@@ -115,15 +115,21 @@ def plain_engine(
     eos_token_ids: Collection[int] = (),
     graph_buckets: Sequence[int] = (),
     use_cuda_graphs: bool = False,
+    overlap: bool = False,
+    run_ahead: bool | None = None,
 ) -> Engine:
     """A non-speculative engine; with ``graph_buckets`` its decode steps run padded (from CUDA
-    graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding. (It keeps
-    host books every step, so it has no overlap mode.)"""
+    graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding.
+    ``overlap``: the engine keeps one step in flight; ``run_ahead`` (default: ``overlap``): the
+    worker keeps its pending tokens on the device, which overlap needs."""
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + 8)
     runner = _target_runner(models, memory, backend)
     worker = NonSpeculativeWorker(
-        runner, graph_buckets=graph_buckets, use_cuda_graphs=use_cuda_graphs
+        runner,
+        graph_buckets=graph_buckets,
+        use_cuda_graphs=use_cuda_graphs,
+        run_ahead=overlap if run_ahead is None else run_ahead,
     )
     return Engine(
         worker,
@@ -133,6 +139,7 @@ def plain_engine(
         max_context_len=context_len,
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
+        overlap=overlap,
     )
 
 

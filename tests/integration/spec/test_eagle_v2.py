@@ -687,7 +687,7 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
     model = {"target_path": target_path, "device": str(device), "dtype": "float32"}
     plain = Engine.from_settings(EngineSettings(model=model, backend=backend, memory=memory))
-    assert not plain.overlap  # auto: the plain worker runs synchronously
+    assert plain.overlap is (device.type == "cuda")  # auto: the plain worker runs ahead on CUDA
     overlap = case.worker != "EagleWorkerV1"  # "on" is kept for the v2 workers, even on the CPU
     engine = Engine.from_settings(
         EngineSettings(

@@ -1,12 +1,14 @@
 """The engine's overlap mode (one step in flight) against the synchronous loop: identical tokens
-for every v2 worker and target kind, greedy and seeded sampling, stops at every position of an
-accepted path, and no slot or row left behind by 1,000 random requests with aborts and retracts.
-Every v2 / MTP-v2 step here runs under the sync tripwire (``tests/integration/conftest.py``),
-strictly so when it is launched ahead of the host."""
+for every v2 worker and target kind and for the plain worker, greedy and seeded sampling, stops
+at every position of an accepted path (and of a plain output), and no slot or row left behind
+by 1,000 random requests with aborts and retracts. Every v2 / MTP-v2 and plain step here runs
+under the sync tripwire (``tests/integration/conftest.py``), a v2 one strictly so when it is
+launched ahead of the host (a plain step launched ahead has exact host lengths)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from eagletree.app.engine import Engine, GenerationResult
 from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.conftest import requires_cuda
@@ -29,7 +32,7 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
-from tests.integration.spec.test_eagle_v2 import oracle_engine
+from tests.integration.spec.test_eagle_v2 import oracle_engine, random_checkpoints
 from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
 from tests.sync_tripwire import HostSyncError, no_host_sync
 
@@ -183,18 +186,113 @@ def test_a_full_tree_mask_never_runs_ahead_and_still_emits_the_same_tokens(
     assert runs[0] == runs[1]
 
 
+def run_submitted(engine: Engine, prompts: Sequence[Sequence[int]], **params: Any) -> list[Any]:
+    """Submit one request per prompt, the i-th with ``max_new_tokens`` 4 + 3·i mod 13 (so that
+    they finish at different steps and the queued ones join running ones mid-run), and run
+    them all; returns each one's tokens and finish reason."""
+    requests = [
+        engine.submit(prompt, SamplingParams(4 + (3 * i) % 13, seed=i, **params))
+        for i, prompt in enumerate(prompts)
+    ]
+    while engine.has_work():
+        engine.step()
+    engine.step()  # reads the step in flight, if any
+    return [(r.output_ids, r.finish_reason) for r in requests]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("buckets", [(), (2, 4)], ids=["eager", "padded"])
+def test_overlapped_plain_steps_emit_what_synchronous_ones_emit(
+    models: ModelCache, buckets: tuple[int, ...], temperature: float
+) -> None:
+    """Four requests run at a time, seven in all: prefills join decodes while a step is in
+    flight. The reference keeps its pending tokens on the host; the other two runs take them
+    from the device table, synchronously and one step ahead."""
+    loaded = models("llama", "eagle")
+    prompts = prompts_for(7, seed=23)
+    runs, engines = [], []
+    for overlap, run_ahead in ((False, False), (False, True), (True, True)):
+        engine = plain_engine(
+            loaded, max_running=4, graph_buckets=buckets, overlap=overlap, run_ahead=run_ahead
+        )
+        runs.append(run_submitted(engine, prompts, temperature=temperature, top_p=0.9))
+        assert engine.scheduler.allocator.available_size() == engine.scheduler.allocator.size
+        engines.append(engine)
+    assert engines[0].stats.num_steps_ahead == engines[1].stats.num_steps_ahead == 0
+    assert_ran_ahead(engines[2])
+    assert len({len(out) for out, _ in runs[0]}) > 3  # they did finish at different steps
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_without_a_step_in_flight_the_device_tokens_are_the_hosts(models: ModelCache) -> None:
+    """The plain worker's device table holds every running request's pending token."""
+    engine = plain_engine(models("llama", "eagle"), max_running=3, run_ahead=True)
+    worker = engine._worker
+    assert isinstance(worker, NonSpeculativeWorker)
+    pending = worker.step_runner.buffers.pending_tokens
+    assert pending is not None
+    for i, prompt in enumerate(prompts_for(5, seed=2)):
+        engine.submit(prompt, SamplingParams(3 + 2 * i, temperature=1.0, seed=i))
+    num_checked = 0
+    while engine.has_work():
+        engine.step()
+        for request in engine.scheduler.running:
+            assert request.row is not None
+            assert int(pending[request.row]) == request.last_token, request
+            num_checked += 1
+    assert num_checked > 10
+
+
+def test_a_plain_worker_without_run_ahead_never_runs_ahead(models: ModelCache) -> None:
+    engine = plain_engine(models("llama", "eagle"), overlap=True, run_ahead=False)
+    engine.generate(prompts_for(3, seed=4), MAX_NEW)
+    assert engine.stats.num_steps_ahead == 0  # its pending tokens come from the host
+
+
+def test_settings_with_overlap_on_run_the_plain_worker_ahead(tmp_path: Path) -> None:
+    """The container gives the plain worker ``run_ahead`` exactly when the engine overlaps."""
+    pytest.importorskip("pydantic_settings")
+    pytest.importorskip("dependency_injector")
+    from eagletree.config.settings import EngineSettings
+
+    target_path, _ = random_checkpoints(tmp_path, "llama", "eagle")
+    model = {"target_path": target_path, "device": "cpu", "dtype": "float32"}
+    backend = {"attention": "torch", "kv_move": "torch"}
+    memory = {"max_total_tokens": 1024, "max_running_requests": 4}
+    prompts = prompts_for(5, seed=6)
+    runs = []
+    for overlap in ("off", "on"):
+        settings = EngineSettings(
+            model=model, backend=backend, memory=memory, scheduler={"overlap": overlap}
+        )
+        engine = Engine.from_settings(settings)
+        assert engine.overlap is (overlap == "on")
+        assert engine._worker.reserve_per_step == (2 if overlap == "on" else 1)
+        runs.append([r.output_ids for r in engine.generate(prompts, MAX_NEW)])
+    assert_ran_ahead(engine)
+    assert runs[0] == runs[1]
+
+
 # -- stops inside an accepted path -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("stop", ["stop", "eos", "length"])
+@pytest.mark.parametrize("worker", ["v2", "plain"])
 def test_stops_at_every_position_of_an_accepted_path_cut_it_as_the_synchronous_loop_does(
-    models: ModelCache, stop: str
+    models: ModelCache, stop: str, worker: str
 ) -> None:
     loaded = models("llama", "eagle")
     # a chain oracle emits exactly S + 1 = 4 tokens per verify step: 1 | 2..5 | 6..9 | 10..13
     config = (3, 1, 4)
     [prompt] = prompts_for(1, seed=31)
     _, _, [reference] = oracle_engine(loaded, config, [prompt], 14)
+
+    def engine_for(eos: tuple[int, ...], overlap: bool) -> Engine:
+        if worker == "plain":  # one token a step: a stop at any step of the run
+            return plain_engine(loaded, eos_token_ids=eos, overlap=overlap)
+        spec, _, _ = oracle_engine(loaded, config, [prompt], 14, eos_token_ids=eos, overlap=overlap)
+        return spec.engine
+
     for cut in range(1, 10):  # the first token of a path, its middle ones, its last
         if stop != "length" and reference[cut] in reference[:cut]:
             continue  # an earlier copy of the token would stop first
@@ -204,17 +302,17 @@ def test_stops_at_every_position_of_an_accepted_path_cut_it_as_the_synchronous_l
         max_new = cut + 1 if stop == "length" else 14
         outcomes = []
         for overlap in (False, True):
-            spec, _, _ = oracle_engine(
-                loaded, config, [prompt], 14, eos_token_ids=eos, overlap=overlap
-            )
-            [result] = spec.engine.generate([prompt], max_new, stop_token_ids=stop_ids)
+            engine = engine_for(eos, overlap)
+            [result] = engine.generate([prompt], max_new, stop_token_ids=stop_ids)
             outcomes.append(summary([result]))
             assert result.output_ids == reference[: cut + 1]
-            spec.engine.close()  # reads the step launched past the finish: its tokens dropped
+            engine.close()  # reads the step launched past the finish: its tokens dropped
             # the step launched ahead of the finish wrote KV into the window only: every slot
             # and the row go back exactly once (the allocator checks double frees)
-            assert spec.memory.allocator.available_size() == spec.memory.allocator.size
-            assert spec.memory.req_to_token_pool.req_to_token.eq(0).all()
+            allocator = engine.scheduler.allocator
+            assert allocator.available_size() == allocator.size
+            assert engine.scheduler.req_to_token_pool.req_to_token.eq(0).all()
+        assert_ran_ahead(engine)
         assert outcomes[0] == outcomes[1]
         expected = {"stop": FinishReason.STOP, "eos": FinishReason.EOS}.get(
             stop, FinishReason.LENGTH
@@ -237,13 +335,18 @@ TINY = ModelSizes(
 )
 
 
+@pytest.mark.parametrize("worker", ["v2", "plain"])
 def test_a_thousand_random_requests_with_aborts_and_retracts_leave_no_slot_or_row_behind(
-    models: ModelCache,
+    models: ModelCache, worker: str
 ) -> None:
     loaded = models("llama", "eagle", TINY)
-    # 90 slots: a request needs up to 24 + 16 + 2·max(S·k, N) = 48; eight running do not fit
-    spec = speculative_engine(loaded, 2, 2, 4, pool_size=90, max_running=8, overlap=True)
-    engine, allocator, table = spec.engine, spec.memory.allocator, spec.memory.req_to_token_pool
+    if worker == "plain":  # a request needs up to 24 + 16 + 2 = 42 slots; eight do not fit
+        engine = plain_engine(loaded, pool_size=60, max_running=8, overlap=True)
+    else:  # 90 slots: a request needs up to 24 + 16 + 2·max(S·k, N) = 48; eight do not fit
+        engine = speculative_engine(
+            loaded, 2, 2, 4, pool_size=90, max_running=8, overlap=True
+        ).engine
+    allocator, table = engine.scheduler.allocator, engine.scheduler.req_to_token_pool
     free_at_start, rows_at_start = allocator.available_size(), table.req_to_token.clone()
     generator = torch.Generator().manual_seed(12)
 
@@ -278,47 +381,58 @@ def test_a_thousand_random_requests_with_aborts_and_retracts_leave_no_slot_or_ro
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("worker", ["v2", "plain"])
 def test_under_retraction_greedy_tokens_match_and_seeded_samples_repeat(
-    models: ModelCache, temperature: float
+    models: ModelCache, worker: str, temperature: float
 ) -> None:
     """A retracted request is prefilled again, which draws one coin where a verify step draws
     N + 1, so its later samples depend on the step it was retracted at; the overlapped engine
     decides retraction from lower bounds, possibly a step later. Greedy tokens do not depend on
-    it, and seeded samples still repeat run after run."""
+    it, and seeded samples still repeat run after run. (A plain decode step draws one coin, as
+    a prefill does, so its samples do not depend on retraction at all.)"""
     loaded = models("llama", "eagle")
     prompts = prompts_for(8, seed=41)
     runs = []
     for overlap in (False, True, True):
-        # 100 slots: one request fits (≤ 12 + 16 tokens + 16 reserved), eight do not
-        spec = speculative_engine(loaded, 3, 2, 4, pool_size=100, max_running=8, overlap=overlap)
-        results = spec.engine.generate(prompts, MAX_NEW, temperature=temperature, seed=9)
+        if worker == "plain":  # 60 slots: one request fits (≤ 12 + 16 + 2), eight do not
+            engine = plain_engine(loaded, pool_size=60, max_running=8, overlap=overlap)
+        else:  # 100 slots: one request fits (≤ 12 + 16 tokens + 16 reserved), eight do not
+            engine = speculative_engine(
+                loaded, 3, 2, 4, pool_size=100, max_running=8, overlap=overlap
+            ).engine
+        results = engine.generate(prompts, MAX_NEW, temperature=temperature, seed=9)
         runs.append([(r.output_ids, r.finish_reason) for r in results])
-        assert spec.engine.stats.num_retracted > 0
-        assert spec.memory.allocator.available_size() == spec.memory.allocator.size
-    assert_ran_ahead(spec.engine)
+        assert engine.stats.num_retracted > 0
+        assert engine.scheduler.allocator.available_size() == engine.scheduler.allocator.size
+    assert_ran_ahead(engine)
     assert runs[1] == runs[2]
-    if temperature == 0.0:
+    if temperature == 0.0 or worker == "plain":
         assert runs[0] == runs[1]
 
 
 # -- the tripwire -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("worker", ["v2", "plain"])
 def test_the_tripwire_catches_a_read_back_inside_a_step(
-    models: ModelCache, monkeypatch: pytest.MonkeyPatch
+    models: ModelCache, monkeypatch: pytest.MonkeyPatch, worker: str
 ) -> None:
     loaded = models("llama", "eagle")
     prompts = prompts_for(2, seed=1)
-    decode = EagleWorkerV2._decode_on_device
+    worker_class = NonSpeculativeWorker if worker == "plain" else EagleWorkerV2
+    decode = worker_class._decode_on_device
 
-    def reads_back(self: EagleWorkerV2, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+    def reads_back(self: Any, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         inputs.seq_lens.max().item()  # what the tripwire is for
         return decode(self, inputs)
 
-    monkeypatch.setattr(EagleWorkerV2, "_decode_on_device", reads_back)
-    spec = speculative_engine(loaded, 3, 1, 4)
+    monkeypatch.setattr(worker_class, "_decode_on_device", reads_back)
+    if worker == "plain":
+        engine = plain_engine(loaded, overlap=True)
+    else:
+        engine = speculative_engine(loaded, 3, 1, 4).engine
     with pytest.raises(HostSyncError, match=r"Tensor\.item"):
-        spec.engine.generate(prompts, MAX_NEW)
+        engine.generate(prompts, MAX_NEW)
 
 
 def test_the_strict_tripwire_catches_int_of_a_tensor_and_the_plain_one_allows_it() -> None:
@@ -339,6 +453,18 @@ GRAPH_BUCKETS = (1, 2, 4, 8)
 
 def cuda_engine(models: ModelCache, worker: str, overlap: bool) -> Engine:
     """A Triton engine replaying CUDA graphs (greedy graphs captured now)."""
+    if worker == "plain":
+        engine = plain_engine(
+            models("llama", "eagle3", device="cuda"),
+            backend="triton",
+            graph_buckets=GRAPH_BUCKETS,
+            use_cuda_graphs=True,
+            overlap=overlap,
+        )
+        plain = engine._worker
+        assert isinstance(plain, NonSpeculativeWorker)
+        plain.capture_graphs()
+        return engine
     if worker == "mtp":
         sizes = sizes_with(SIZES, num_mtp_layers=NUM_LAYERS["deepseek-mla"])
         loaded = models("deepseek-mla", "mtp", sizes, device="cuda")
@@ -370,7 +496,7 @@ def cuda_engine(models: ModelCache, worker: str, overlap: bool) -> Engine:
 @requires_cuda
 @pytest.mark.gpu
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("worker", ["v2", "mtp"])
+@pytest.mark.parametrize("worker", ["v2", "mtp", "plain"])
 def test_overlapped_graph_replays_emit_what_synchronous_ones_emit(
     models: ModelCache, worker: str, temperature: float
 ) -> None:
@@ -387,7 +513,7 @@ def test_overlapped_graph_replays_emit_what_synchronous_ones_emit(
 
 @requires_cuda
 @pytest.mark.gpu
-@pytest.mark.parametrize("worker", ["v2", "mtp"])
+@pytest.mark.parametrize("worker", ["v2", "mtp", "plain"])
 def test_a_step_launched_ahead_never_synchronises_with_the_host(
     models: ModelCache, worker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,34 @@ def test_filled_inputs_pad_to_the_padding_row_and_reserve_coins_once() -> None:
         buffers.fill([first], 5, num_coins=1)
 
 
+def test_device_tokens_are_gathered_at_the_rows_and_given_lengths_replace_the_hosts() -> None:
+    pool = TensorReqToTokenPool(8, 32, "cpu")
+    buffers = DecodeInputBuffers.for_pool(pool, padded=True, device_tokens=True)
+    assert buffers.pending_tokens is not None
+    generator = torch.Generator().manual_seed(3)
+    table = torch.randint(1, 1000, (pool.size,), generator=generator)
+    buffers.set_pending_tokens(torch.arange(pool.size), table)
+    rows = torch.randperm(pool.size - 1, generator=generator)[:5].tolist()  # not the padding row
+    requests = [_request(i, row, 2 + i) for i, row in enumerate(rows)]  # host token: 3
+    inputs = buffers.fill(requests, 6, num_coins=1, lengths=[10, 11, 12, 13, 14])
+    assert inputs.last_tokens.tolist() == [*table[rows].tolist(), 0]  # padding keeps 0
+    assert inputs.seq_lens.tolist() == [10, 11, 12, 13, 14, 0]
+    assert inputs.seq_lens_cpu is not None and inputs.seq_lens_cpu.tolist()[:5] == [
+        10,
+        11,
+        12,
+        13,
+        14,
+    ]
+    assert inputs.seq_lens_sum == 60
+    buffers.set_pending_tokens(torch.tensor(rows[:2]), torch.tensor([7, 8]))
+    again = buffers.fill(requests[:2], 2, num_coins=1)
+    assert again.last_tokens.tolist() == [7, 8]
+    assert again.seq_lens.tolist() == [2, 3]  # the host's committed lengths by default
+    with pytest.raises(ValueError, match="2 lengths for 3 requests"):
+        buffers.fill(requests[:3], 4, num_coins=1, lengths=[1, 2])
+
+
 def test_a_runner_without_buckets_never_pads() -> None:
     pool = TensorReqToTokenPool(4, 32, "cpu")
     seen: list[int] = []

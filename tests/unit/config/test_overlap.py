@@ -1,4 +1,4 @@
-"""scheduler.overlap: on for the v2 workers on CUDA, off (with the reason) elsewhere."""
+"""scheduler.overlap: on for the v2 and plain workers on CUDA, off (with the reason) elsewhere."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ def settings(overlap: str) -> EngineSettings:
 
 @pytest.mark.parametrize("worker", WORKERS)
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
-def test_auto_overlaps_the_v2_workers_on_cuda_only_and_says_why_not(
+def test_auto_overlaps_the_v2_and_plain_workers_on_cuda_only_and_says_why_not(
     worker: WorkerName, device: str
 ) -> None:
     resolved = resolve_overlap(settings("auto"), device, worker)
-    expected = worker in ("eagle_v2", "multi_layer_eagle_v2") and device == "cuda"
+    expected = worker in ("none", "eagle_v2", "multi_layer_eagle_v2") and device == "cuda"
     assert resolved.enabled is expected
     assert (resolved.reason is None) is expected
     if worker == "eagle_v1":
@@ -32,14 +32,13 @@ def test_auto_overlaps_the_v2_workers_on_cuda_only_and_says_why_not(
 
 
 @pytest.mark.parametrize("worker", sorted(OVERLAP_WORKERS))
-def test_on_is_kept_for_the_v2_workers_even_on_the_cpu(worker: WorkerName) -> None:
+def test_on_is_kept_for_the_overlapping_workers_even_on_the_cpu(worker: WorkerName) -> None:
     assert resolve_overlap(settings("on"), "cpu", worker).enabled
 
 
-@pytest.mark.parametrize("worker", ["none", "eagle_v1"])
-def test_on_for_a_synchronous_worker_is_an_error_naming_the_setting(worker: WorkerName) -> None:
+def test_on_for_the_synchronous_v1_worker_is_an_error_naming_the_setting() -> None:
     with pytest.raises(ConfigurationError, match=r"scheduler\.overlap = 'on' cannot be kept"):
-        resolve_overlap(settings("on"), "cuda", worker)
+        resolve_overlap(settings("on"), "cuda", "eagle_v1")
 
 
 @pytest.mark.parametrize("worker", WORKERS)
