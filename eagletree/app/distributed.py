@@ -23,6 +23,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -103,27 +104,65 @@ def agreed_seed() -> int:
     return int(seed[0])
 
 
-def tensor_parallel_process_group(
-    tp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
-) -> dist.ProcessGroup | None:
-    """The group of ``tp_size`` tensor-parallel ranks: None for one, else a new group over the
-    ranks of the (already joined) default group. Every rank must call it (a collective)."""
-    if tp_size == 1:
-        return None
+@dataclass(frozen=True, slots=True)
+class ParallelGroups:
+    """This rank's place in a ``dp_size`` × ``tp_size`` group: global rank
+    ``dp_rank · tp_size + tp_rank``. ``tp_group`` (None for one rank) holds the ``tp_size``
+    ranks its models are sharded over, ``dp_group`` (None for one) the ``dp_size`` ranks of its
+    tensor-parallel rank across the data-parallel replicas."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_group: dist.ProcessGroup | None = None
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: dist.ProcessGroup | None = None
+
+
+def parallel_groups(
+    tp_size: int, dp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+) -> ParallelGroups:
+    """The tensor- and data-parallel groups over the (already joined) default group of
+    ``tp_size · dp_size`` ranks; no group at all for one rank. Every rank must call it (each
+    ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
+    world = tp_size * dp_size
+    if world == 1:
+        return ParallelGroups()
     if not in_process_group():
         raise ConfigurationError(
-            f"parallel.tp_size = {tp_size} needs one process per rank: launch the ranks with "
-            f"torchrun --nproc-per-node {tp_size}, or join them with "
-            "eagletree.app.distributed.join_process_group before building the engine"
+            f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} needs {world} "
+            f"processes: launch them with torchrun --nproc-per-node {world}, or join them "
+            "with eagletree.app.distributed.join_process_group before building the engine"
         )
     world_size = dist.get_world_size()
-    if world_size != tp_size:
+    if world_size != world:
         raise ConfigurationError(
-            f"parallel.tp_size = {tp_size}, but the process group has {world_size} ranks: "
-            "launch exactly tp_size processes"
+            f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} = {world} ranks, "
+            f"but the process group has {world_size}: launch exactly tp_size · dp_size processes"
         )
-    group: dist.ProcessGroup = dist.new_group(list(range(tp_size)), timeout=timeout)
-    return group
+    dp_rank, tp_rank = divmod(dist.get_rank(), tp_size)
+    tp_group = dp_group = None
+    if tp_size > 1:
+        for replica in range(dp_size):
+            group = dist.new_group([replica * tp_size + t for t in range(tp_size)], timeout=timeout)
+            if replica == dp_rank:
+                tp_group = group
+    if dp_size > 1:
+        for shard in range(tp_size):
+            # host values only (loads, counters, results): gloo, also beside NCCL
+            group = dist.new_group(
+                [replica * tp_size + shard for replica in range(dp_size)],
+                timeout=timeout,
+                backend="gloo",
+            )
+            if shard == tp_rank:
+                dp_group = group
+    return ParallelGroups(tp_rank, tp_size, tp_group, dp_rank, dp_size, dp_group)
+
+
+def world_size() -> int:
+    """The joined group's size; 1 outside one."""
+    return dist.get_world_size() if in_process_group() else 1
 
 
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:
@@ -139,7 +178,7 @@ class RankFailed(RuntimeError):
     """A rank of a spawned group raised; the others were ended. ``rank``: the first to fail."""
 
     def __init__(self, rank: int, world_size: int, error: str) -> None:
-        super().__init__(f"tensor-parallel rank {rank} of {world_size} failed first:\n{error}")
+        super().__init__(f"rank {rank} of {world_size} failed first:\n{error}")
         self.rank = rank
 
 
@@ -213,8 +252,7 @@ def spawn_ranks(
                     if process.is_alive():
                         process.kill()
                 raise TimeoutError(
-                    f"tensor-parallel rank(s) {running} of {world_size} still running after "
-                    f"{timeout_s} s; killed"
+                    f"rank(s) {running} of {world_size} still running after {timeout_s} s; killed"
                 )
     except (ProcessRaisedException, ProcessExitedException) as error:
         recorded = []
