@@ -1,6 +1,6 @@
 """What each rank of a spawned data-parallel group runs: every case's ``DataParallelEngine``,
-built from the same settings on every rank, then the group's greedy outputs and this rank's
-own counts written to ``out_dir/rank{rank}.json``."""
+built from the same settings on every rank, then the group's outputs and this rank's own counts
+written to ``out_dir/rank{rank}.json``."""
 
 from __future__ import annotations
 
@@ -16,24 +16,32 @@ from eagletree.config.settings import EngineSettings
 
 def run_cases(
     rank: int,
-    cases: dict[str, dict[str, Any]],
+    cases: dict[str, tuple[dict[str, Any], dict[str, Any]]],
     prompts: list[list[int]],
-    max_new_tokens: int,
+    bad_prompt: list[int],
     out: str,
 ) -> None:
-    """``cases``: name -> settings keywords."""
+    """``cases``: name -> (settings keywords, ``generate`` keywords). Each case's engine first
+    refuses ``bad_prompt`` beside the good ones (the message is recorded), then generates."""
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
-    for name, options in cases.items():
+    for name, (options, sampling) in cases.items():
         with DataParallelEngine.from_settings(EngineSettings(**options)) as engine:
-            outputs = engine.generate(prompts, max_new_tokens=max_new_tokens)
+            try:
+                engine.generate([*prompts, bad_prompt], **sampling)
+                refused = None
+            except ValueError as error:
+                refused = str(error)
+            outputs = engine.generate(prompts, **sampling)
             local = engine.engine.stats
             results[name] = {
+                "refused": refused,
                 "outputs": [r.output_ids for r in outputs],
                 "num_steps": local.num_steps,
                 "num_idle_steps": local.num_idle_steps,
                 "prefill_tokens": local.num_prefill_tokens,
                 "group_steps": engine.stats.num_steps,
+                "group_generated_tokens": engine.stats.num_generated_tokens,
             }
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
