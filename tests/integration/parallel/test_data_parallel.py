@@ -42,6 +42,8 @@ CASES = ["plain-llama", "v2-tree-llama-eagle", "mtp-2-layers-mla", "v2-tree-llam
 
 def sampling(name: str) -> dict[str, Any]:
     return SAMPLED if name.endswith("-sampled") else GREEDY
+
+
 SPAWN_TIMEOUT_S = 120.0
 
 
