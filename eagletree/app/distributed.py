@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import time
 import traceback
@@ -260,7 +261,18 @@ def spawn_ranks(
             event = failures.get()
             if event[2] is not None:  # a failure, not a rank's "finished" marker
                 recorded.append(event)
-        if not recorded:  # killed by a signal: nothing could be recorded
+        # a rank that died without a Python error (a signal, os._exit, the OOM killer) recorded
+        # nothing; its peers' errors (a closed connection) are its consequence: it is named
+        # (the peers the launcher ended exit by SIGTERM)
+        reporting = {rank for _, rank, _ in recorded}
+        for rank, process in enumerate(context.processes):
+            code = process.exitcode
+            if code not in (None, 0, -signal.SIGTERM) and rank not in reporting:
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                raise RankFailed(
+                    rank, world_size, f"died without a Python error ({how})"
+                ) from error
+        if not recorded:
             raise
         _, rank, trace = min(recorded)
         raise RankFailed(rank, world_size, trace) from error

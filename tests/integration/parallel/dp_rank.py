@@ -5,6 +5,7 @@ written to ``out_dir/rank{rank}.json``."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -63,4 +64,24 @@ def fail_mid_generation_on_rank_one(
             return step(run_idle=run_idle)
 
         engine.engine.step = breaking_step  # type: ignore[method-assign]
+    engine.generate(prompts, max_new_tokens=12)
+
+
+def die_mid_generation_on_rank_one(
+    rank: int, options: dict[str, Any], prompts: list[list[int]]
+) -> None:
+    """Rank 1's process ends at its third step without a Python error (as a killed process
+    does); rank 0 then waits for it at the next lockstep exchange."""
+    torch.set_num_threads(1)
+    engine = DataParallelEngine.from_settings(EngineSettings(**options))
+    if rank == 1:
+        step, calls = engine.engine.step, [0]
+
+        def dying_step(*, run_idle: bool = False) -> Any:
+            calls[0] += 1
+            if calls[0] == 3:
+                os._exit(3)
+            return step(run_idle=run_idle)
+
+        engine.engine.step = dying_step  # type: ignore[method-assign]
     engine.generate(prompts, max_new_tokens=12)

@@ -22,7 +22,11 @@ from eagletree.adapters.models.loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import Arch, write_random_checkpoint
 from eagletree.app.distributed import RankFailed, spawn_ranks
 from eagletree.app.engine import Engine
-from tests.integration.parallel.dp_rank import fail_mid_generation_on_rank_one, run_cases
+from tests.integration.parallel.dp_rank import (
+    die_mid_generation_on_rank_one,
+    fail_mid_generation_on_rank_one,
+    run_cases,
+)
 from tests.integration.parallel.test_tensor_parallel import SIZES, case_options
 from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
 
@@ -114,4 +118,12 @@ def test_a_data_parallel_rank_that_raises_ends_the_group_naming_it(checkpoints: 
     started = time.monotonic()
     with pytest.raises(RankFailed, match=r"(?s)rank 1 of 2 failed first.*rank 1 broke on purpose"):
         spawn_ranks(fail_mid_generation_on_rank_one, 2, (options, PROMPTS), timeout_s=60)
+    assert time.monotonic() - started < 60
+
+
+def test_a_data_parallel_rank_that_dies_ends_the_group_naming_it(checkpoints: Path) -> None:
+    options = dp_options("plain-llama", checkpoints, dp_size=2)
+    started = time.monotonic()
+    with pytest.raises(RankFailed, match=r"rank 1 of 2 failed first:\ndied without a Python error"):
+        spawn_ranks(die_mid_generation_on_rank_one, 2, (options, PROMPTS), timeout_s=60)
     assert time.monotonic() - started < 60
