@@ -1,4 +1,4 @@
-"""App: the process group an engine's tensor parallelism runs over, and joining one.
+"""App: the process groups of tensor and data parallelism, and joining and spawning them.
 
 Every rank of a tensor-parallel group builds the same engine from the same settings and is
 given the same requests in the same order; the scheduler is deterministic and the sampling
@@ -7,9 +7,12 @@ each rank's scheduler, worker and acceptance stay identical without broadcasting
 is the one that reports. A sampling request needs the same seed on every rank: a request
 without one draws it from the process's entropy, so a launcher seeds them (``agreed_seed``).
 
+Data-parallel replicas are different: each serves its own requests, in lockstep with the
+others (``app/data_parallel.py``), over a group of its own.
+
 The default process group is torch.distributed's global state; the engine never uses it, it
-gets an explicit group (``dist.new_group``), which the container wraps in the models'
-``TensorParallel`` value. Joining
+gets explicit groups (``parallel_groups``), the tensor-parallel one of which the container wraps
+in the models' ``TensorParallel`` value. Joining
 (``join_process_group``) is the launcher's business: ``torchrun`` or a spawning parent, both
 rendezvousing on 127.0.0.1 with a timeout on every collective, so that a dead rank ends the
 others with an error instead of a hang.
