@@ -100,6 +100,11 @@ def group_rank() -> int:
     return dist.get_rank() if in_process_group() else 0
 
 
+def barrier() -> None:
+    """Wait until every rank of the joined group gets here."""
+    dist.barrier()
+
+
 def agreed_seed() -> int:
     """A fresh random seed, the same on every rank (rank 0's, broadcast): an unseeded sampling
     request draws its seed from this process's entropy, which the ranks would not share."""
