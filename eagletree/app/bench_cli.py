@@ -7,6 +7,8 @@ speculative row's break-even acceptance length is its step time over the plain r
 added to the run whenever a speculative configuration is asked for. ``--hf`` also times
 transformers' ``generate`` on the same checkpoint. The progress goes to stderr, the markdown
 table to stdout, and with ``--out PATH`` to PATH.md and PATH.json (rows and settings).
+``--tp N`` measures every engine tensor-parallel over N ranks (spawned, or torchrun's): each
+rank runs the same measurements; rank 0 prints and writes.
 
     eagletree bench --preset tiny --device cpu --batch-sizes 1 2 --new-tokens 8
     eagletree bench --preset llama3-8b --draft eagle3 --configs plain tree:S5,k4,N8 --hf
@@ -15,12 +17,13 @@ table to stdout, and with ``--out PATH`` to PATH.md and PATH.json (rows and sett
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import os
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -98,6 +101,14 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--kv-move", choices=["torch", "triton"])
     engine.add_argument("--cuda-graph", choices=["auto", "on", "off"])
     engine.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
+        "(under torchrun: the ranks it launched)",
+    )
+    engine.add_argument(
         "--overlap",
         choices=["auto", "off"],
         help="scheduler.overlap; auto: the v2 and plain workers run one step ahead on CUDA",
@@ -126,6 +137,10 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     ):
         if any(value < least for value in values):
             p.error(f"{flag} must be at least {least}, got {' '.join(map(str, values))}")
+    if args.tp < 1:
+        p.error(f"--tp must be at least 1, got {args.tp}")
+    if args.hf and args.tp > 1:
+        p.error("--hf times transformers in one process: run it without --tp")
     if args.target is not None and args.preset is not None:
         p.error("give --preset or --target, not both")
     if args.draft_dir is not None and args.target is None:
@@ -142,21 +157,32 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Measure, print and write the report; ``args`` as ``parser()`` makes them."""
+    from eagletree.app import distributed
     from eagletree.app.bench.configs import parse_configs
     from eagletree.app.bench.measure import MeasurementError
     from eagletree.app.bench.plan import plan_run
     from eagletree.app.bench.report import render_markdown, report_json, write_report
 
+    if args.tp > 1 and not distributed.in_process_group():
+        if not distributed.launched_by_torchrun():
+            return _spawn_ranks(args, sys.stderr if err is None else err)
+        distributed.join_launched_group()
+    rank = distributed.group_rank()
+    if rank != 0:  # every rank measures; rank 0 reports
+        out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
         configs = parse_configs(args.configs)
-        plan = plan_run(args, configs, lambda message: print(message, file=err))
+        with _rank_zero_first(rank):  # it writes a missing preset; the others then read it
+            plan = plan_run(args, configs, lambda message: print(message, file=err))
         rows, hf_rows, used = _measure_all(plan, configs, args, err)
     except (ConfigurationError, MeasurementError, OSError) as error:
         print(f"error: {error}", file=err)
         return 1
     header = _header(plan, args)
+    if rank != 0:
+        return 0
     markdown = render_markdown(
         header["title"], rows, hf_rows, cuda=plan.cuda, breakdown=args.breakdown
     )
@@ -166,6 +192,36 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         md, js = write_report(args.out, markdown, data)
         print(f"wrote {md} and {js}", file=err)
     return 0
+
+
+def _spawn_ranks(args: argparse.Namespace, err: TextIO) -> int:
+    from eagletree.app import distributed
+
+    try:
+        distributed.spawn_ranks(_bench_rank, args.tp, (args,), timeout_s=None)
+    except distributed.RankFailed as failure:
+        print(f"error: {failure}", file=err)
+        return 1
+    return 0
+
+
+def _bench_rank(rank: int, args: argparse.Namespace) -> None:
+    """One spawned rank: the same run inside the group."""
+    status = run(args)
+    if status:
+        raise SystemExit(status)
+
+
+@contextlib.contextmanager
+def _rank_zero_first(rank: int) -> Iterator[None]:
+    """Run the block on rank 0, then on the others (nothing to wait for outside a group)."""
+    from eagletree.app import distributed
+
+    if rank != 0:
+        distributed.barrier()
+    yield
+    if rank == 0 and distributed.in_process_group():
+        distributed.barrier()
 
 
 def _measure_all(
@@ -182,6 +238,9 @@ def _measure_all(
     used: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
+        if args.tp > 1:
+            parallel = settings.parallel.model_copy(update={"tp_size": args.tp})
+            settings = settings.model_copy(update={"parallel": parallel})
         used[config.name] = settings.model_dump()
         engine = Engine.from_settings(settings, progress=lambda line: print(line, file=err))
         # random weights: an EOS token would end a request at a random step
@@ -274,7 +333,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
     title = (
         f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
         f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
-        f"overlap {base.scheduler.overlap}, "
+        f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
         f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {

@@ -143,12 +143,11 @@ def build_draft_runners(
     return runners
 
 
-def build_tensor_parallel(tp_size: int) -> TensorParallel:
-    """This rank's place in the ``tp_size``-rank group its models are sharded over."""
-    group = distributed.tensor_parallel_process_group(tp_size)
-    if group is None:
+def tensor_parallel_of(groups: distributed.ParallelGroups) -> TensorParallel:
+    """This rank's place in the group its models are sharded over."""
+    if groups.tp_group is None:
         return SINGLE
-    return TensorParallel(torch.distributed.get_rank(group), tp_size, group)
+    return TensorParallel(groups.tp_rank, groups.tp_size, groups.tp_group)
 
 
 def reads_aux_hidden(algorithm: str) -> bool:
@@ -169,13 +168,17 @@ class Container(containers.DeclarativeContainer):
     # receives the progress lines of long start-up work (CUDA-graph capture); None: the logger
     progress: providers.Object[Callable[[str], None] | None] = providers.Object(None)
 
-    # the group the models are sharded over (one rank without tensor parallelism)
-    tensor_parallel = providers.Singleton(build_tensor_parallel, config.parallel.tp_size)
+    # the groups of this rank: the models are sharded over the tensor-parallel one, the
+    # data-parallel engine steps in lockstep over the other (one rank of each by default)
+    parallel_groups = providers.Singleton(
+        distributed.parallel_groups, config.parallel.tp_size, config.parallel.dp_size
+    )
+    tensor_parallel = providers.Singleton(tensor_parallel_of, parallel_groups)
     device = providers.Singleton(
         distributed.rank_device,
         config.model.device,
-        tensor_parallel.provided.rank,
-        tensor_parallel.provided.world_size,
+        providers.Callable(distributed.group_rank),
+        providers.Callable(distributed.world_size),
     )
     dtype = providers.Callable(factories.torch_dtype, config.model.dtype)
 

@@ -1,4 +1,4 @@
-"""App: the process group an engine's tensor parallelism runs over, and joining one.
+"""App: the process groups of tensor and data parallelism, and joining and spawning them.
 
 Every rank of a tensor-parallel group builds the same engine from the same settings and is
 given the same requests in the same order; the scheduler is deterministic and the sampling
@@ -7,9 +7,12 @@ each rank's scheduler, worker and acceptance stay identical without broadcasting
 is the one that reports. A sampling request needs the same seed on every rank: a request
 without one draws it from the process's entropy, so a launcher seeds them (``agreed_seed``).
 
+Data-parallel replicas are different: each serves its own requests, in lockstep with the
+others (``app/data_parallel.py``), over a group of its own.
+
 The default process group is torch.distributed's global state; the engine never uses it, it
-gets an explicit group (``dist.new_group``), which the container wraps in the models'
-``TensorParallel`` value. Joining
+gets explicit groups (``parallel_groups``), the tensor-parallel one of which the container wraps
+in the models' ``TensorParallel`` value. Joining
 (``join_process_group``) is the launcher's business: ``torchrun`` or a spawning parent, both
 rendezvousing on 127.0.0.1 with a timeout on every collective, so that a dead rank ends the
 others with an error instead of a hang.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -95,6 +100,11 @@ def group_rank() -> int:
     return dist.get_rank() if in_process_group() else 0
 
 
+def barrier() -> None:
+    """Wait until every rank of the joined group gets here."""
+    dist.barrier()
+
+
 def agreed_seed() -> int:
     """A fresh random seed, the same on every rank (rank 0's, broadcast): an unseeded sampling
     request draws its seed from this process's entropy, which the ranks would not share."""
@@ -103,27 +113,65 @@ def agreed_seed() -> int:
     return int(seed[0])
 
 
-def tensor_parallel_process_group(
-    tp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
-) -> dist.ProcessGroup | None:
-    """The group of ``tp_size`` tensor-parallel ranks: None for one, else a new group over the
-    ranks of the (already joined) default group. Every rank must call it (a collective)."""
-    if tp_size == 1:
-        return None
+@dataclass(frozen=True, slots=True)
+class ParallelGroups:
+    """This rank's place in a ``dp_size`` × ``tp_size`` group: global rank
+    ``dp_rank · tp_size + tp_rank``. ``tp_group`` (None for one rank) holds the ``tp_size``
+    ranks its models are sharded over, ``dp_group`` (None for one) the ``dp_size`` ranks of its
+    tensor-parallel rank across the data-parallel replicas."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_group: dist.ProcessGroup | None = None
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: dist.ProcessGroup | None = None
+
+
+def parallel_groups(
+    tp_size: int, dp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+) -> ParallelGroups:
+    """The tensor- and data-parallel groups over the (already joined) default group of
+    ``tp_size · dp_size`` ranks; no group at all for one rank. Every rank must call it (each
+    ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
+    world = tp_size * dp_size
+    if world == 1:
+        return ParallelGroups()
     if not in_process_group():
         raise ConfigurationError(
-            f"parallel.tp_size = {tp_size} needs one process per rank: launch the ranks with "
-            f"torchrun --nproc-per-node {tp_size}, or join them with "
-            "eagletree.app.distributed.join_process_group before building the engine"
+            f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} needs {world} "
+            f"processes: launch them with torchrun --nproc-per-node {world}, or join them "
+            "with eagletree.app.distributed.join_process_group before building the engine"
         )
     world_size = dist.get_world_size()
-    if world_size != tp_size:
+    if world_size != world:
         raise ConfigurationError(
-            f"parallel.tp_size = {tp_size}, but the process group has {world_size} ranks: "
-            "launch exactly tp_size processes"
+            f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} = {world} ranks, "
+            f"but the process group has {world_size}: launch exactly tp_size · dp_size processes"
         )
-    group: dist.ProcessGroup = dist.new_group(list(range(tp_size)), timeout=timeout)
-    return group
+    dp_rank, tp_rank = divmod(dist.get_rank(), tp_size)
+    tp_group = dp_group = None
+    if tp_size > 1:
+        for replica in range(dp_size):
+            group = dist.new_group([replica * tp_size + t for t in range(tp_size)], timeout=timeout)
+            if replica == dp_rank:
+                tp_group = group
+    if dp_size > 1:
+        for shard in range(tp_size):
+            # host values only (loads, counters, results): gloo, also beside NCCL
+            group = dist.new_group(
+                [replica * tp_size + shard for replica in range(dp_size)],
+                timeout=timeout,
+                backend="gloo",
+            )
+            if shard == tp_rank:
+                dp_group = group
+    return ParallelGroups(tp_rank, tp_size, tp_group, dp_rank, dp_size, dp_group)
+
+
+def world_size() -> int:
+    """The joined group's size; 1 outside one."""
+    return dist.get_world_size() if in_process_group() else 1
 
 
 def rank_device(device: str, rank: int, world_size: int) -> torch.device:
@@ -139,7 +187,7 @@ class RankFailed(RuntimeError):
     """A rank of a spawned group raised; the others were ended. ``rank``: the first to fail."""
 
     def __init__(self, rank: int, world_size: int, error: str) -> None:
-        super().__init__(f"tensor-parallel rank {rank} of {world_size} failed first:\n{error}")
+        super().__init__(f"rank {rank} of {world_size} failed first:\n{error}")
         self.rank = rank
 
 
@@ -213,8 +261,7 @@ def spawn_ranks(
                     if process.is_alive():
                         process.kill()
                 raise TimeoutError(
-                    f"tensor-parallel rank(s) {running} of {world_size} still running after "
-                    f"{timeout_s} s; killed"
+                    f"rank(s) {running} of {world_size} still running after {timeout_s} s; killed"
                 )
     except (ProcessRaisedException, ProcessExitedException) as error:
         recorded = []
@@ -222,7 +269,18 @@ def spawn_ranks(
             event = failures.get()
             if event[2] is not None:  # a failure, not a rank's "finished" marker
                 recorded.append(event)
-        if not recorded:  # killed by a signal: nothing could be recorded
+        # a rank that died without a Python error (a signal, os._exit, the OOM killer) recorded
+        # nothing; its peers' errors (a closed connection) are its consequence: it is named
+        # (the peers the launcher ended exit by SIGTERM)
+        reporting = {rank for _, rank, _ in recorded}
+        for rank, process in enumerate(context.processes):
+            code = process.exitcode
+            if code not in (None, 0, -signal.SIGTERM) and rank not in reporting:
+                how = f"signal {-code}" if code < 0 else f"exit code {code}"
+                raise RankFailed(
+                    rank, world_size, f"died without a Python error ({how})"
+                ) from error
+        if not recorded:
             raise
         _, rank, trace = min(recorded)
         raise RankFailed(rank, world_size, trace) from error

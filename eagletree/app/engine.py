@@ -13,6 +13,7 @@ from eagletree.app.scheduler import Scheduler
 from eagletree.app.step_readback import PendingStep, StepReadback
 from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.domain.errors import ConfigurationError
 from eagletree.domain.request import (
     AcceptanceStats,
     FinishReason,
@@ -89,6 +90,7 @@ class EngineStats:
 
     num_steps: int = 0
     num_steps_ahead: int = 0  # launched while the previous step was in flight (overlap)
+    num_idle_steps: int = 0  # worker steps over no request (bs == 0), a data-parallel rank's
     num_forwards: int = 0
     num_prefill_tokens: int = 0  # prompt tokens computed, recomputation after retract included
     num_generated_tokens: int = 0
@@ -205,6 +207,13 @@ class Engine:
         """
         from eagletree.app.container import build_engine_container
 
+        if settings.parallel.dp_size != 1:
+            raise ConfigurationError(
+                f"parallel.dp_size = {settings.parallel.dp_size}: a data-parallel rank's engine "
+                "holds only the requests routed to it; build the group's engine on every rank "
+                "with eagletree.app.data_parallel.DataParallelEngine.from_settings (or run "
+                "eagletree generate --dp N), or set parallel.dp_size = 1"
+            )
         return build_engine_container(settings, progress).engine()
 
     @property
@@ -233,9 +242,12 @@ class Engine:
 
     # -- the step ------------------------------------------------------------------------------
 
-    def step(self) -> list[Request]:
+    def step(self, *, run_idle: bool = False) -> list[Request]:
         """One iteration: schedule, launch the worker's step, commit the tokens of the step
-        launched before it (this one's, without overlap), release what finished."""
+        launched before it (this one's, without overlap), release what finished.
+
+        ``run_idle``: with nothing scheduled, still run the worker's idle step (bs == 0) through
+        every phase, as a data-parallel rank does while its group steps."""
         started = self._clock()
         finished: list[Request] = []
         if self._in_flight is not None and not self._can_run_ahead():
@@ -245,7 +257,8 @@ class Engine:
         assert self._in_flight is None or not plan.retracted, "retracted with a step in flight"
         self.stats.num_prefill_tokens += sum(r.num_tokens for r in plan.prefill)
         launched = None
-        if not plan.is_empty:
+        if not plan.is_empty or run_idle:
+            self.stats.num_idle_steps += plan.is_empty
             if self._in_flight is not None:
                 plan = dataclasses.replace(plan, exact_lengths=False)
                 self.stats.num_steps_ahead += 1
@@ -451,6 +464,11 @@ class Engine:
         for index, prompt in enumerate(ids):
             self._validate_prompt(index, prompt, max_new_tokens)
         return [self.submit(prompt, p) for prompt, p in zip(ids, params, strict=True)]
+
+    def check_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
+        """Raise the ValueError (naming request ``index``) with which ``submit`` would refuse
+        the prompt; nothing is queued."""
+        self._validate_prompt(index, prompt, max_new_tokens)
 
     def _validate_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
         if len(prompt) == 0:

@@ -7,9 +7,10 @@ timings and the summary go to stderr; results to stdout: per prompt a line of to
 with a tokenizer, a line of text, or with ``--json`` one JSON object per prompt. ``--stream``
 prints the output as the engine commits it.
 
-``--tp N`` runs the engine tensor-parallel over N ranks: launched by torchrun, this process is
-one of them; otherwise it spawns them (one per device) and waits. Every rank runs the same
-command on the same prompts; rank 0 prints.
+``--tp N`` runs the engine tensor-parallel over N ranks, ``--dp M`` as M data-parallel ranks
+(each serving the prompts the router gives it; with both, M replicas of N ranks each):
+launched by torchrun, this process is one of the N·M ranks; otherwise it spawns them (one per
+device) and waits. Every rank runs the same command on the same prompts; rank 0 prints.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from eagletree.app.prompts import PromptSpec, read_prompts_file, to_prompt_ids
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from eagletree.app.data_parallel import DataParallelEngine
     from eagletree.app.engine import Engine, GenerationResult, StepReport
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.request import AcceptanceStats
@@ -74,6 +76,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
         "(under torchrun: the ranks it launched)",
     )
+    parser.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        metavar="M",
+        help="data-parallel ranks (parallel.dp_size), each with its own requests and KV pool; "
+        "with --tp N spawns N·M processes",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None)
@@ -89,6 +99,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``eagletree generate``; returns the exit status (0 ok, 1 bad input or settings)."""
     from eagletree.app import distributed  # imported here, as the engine: it pulls in torch
+    from eagletree.app.data_parallel import DataParallelEngine
     from eagletree.app.engine import Engine
 
     # resolved at call time, so that a redirected sys.stdout / sys.stderr is honoured
@@ -100,20 +111,30 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
     try:
         _check_flags(args, note)
-        settings = with_tensor_parallel(prepare_settings(args.settings, note), args.tp)
-        tp_size = settings.parallel.tp_size
-        if tp_size > 1 and not distributed.in_process_group():
+        settings = with_parallel(prepare_settings(args.settings, note), args.tp, args.dp)
+        tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
+        if dp_size > 1 and args.stream:
+            raise ValueError(
+                "--stream is not supported with --dp (rank 0 sees only its own requests' tokens "
+                "as they come): drop --stream, or run with --dp 1"
+            )
+        world_size = tp_size * dp_size
+        if world_size > 1 and not distributed.in_process_group():
             if not distributed.launched_by_torchrun():
-                return _spawn_ranks(args, tp_size, err)
+                return _spawn_ranks(args, world_size, err)
             distributed.join_launched_group()
         seed = args.seed
         if tp_size > 1 and args.temperature > 0 and seed is None:
-            seed = distributed.agreed_seed()  # the ranks must draw the same coins
+            seed = distributed.agreed_seed()  # a replica's ranks must draw the same coins
         if distributed.group_rank() != 0:  # every rank computes the results; rank 0 prints
             out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
         specs = _prompt_specs(args, note)
         stop_ids = None if args.stop_token_ids is None else parse_ids(args.stop_token_ids)
-        engine = Engine.from_settings(settings)
+        engine: Engine | DataParallelEngine = (
+            DataParallelEngine.from_settings(settings)
+            if dp_size > 1
+            else Engine.from_settings(settings)
+        )
         with engine:
             prompts = [to_prompt_ids(spec, engine.tokenizer, index) for index, spec in specs]
             started = time.perf_counter()
@@ -126,6 +147,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
                 "stop_token_ids": stop_ids,
             }
             if args.stream:
+                assert isinstance(engine, Engine)  # refused above with data parallelism
                 results = _stream(engine, prompts, sampling, out, json_lines=args.json)
             else:
                 progress = None if args.no_progress else ProgressLine(err)
@@ -145,21 +167,29 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     return 0
 
 
-def with_tensor_parallel(settings: EngineSettings, tp_size: int | None) -> EngineSettings:
-    """``settings`` with ``parallel.tp_size`` = ``tp_size`` (``--tp``), unchanged for None."""
-    if tp_size is None:
+def with_parallel(
+    settings: EngineSettings, tp_size: int | None, dp_size: int | None = None
+) -> EngineSettings:
+    """``settings`` with ``parallel.tp_size`` = ``tp_size`` (``--tp``) and ``parallel.dp_size``
+    = ``dp_size`` (``--dp``), each unchanged for None."""
+    update: dict[str, int] = {}
+    for flag, name, size in (("--tp", "tp_size", tp_size), ("--dp", "dp_size", dp_size)):
+        if size is None:
+            continue
+        if size < 1:
+            raise ValueError(f"{flag} must be >= 1, got {size}")
+        update[name] = size
+    if not update:
         return settings
-    if tp_size < 1:
-        raise ValueError(f"--tp must be >= 1, got {tp_size}")
-    parallel = settings.parallel.model_copy(update={"tp_size": tp_size})
+    parallel = settings.parallel.model_copy(update=update)
     return settings.model_copy(update={"parallel": parallel})
 
 
-def _spawn_ranks(args: argparse.Namespace, tp_size: int, err: TextIO) -> int:
+def _spawn_ranks(args: argparse.Namespace, world_size: int, err: TextIO) -> int:
     from eagletree.app import distributed
 
     try:
-        distributed.spawn_ranks(_generate_rank, tp_size, (args,), timeout_s=None)
+        distributed.spawn_ranks(_generate_rank, world_size, (args,), timeout_s=None)
     except distributed.RankFailed as failure:
         print(f"error: {failure}", file=err)
         return 1
@@ -294,7 +324,10 @@ def format_timings(index: int, result: GenerationResult) -> str:
 
 
 def _print_summary(
-    engine: Engine, results: list[GenerationResult], elapsed: float, err: TextIO
+    engine: Engine | DataParallelEngine,
+    results: list[GenerationResult],
+    elapsed: float,
+    err: TextIO,
 ) -> None:
     stats = engine.stats
     num_tokens = sum(len(result.output_ids) for result in results)

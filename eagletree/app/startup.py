@@ -31,19 +31,13 @@ _log = logging.getLogger("eagletree.engine")
 
 
 def check_engine_settings(settings: EngineSettings) -> None:
-    """What an engine needs before anything is loaded: a target directory, no data parallelism
-    (tensor parallelism is checked against the process group when the container builds it)."""
+    """What an engine needs before anything is loaded: a target directory (the parallel sizes
+    are checked against the process group when the container builds the groups)."""
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
             "model.target_path is unset: set it to a checkpoint directory (config.json + "
             "safetensors), e.g. one written by `eagletree init-random`"
-        )
-    if settings.parallel.dp_size != 1:
-        raise ConfigurationError(
-            f"parallel.dp_size = {settings.parallel.dp_size}: data-parallel attention is not "
-            "implemented yet; set it to 1 (tensor parallelism: parallel.tp_size; data "
-            "parallelism: run one engine per device)"
         )
     if not Path(target_path).is_dir():
         raise ConfigurationError(

@@ -143,7 +143,11 @@ class SchedulerSettings(_Section):
 
 
 class ParallelSettings(_Section):
-    dp_size: int = Field(default=1, ge=1, description="Data-parallel replicas.")
+    dp_size: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel replicas, each with its own requests and KV pool.",
+    )
     tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks.")
 
 

@@ -440,7 +440,7 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_from_settings_refuses_data_parallelism_it_does_not_implement(tp: int) -> None:
+def test_from_settings_sends_data_parallelism_to_the_data_parallel_engine(tp: int) -> None:
     pytest.importorskip("pydantic_settings")
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError
@@ -449,7 +449,7 @@ def test_from_settings_refuses_data_parallelism_it_does_not_implement(tp: int) -
         model={"target_path": "/nonexistent", "device": "cpu", "dtype": "float32"},
         parallel={"dp_size": 2, "tp_size": tp},
     )
-    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = 2: data-parallel attention"):
+    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = 2: .*DataParallelEngine"):
         Engine.from_settings(settings)
 
 
@@ -464,5 +464,7 @@ def test_from_settings_with_tensor_parallelism_outside_a_process_group_says_how_
         model={"target_path": str(tmp_path), "device": "cpu", "dtype": "float32"},
         parallel={"tp_size": 2},
     )
-    with pytest.raises(ConfigurationError, match=r"parallel\.tp_size = 2 needs one process per"):
+    with pytest.raises(
+        ConfigurationError, match=r"parallel\.tp_size = 2 × parallel\.dp_size = 1 needs 2 proc"
+    ):
         Engine.from_settings(settings)
