@@ -11,9 +11,11 @@ requests uses the bucket's sampling graph, captured the first time one is needed
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -149,6 +151,22 @@ class DecodeStepRunner:
             self._step(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with _no_collection_during_capture(), torch.cuda.graph(graph, pool=self._pool):
             outputs = self._step(inputs)
         self._graphs[(bucket, greedy)] = _Captured(graph, outputs)
+
+
+@contextlib.contextmanager
+def _no_collection_during_capture() -> Iterator[None]:
+    """Collect garbage now and not until the capture ends: the collector may free an earlier
+    engine's CUDA graphs, and destroying a graph while a stream captures invalidates the
+    capture (``cudaErrorStreamCaptureInvalidated``, seen when engines come and go lazily
+    capturing sampling graphs)."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

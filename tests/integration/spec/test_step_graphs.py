@@ -7,6 +7,8 @@ a graph replays. On CUDA the bucketed engine captures and replays CUDA graphs.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -15,7 +17,12 @@ import torch
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.app.engine import Engine
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
-from eagletree.app.workers.step_graphs import DecodeStepRunner, bucket_for, graph_buckets
+from eagletree.app.workers.step_graphs import (
+    DecodeStepRunner,
+    _no_collection_during_capture,
+    bucket_for,
+    graph_buckets,
+)
 from eagletree.domain.request import FinishReason, Request, SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import (
@@ -61,6 +68,23 @@ def _request(request_id: int, row: int, committed: int, **params: float | int) -
     request.grow_window(committed + 4)
     request.commit(committed)
     return request
+
+
+class _Cyclic:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_garbage_is_collected_before_a_capture_and_not_during_it() -> None:
+    """An earlier engine's graphs freed by the collector mid-capture would invalidate it."""
+    garbage = _Cyclic()
+    freed = weakref.ref(garbage)
+    del garbage  # only the collector frees a cycle
+    assert gc.isenabled() and freed() is not None
+    with _no_collection_during_capture():
+        assert freed() is None
+        assert not gc.isenabled()
+    assert gc.isenabled()
 
 
 def test_filled_inputs_pad_to_the_padding_row_and_reserve_coins_once() -> None:
