@@ -237,6 +237,11 @@ def main() -> None:
         help="issue 4's shapes; backends triton-base (before the rework), triton, flash",
     )
     parser.add_argument("--tune", action="store_true", help="also sweep Triton tile options")
+    parser.add_argument(
+        "--min-chunk-sweep",
+        action="store_true",
+        help="only the split-size sweep of short prefixes (decode and N = 8 verify)",
+    )
     parser.add_argument("--backends", help="comma-separated (default torch,triton,flash)")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out", help="also write the markdown table to this file")
@@ -256,7 +261,8 @@ def main() -> None:
     ]
     print("\n".join(lines), flush=True)
     extend_ms: dict[tuple[int, int, int, str], float] = {}
-    for point in points(args.quick, args.smoke, args.compare):
+    sweep_only = args.min_chunk_sweep
+    for point in [] if sweep_only else points(args.quick, args.smoke, args.compare):
         setup = make_setup(point, device)
         results: dict[str, tuple[float, float, torch.Tensor]] = {}
         for name, backend in build_backends(setup, names, {}).items():
@@ -283,6 +289,8 @@ def main() -> None:
             torch.cuda.empty_cache()
     if args.tune:
         lines += tune(device, copy_bw, args.rep_ms, args.smoke)
+    if sweep_only:
+        lines = [lines[0], *min_chunk_sweep(device, args.rep_ms, args.smoke)]
     if args.out:
         with open(args.out, "w") as handle:
             handle.write("\n".join(lines) + "\n")
@@ -380,6 +388,38 @@ def tune(device: torch.device, copy_bw: float, rep_ms: int, smoke: bool) -> list
     ]
     print("\n".join(summary), flush=True)
     return [*lines, "", *summary]
+
+
+MIN_CHUNKS = (32, 64, 128, 256)  # the last is the default on CUDA (DEFAULT_MIN_CHUNK)
+
+
+def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]:
+    """Attention (and merge) time of one layer per ``min_chunk`` for the short prefixes where
+    it decides the split count: decode and N = 8 verify at bs 1, 8, 32."""
+    lines = [
+        "",
+        "| mode | bs | prefix | "
+        + " | ".join(f"min_chunk {c} µs" for c in MIN_CHUNKS)
+        + " | best |",
+        "|---|---|---|" + "---|" * (len(MIN_CHUNKS) + 1),
+    ]
+    print("\n".join(lines), flush=True)
+    sizes, prefixes = ((1, 2), (40,)) if smoke else ((1, 8, 32), (256, 1024))
+    for mode, new in ((ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 8)):
+        for prefix in prefixes:
+            for bs in sizes:
+                setup = make_setup(Point(mode, bs, prefix, new), device)
+                times = []
+                for chunk in MIN_CHUNKS[: 2 if smoke else None]:
+                    backend = build_backends(setup, ["triton"], {"min_chunk": chunk})["triton"]
+                    times.append(measure(setup, backend, device, rep_ms)[0] * 1e3)
+                best = MIN_CHUNKS[times.index(min(times))]
+                cells = " | ".join(f"{t:.1f}" for t in times)
+                line = f"| {mode.name.lower()} | {bs} | {prefix} | {cells} | {best} |"
+                lines.append(line)
+                print(line, flush=True)
+                del setup
+    return lines
 
 
 if __name__ == "__main__":

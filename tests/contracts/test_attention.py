@@ -234,11 +234,15 @@ def test_gpu_only_batch_without_host_lengths_matches_the_reference(
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 @pytest.mark.parametrize("shape_name", ["gqa-r4-d64", "mla-32+16"])
+@pytest.mark.parametrize("min_chunk", [None, 16, 96], ids=lambda c: f"min_chunk={c}")
 def test_triton_split_key_ranges_merge_to_the_reference(
-    mode: ForwardMode, shape_name: str, device: torch.device
+    mode: ForwardMode, shape_name: str, min_chunk: int | None, device: torch.device
 ) -> None:
-    # target_programs far above the grid forces several splits of every request's keys
-    factory = backend_factory("triton", device, target_programs=4096, max_kv_splits=3)
+    # target_programs far above the grid forces several splits of every request's keys; a
+    # large min_chunk leaves some splits without keys, a small one gives every split a block
+    factory = backend_factory(
+        "triton", device, target_programs=4096, max_kv_splits=3, min_chunk=min_chunk
+    )
     case, expected = random_twins(mode, CPU_SHAPES[shape_name], device, torch.float32, 11, bs=3)
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
 

@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from eagletree.domain.batch import ForwardBatch
 
 
+# Keys below which a request's range is not split further on CUDA: a split pays a partial
+# write and its share of the merge, so it needs enough keys to hide that.
+DEFAULT_MIN_CHUNK = 256
+
+
 class TritonAttentionBackend:
     """One kernel launch per layer (two when the key range is split), no host sync, any mode.
 
@@ -52,7 +57,9 @@ class TritonAttentionBackend:
     4 per SM on CUDA, 1 on CPU, i.e. no split under the interpreter unless asked);
     ``block_m`` (most rows per tile), ``block_n``, ``num_warps``, ``num_stages`` and
     ``max_registers`` (a per-thread register cap, 0 for none) override the tiling that
-    ``_config`` picks per device, head size and rows per request.
+    ``_config`` picks per device, head size and rows per request; ``min_chunk`` — the fewest
+    keys one split handles (rounded up to whole blocks; default ``DEFAULT_MIN_CHUNK`` on CUDA,
+    one block on the CPU), which decides how many splits a short prefix gets.
     """
 
     def __init__(
@@ -68,7 +75,10 @@ class TritonAttentionBackend:
         num_warps: int | None = None,
         num_stages: int | None = None,
         max_registers: int | None = None,
+        min_chunk: int | None = None,
     ) -> None:
+        if min_chunk is not None and min_chunk < 1:
+            raise ValueError(f"min_chunk must be >= 1, got {min_chunk}")
         if max_kv_splits < 1:
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
         for name, size in (("block_m", block_m), ("block_n", block_n)):
@@ -91,6 +101,7 @@ class TritonAttentionBackend:
         self._num_warps = num_warps
         self._num_stages = num_stages
         self._max_registers = max_registers
+        self._min_chunk = min_chunk
         self._plan: AttentionPlan | None = None
         self._tiles: dict[int, QueryTiles] = {}  # ragged tile tables of this forward, by block_m
         self._tail = TailKeys(int(TailKind.CAUSAL))
@@ -161,7 +172,7 @@ class TritonAttentionBackend:
         if self._on_cpu:  # the interpreter pays per op, not per element: few, large blocks
             block_m = min(self._block_m or 64, rows)
             block_n = self._block_n or 32
-            return LaunchConfig(block_m, block_n, 1, 1, True, block_n)
+            return LaunchConfig(block_m, block_n, 1, 1, True, self._whole_blocks(block_n, 1))
         # Defaults reasoned from the sm_90 build of each variant (registers, shared memory,
         # spills); benchmarks/attention.py --tune measures the alternatives on the H200. Three
         # stages double-buffer K/V (the slots are loaded a block ahead); 32-key blocks keep a
@@ -186,9 +197,14 @@ class TritonAttentionBackend:
             self._num_warps or warps,
             self._num_stages or stages,
             dtype == torch.float32,
-            max(block_n, 256),
+            self._whole_blocks(block_n, DEFAULT_MIN_CHUNK),
             registers or None,
         )
+
+    def _whole_blocks(self, block_n: int, default: int) -> int:
+        """``min_chunk`` (or ``default``) keys rounded up to whole blocks of ``block_n``."""
+        keys = default if self._min_chunk is None else self._min_chunk
+        return -(-keys // block_n) * block_n
 
     def _query_tiles(self, plan: AttentionPlan, group: int, block_m: int) -> QueryTiles:
         if plan.width:
