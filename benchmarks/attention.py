@@ -11,6 +11,8 @@ medians of ``triton.testing.do_bench`` (L2 flushed) of ``forward(save_kv=False)`
 ``init_forward_metadata``, whose own time (once per forward, shared by all layers) is ``init``;
 ``err`` is the max |o − o_triton| of the row's output.
 
+``--min-chunk-sweep`` measures only the split sizes of short prefixes (``min_chunk`` 32 … 256
+keys per split) for decode and N = 8 verify at bs 1, 8, 32, prefixes 256 and 1k.
 ``--compare`` runs issue 4's shapes (bs 32 prefix 4k N 8 and 64, bs 64 prefix 16k N 8, decode)
 for ``triton-base`` (the Triton path before the rework, ``attention_baseline.py``), ``triton``
 and ``flash``. ``--tune`` sweeps Triton tile options and split counts at bs 32, prefix 4k for
@@ -396,6 +398,7 @@ MIN_CHUNKS = (32, 64, 128, 256)  # the last is the default on CUDA (DEFAULT_MIN_
 def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]:
     """Attention (and merge) time of one layer per ``min_chunk`` for the short prefixes where
     it decides the split count: decode and N = 8 verify at bs 1, 8, 32."""
+    chunks = MIN_CHUNKS[:2] if smoke else MIN_CHUNKS  # the interpreter is slow: two show it runs
     lines = [
         "",
         "| mode | bs | prefix | "
@@ -410,10 +413,10 @@ def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]
             for bs in sizes:
                 setup = make_setup(Point(mode, bs, prefix, new), device)
                 times = []
-                for chunk in MIN_CHUNKS[: 2 if smoke else None]:
+                for chunk in chunks:
                     backend = build_backends(setup, ["triton"], {"min_chunk": chunk})["triton"]
                     times.append(measure(setup, backend, device, rep_ms)[0] * 1e3)
-                best = MIN_CHUNKS[times.index(min(times))]
+                best = chunks[times.index(min(times))]
                 cells = " | ".join(f"{t:.1f}" for t in times)
                 line = f"| {mode.name.lower()} | {bs} | {prefix} | {cells} | {best} |"
                 lines.append(line)
