@@ -402,9 +402,9 @@ def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]
     lines = [
         "",
         "| mode | bs | prefix | "
-        + " | ".join(f"min_chunk {c} µs" for c in MIN_CHUNKS)
+        + " | ".join(f"min_chunk {c} µs" for c in chunks)
         + " | best |",
-        "|---|---|---|" + "---|" * (len(MIN_CHUNKS) + 1),
+        "|---|---|---|" + "---|" * (len(chunks) + 1),
     ]
     print("\n".join(lines), flush=True)
     sizes, prefixes = ((1, 2), (40,)) if smoke else ((1, 8, 32), (256, 1024))
