@@ -413,7 +413,7 @@ def replayed_ms(
     return median_ms(graph.replay, device, rep_ms)
 
 
-MIN_CHUNKS = (32, 64, 128, 256)  # the last is the default on CUDA (DEFAULT_MIN_CHUNK)
+MIN_CHUNKS = (32, 64, 128, 256)  # the first (one key block) is the backend's default
 
 
 def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]:

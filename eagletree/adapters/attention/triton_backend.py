@@ -37,11 +37,6 @@ if TYPE_CHECKING:
     from eagletree.domain.batch import ForwardBatch
 
 
-# Keys below which a request's range is not split further on CUDA: a split pays a partial
-# write and its share of the merge, so it needs enough keys to hide that.
-DEFAULT_MIN_CHUNK = 256
-
-
 class TritonAttentionBackend:
     """One kernel launch per layer (two when the key range is split), no host sync, any mode.
 
@@ -58,8 +53,11 @@ class TritonAttentionBackend:
     ``block_m`` (most rows per tile), ``block_n``, ``num_warps``, ``num_stages`` and
     ``max_registers`` (a per-thread register cap, 0 for none) override the tiling that
     ``_config`` picks per device, head size and rows per request; ``min_chunk`` — the fewest
-    keys one split handles (rounded up to whole blocks; default ``DEFAULT_MIN_CHUNK`` on CUDA,
-    one block on the CPU), which decides how many splits a short prefix gets.
+    keys one split handles (rounded up to whole key blocks; default one block), which decides
+    how many splits a short prefix gets. One block is the fastest on the H200 for decode and
+    verify at bs 1–32 over 256- and 1k-key prefixes (benchmarks/attention.py
+    --min-chunk-sweep: a bs-1 decode of 256 keys 10.4 µs against 17.2 µs with 256 keys per
+    split, which left most of its splits idle).
     """
 
     def __init__(
@@ -172,7 +170,7 @@ class TritonAttentionBackend:
         if self._on_cpu:  # the interpreter pays per op, not per element: few, large blocks
             block_m = min(self._block_m or 64, rows)
             block_n = self._block_n or 32
-            return LaunchConfig(block_m, block_n, 1, 1, True, self._whole_blocks(block_n, 1))
+            return LaunchConfig(block_m, block_n, 1, 1, True, self._whole_blocks(block_n))
         # Defaults reasoned from the sm_90 build of each variant (registers, shared memory,
         # spills); benchmarks/attention.py --tune measures the alternatives on the H200. Three
         # stages double-buffer K/V (the slots are loaded a block ahead); 32-key blocks keep a
@@ -197,13 +195,13 @@ class TritonAttentionBackend:
             self._num_warps or warps,
             self._num_stages or stages,
             dtype == torch.float32,
-            self._whole_blocks(block_n, DEFAULT_MIN_CHUNK),
+            self._whole_blocks(block_n),
             registers or None,
         )
 
-    def _whole_blocks(self, block_n: int, default: int) -> int:
-        """``min_chunk`` (or ``default``) keys rounded up to whole blocks of ``block_n``."""
-        keys = default if self._min_chunk is None else self._min_chunk
+    def _whole_blocks(self, block_n: int) -> int:
+        """``min_chunk`` keys (default one block) rounded up to whole blocks of ``block_n``."""
+        keys = block_n if self._min_chunk is None else self._min_chunk
         return -(-keys // block_n) * block_n
 
     def _query_tiles(self, plan: AttentionPlan, group: int, block_m: int) -> QueryTiles:
