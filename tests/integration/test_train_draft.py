@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ from eagletree.adapters.models.loading import load_models
 from eagletree.adapters.models.random_checkpoint import ModelSizes, write_random_checkpoint
 from eagletree.app.cli import main
 from eagletree.app.training import acceptance
+from eagletree.app.training.acceptance_table import (
+    TableInputs,
+    lookup_table,
+    measure_head,
+    shape_grid,
+)
 from eagletree.app.training.corpus import build_corpus
 from eagletree.app.training.data import (
     ByteTokenizer,
@@ -39,6 +46,9 @@ NUM_PROMPTS, PROMPT_LEN, NEW_TOKENS = 6, 32, 32
 # a flipped loss sign gives 1.0, EAGLE-3 without the unroll 2.0 (nothing past depth 1).
 MIN_TRAINED_CHAIN = 2.6
 MIN_MARGIN = 1.4
+# Measured on held-out contexts: one verify step of the trained EAGLE-3 head 3.6 (chain S=3)
+# and 4.0 (k 4, N 8), sampled at T = 1 3.2 and 3.7 (the grammar has little entropy); random 1.0.
+MIN_FRESH, MIN_SAMPLED = 2.6, 2.4
 
 TRAIN_ARGS = [
     "--max-steps", "300", "--batch-size", "8", "--seq-len", "64", "--lr", "3e-3",
@@ -88,7 +98,7 @@ def held_out_prompts(pair: Pair) -> list[list[int]]:
     return prompt_windows(tokenize(held, ByteTokenizer()), NUM_PROMPTS, PROMPT_LEN)
 
 
-def random_head_acceptance(pair: Pair, algorithm: str) -> list[acceptance.AcceptanceRow]:
+def random_head(pair: Pair, algorithm: str) -> Path:
     sizes = ModelSizes(
         vocab_size=SPEC.vocab_size,
         hidden_size=SPEC.hidden_size,
@@ -102,9 +112,13 @@ def random_head_acceptance(pair: Pair, algorithm: str) -> list[acceptance.Accept
     root = pair.root / f"random-{algorithm}"
     _, draft = write_random_checkpoint(root, "llama", algorithm, sizes=sizes, dtype=torch.float32)  # type: ignore[arg-type]
     assert draft is not None
+    return draft
+
+
+def random_head_acceptance(pair: Pair, algorithm: str) -> list[acceptance.AcceptanceRow]:
     prompts = held_out_prompts(pair)
     return acceptance.measure_acceptance(
-        pair.target, draft, algorithm, prompts, SHAPES, NEW_TOKENS, "cpu"
+        pair.target, random_head(pair, algorithm), algorithm, prompts, SHAPES, NEW_TOKENS, "cpu"
     )
 
 
@@ -118,25 +132,42 @@ def train(pair: Pair, algorithm: str, out: Path, *extra: str) -> dict[str, Any]:
     return report
 
 
+Trained = Callable[[str], tuple[Path, dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def trained(pair: Pair, tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """The head of each algorithm trained with TRAIN_ARGS, once per module: (its dir, report)."""
+    heads: dict[str, tuple[Path, dict[str, Any]]] = {}
+
+    def head(algorithm: str) -> tuple[Path, dict[str, Any]]:
+        if algorithm not in heads:
+            out = tmp_path_factory.mktemp(f"trained-{algorithm}")
+            heads[algorithm] = (out, train(pair, algorithm, out))
+        return heads[algorithm]
+
+    return head
+
+
 @pytest.mark.hf
 @pytest.mark.parametrize("algorithm", ["eagle", "eagle3"])
 def test_a_trained_head_is_accepted_far_more_often_than_a_random_one(
-    pair: Pair, algorithm: str, tmp_path: Path
+    pair: Pair, algorithm: str, trained: Trained
 ) -> None:
-    report = train(pair, algorithm, tmp_path / algorithm)
+    _, report = trained(algorithm)
     losses = report["losses"]
     assert len(losses) == 300
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
-    trained = {row["shape"]: row for row in report["acceptance"]}
+    rows = {row["shape"]: row for row in report["acceptance"]}
     random_rows = {row.shape.label: row for row in random_head_acceptance(pair, algorithm)}
     for shape in SHAPES:
-        row, baseline = trained[shape.label], random_rows[shape.label]
+        row, baseline = rows[shape.label], random_rows[shape.label]
         # the engine loaded the head (Engine.from_settings) and stayed lossless
         assert row["matches_plain"] is True
         assert row["num_verify_steps"] > 0
         assert baseline.mean_accept_length < 1.2
         assert row["mean_accept_length"] >= baseline.mean_accept_length + MIN_MARGIN
-    assert trained["chain S=3"]["mean_accept_length"] >= MIN_TRAINED_CHAIN
+    assert rows["chain S=3"]["mean_accept_length"] >= MIN_TRAINED_CHAIN
     # trained unrolled: the head agrees with the target on its own features at depth 3 too
     accuracy = report["accuracy_by_step"]
     assert len(accuracy) == 3 and min(accuracy) > 0.7
@@ -220,3 +251,43 @@ def test_target_features_are_the_tensors_the_engine_target_captures(pair: Pair) 
     torch.testing.assert_close(aux[..., 1, :], reference.hidden_states[2])
     torch.testing.assert_close(target.model.model.norm(aux[..., 2, :]), out.hidden)
     torch.testing.assert_close(out.logits, reference.logits.float())
+
+
+def held_out_tokens(pair: Pair) -> torch.Tensor:
+    _, held = split_documents(read_documents([pair.corpus]), 0.05, seed=0)
+    return tokenize(held, ByteTokenizer())
+
+
+@pytest.mark.hf
+def test_the_acceptance_table_measures_chains_trees_fresh_contexts_and_sampling(
+    pair: Pair, trained: Trained
+) -> None:
+    head, _ = trained("eagle3")
+    prompts = held_out_prompts(pair)
+    reference = acceptance.plain_outputs(pair.target, prompts, NEW_TOKENS, "cpu")
+    contexts = prompt_windows(held_out_tokens(pair)[PROMPT_LEN // 2 :], 12, PROMPT_LEN)
+    inputs = TableInputs(pair.target, prompts, reference, contexts, NEW_TOKENS, "cpu", seed=3)
+    grid = shape_grid([3], [8], [4])
+    assert grid == [acceptance.TreeShape.chain(3), acceptance.TreeShape(3, 4, 8)]
+    table = measure_head(inputs, head, "eagle3", grid, budget_s=600)
+    assert not table.not_measured
+    assert [row.shape for row in table.greedy] == grid
+    assert all(row.matches_plain and row.match_rate == 1.0 for row in table.greedy)
+    # fresh contexts: exactly one verify step each, and the trained head accepts there too
+    assert [row.shape for row in table.fresh] == grid
+    for row in table.fresh:
+        assert row.num_verify_steps == len(contexts)
+        assert row.mean_accept_length >= MIN_FRESH
+    assert [(row.shape, row.temperature) for row in table.sampled] == [(s, 1.0) for s in grid]
+    assert all(row.matches_plain is None for row in table.sampled)
+    assert min(row.mean_accept_length for row in table.sampled) >= MIN_SAMPLED
+    random_fresh = acceptance.first_step_acceptance(
+        pair.target, random_head(pair, "eagle3"), "eagle3", contexts, grid[0], "cpu"
+    )
+    assert random_fresh.mean_accept_length < 1.2
+    lookup = lookup_table(inputs, [3])
+    assert lookup[0].matches_plain and lookup[0].num_verify_steps > 0
+    # a spent budget measures nothing and says so
+    none = measure_head(inputs, head, "eagle3", grid, budget_s=0.0)
+    assert not (none.greedy or none.fresh or none.sampled)
+    assert none.not_measured == [f"greedy {shape.label}" for shape in grid]
