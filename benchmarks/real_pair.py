@@ -6,16 +6,19 @@ No model can be downloaded, so the pipeline makes one, in one command with fixed
    shuffled by seed up to ``--corpus-mb``; every 20th file (by a hash of its path) is held out;
 2. tokenizer: byte-level BPE (``tokenizers``) of ``--vocab-size`` trained on the training files,
    saved as ``target/tokenizer.json`` beside the weights;
-3. target: transformers' ``LlamaForCausalLM`` (about 110 M parameters by default) trained from
+3. target: transformers' ``LlamaForCausalLM`` (about 100 M parameters by default) trained from
    scratch for ``--target-minutes``;
 4. heads: ``train-draft`` EAGLE and EAGLE-3 heads for ``--head-minutes`` each;
-5. acceptance: greedy generation through the engine on held-out prompts for chains S = 3, 5, 7
-   and trees of the same depths at N = 8, 16, 32, 64 (k = ``--tree-topk``): mean acceptance
-   length, acceptance per depth, whether the output equals plain decoding, the share of
-   looping continuations.
+5. acceptance (``app/training/acceptance_table.py``): greedy continuations of held-out prompts
+   for chains S = 3, 5, 7 and trees of those depths at N = 8, 16, 32, 64 with k = 4 and 8;
+   one verify step from fresh held-out contexts and T = 1 continuations for the chains and the
+   best tree of each budget; the prompt-lookup baseline; each head's best shape re-run in
+   float32 against plain float32 decoding;
+6. speed (CUDA): tok/s of plain, the best chain and the best tree of each budget at bs 1, 8, 32.
 
-Everything lands under ``--out``: checkpoints, ``report.md`` and ``report.json``. The default
-budget fits one GPU call of under 9 minutes on an H200 (scripts/gpu.sh real-pair):
+Checkpoints land under ``--out``, ``report.md`` and ``report.json`` (rewritten after every
+phase, ending with the goals the pair is judged by) under ``--report-dir``. The default budget
+fits one GPU call of under 10 minutes on an H200 (scripts/gpu.sh real-pair):
 
     PYTHONPATH=$PWD python3 benchmarks/real_pair.py --out /tmp/real-pair
     PYTHONPATH=$PWD python3 benchmarks/real_pair.py --out /tmp/rp --device cpu --corpus-mb 1 \
@@ -40,6 +43,7 @@ from eagletree.app.training.acceptance import AcceptanceRow, TreeShape
 from eagletree.app.training.acceptance_table import (
     HeadTable,
     TableInputs,
+    best_tree_per_budget,
     lookup_table,
     measure_head,
     shape_grid,
@@ -296,20 +300,19 @@ def _head_options(
 
 
 def _speed_shapes(heads: dict[str, HeadTable]) -> tuple[str, list[TreeShape | None]]:
-    """The head with the best greedy shape, and plain, its best chain and its best tree."""
+    """The head with the best greedy shape, and plain, its best chain and its best tree of each
+    verify budget: the fastest tree is rarely the one that accepts most (a wide verify costs)."""
 
-    def best(rows: Sequence[AcceptanceRow]) -> AcceptanceRow | None:
-        return max(rows, key=lambda r: r.mean_accept_length, default=None)
+    def accept(rows: Sequence[AcceptanceRow]) -> float:
+        return max((r.mean_accept_length for r in rows), default=0.0)
 
-    algorithm = max(heads, key=lambda a: getattr(best(heads[a].greedy), "mean_accept_length", 0))
+    algorithm = max(heads, key=lambda a: accept(heads[a].greedy))
     rows = heads[algorithm].greedy
+    chains = [r for r in rows if r.shape.topk == 1]
     shapes: list[TreeShape | None] = [None]
-    for pick in (
-        best([r for r in rows if r.shape.topk == 1]),
-        best([r for r in rows if r.shape.topk > 1]),
-    ):
-        if pick is not None:
-            shapes.append(pick.shape)
+    if chains:
+        shapes.append(max(chains, key=lambda r: r.mean_accept_length).shape)
+    shapes += [r.shape for r in best_tree_per_budget(rows).values()]
     return algorithm, shapes
 
 
