@@ -19,7 +19,6 @@ from typing import Any
 from eagletree.app.training import acceptance
 from eagletree.app.training.acceptance import AcceptanceRow, TreeShape
 
-
 GRID_SHARE = 0.6  # of a head's measuring budget, for its greedy grid
 
 
