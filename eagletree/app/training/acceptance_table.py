@@ -124,11 +124,9 @@ def measure_head(
     started = time.perf_counter()
     deadline = started + budget_s
     grid_deadline = started + GRID_SHARE * budget_s
-    for shape in grid:
-        if time.perf_counter() > grid_deadline:
-            table.not_measured.append(f"greedy {shape.label}")
-            continue
-        table.greedy += acceptance.measure_acceptance(
+
+    def continuations(shape: TreeShape, temperature: float) -> list[AcceptanceRow]:
+        return acceptance.measure_acceptance(
             inputs.target,
             head_dir,
             algorithm,
@@ -138,7 +136,15 @@ def measure_head(
             inputs.device,
             inputs.reference,
             inputs.backend,
+            temperature=temperature,
+            seed=inputs.seed,
         )
+
+    for shape in grid:
+        if time.perf_counter() > grid_deadline:
+            table.not_measured.append(f"greedy {shape.label}")
+            continue
+        table.greedy += continuations(shape, 0.0)
     headline = table.headline_shapes()
     for shape in headline:
         if time.perf_counter() > deadline or not inputs.contexts:
@@ -159,18 +165,7 @@ def measure_head(
         if time.perf_counter() > deadline:
             table.not_measured.append(f"T=1 {shape.label}")
             continue
-        table.sampled += acceptance.measure_acceptance(
-            inputs.target,
-            head_dir,
-            algorithm,
-            inputs.prompts,
-            [shape],
-            inputs.max_new_tokens,
-            inputs.device,
-            backend=inputs.backend,
-            temperature=1.0,
-            seed=inputs.seed,
-        )
+        table.sampled += continuations(shape, 1.0)
     return table
 
 
