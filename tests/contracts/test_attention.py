@@ -240,9 +240,8 @@ def test_triton_split_key_ranges_merge_to_the_reference(
 ) -> None:
     # target_programs far above the grid forces several splits of every request's keys; a
     # large min_chunk leaves some splits without keys, a small one gives every split a block
-    factory = backend_factory(
-        "triton", device, target_programs=4096, max_kv_splits=3, min_chunk=min_chunk
-    )
+    chunk = {} if min_chunk is None else {"min_chunk": min_chunk}
+    factory = backend_factory("triton", device, target_programs=4096, max_kv_splits=3, **chunk)
     case, expected = random_twins(mode, CPU_SHAPES[shape_name], device, torch.float32, 11, bs=3)
     torch.testing.assert_close(run(factory(case), case).float(), expected, atol=2e-5, rtol=2e-5)
 
