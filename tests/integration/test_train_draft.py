@@ -35,6 +35,7 @@ from eagletree.app.training.data import (
     tokenize,
 )
 from eagletree.app.training.draft_trainer import TrainOptions
+from eagletree.app.training.pair_speed import measure_speed
 from eagletree.app.training.target_features import HFTarget
 from eagletree.app.training.target_trainer import TargetSpec, TargetTraining, train_target
 
@@ -291,3 +292,23 @@ def test_the_acceptance_table_measures_chains_trees_fresh_contexts_and_sampling(
     none = measure_head(inputs, head, "eagle3", grid, budget_s=0.0)
     assert not (none.greedy or none.fresh or none.sampled)
     assert none.not_measured == [f"greedy {shape.label}" for shape in grid]
+
+
+@pytest.mark.hf
+def test_the_pairs_speed_rows_carry_the_heads_acceptance(pair: Pair, trained: Trained) -> None:
+    head, _ = trained("eagle3")
+    # a grammar prompt the head drafts well beside random bytes it cannot: the first request
+    # races ahead, and must not run out of tokens before the second has its window's worth
+    noise = random.Random(1).choices(range(256), k=PROMPT_LEN)
+    prompts = [held_out_prompts(pair)[0], noise]
+    shapes = [None, acceptance.TreeShape.chain(3), acceptance.TreeShape(3, 4, 8)]
+    rows = measure_speed(pair.target, head, "eagle3", shapes, prompts, [1, 2], 24, "cpu")
+    assert [(r.config, r.batch_size) for r in rows] == [
+        (label, bs) for label in ("plain", "chain S=3", "tree S=3 k=4 N=8") for bs in (1, 2)
+    ]
+    assert all(r.tokens_per_s > 0 and r.ms_per_step > 0 for r in rows)
+    assert all(r.tokens_per_step == 1.0 for r in rows if r.config == "plain")
+    # the grammar prompt alone (bs 1): the speculative rows emit several tokens a step
+    assert min(r.tokens_per_step for r in rows if r.config != "plain" and r.batch_size == 1) >= (
+        MIN_FRESH
+    )
