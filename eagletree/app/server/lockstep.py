@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from eagletree.app.distributed import COLLECTIVE_TIMEOUT
 from eagletree.app.engine import Engine
-from eagletree.domain.request import SamplingParams
+from eagletree.domain.request import Request, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,22 +68,36 @@ class CommandBroadcast:
 
     def follow(self, engine: Engine) -> None:
         """A follower's loop: apply rank 0's commands, step as it steps, until ``STOP``."""
-        with engine:
-            while True:
-                commands = self.receive()
-                if STOP in commands:
-                    return
-                for command in commands:
-                    apply_quietly(engine, command)
-                if engine.has_work():
-                    engine.step()
+        follow(engine, self.receive)
 
 
-def apply_quietly(engine: Engine, command: StepCommand) -> None:
-    """Apply a command as rank 0 did; a submission it rejected is rejected here the same way
-    (the engine's checks are deterministic), and only rank 0 tells the client."""
+def follow(
+    engine: Engine,
+    receive: Callable[[], list[StepCommand]],
+    on_submit: Callable[[Request], None] | None = None,
+) -> None:
+    """Apply each list ``receive`` returns to ``engine`` and step when it has work, until
+    ``STOP``; then close the engine. ``on_submit`` sees every request it accepts."""
+    with engine:
+        while True:
+            commands = receive()
+            if STOP in commands:
+                return
+            for command in commands:
+                request = apply_quietly(engine, command)
+                if request is not None and on_submit is not None:
+                    on_submit(request)
+            if engine.has_work():
+                engine.step()
+
+
+def apply_quietly(engine: Engine, command: StepCommand) -> Request | None:
+    """Apply a command as rank 0 did (the request a submission made); a submission it rejected
+    is rejected here the same way (the engine's checks are deterministic), and only rank 0
+    tells the client."""
     if isinstance(command, SubmitCommand):
         with contextlib.suppress(ValueError):
-            engine.submit(command.prompt_ids, command.params)
+            return engine.submit(command.prompt_ids, command.params)
     elif isinstance(command, AbortCommand):
         engine.abort(command.request_id)
+    return None

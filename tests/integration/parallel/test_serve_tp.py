@@ -96,12 +96,12 @@ class Launch:
             time.sleep(0.3)
         pytest.fail(f"eagletree serve did not become healthy: {self.text()}")
 
-    def completion(self, prompt: list[int]) -> dict[str, object]:
+    def completion(self, prompt: list[int], temperature: float = 0.0) -> dict[str, object]:
         body = {
             "model": MODEL,
             "prompt": prompt,
             "max_tokens": MAX_TOKENS,
-            "temperature": 0,
+            "temperature": temperature,
         }
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/v1/completions",
@@ -193,6 +193,11 @@ def test_serve_with_tp_2_answers_as_one_process_and_stops_cleanly(
     parallel.wait_healthy()
     assert complete_all(parallel) == expected
     assert complete_all(parallel) == expected  # the ranks still agree on later steps
+    # unseeded sampling: ranks drawing seeds of their own would diverge (and hang or fail)
+    with ThreadPoolExecutor(2) as pool:
+        sampled = list(pool.map(lambda p: parallel.completion(p, 1.0), PROMPTS[:2]))
+    for answer in sampled:  # a sampled eos may end one early
+        assert 1 <= answer["usage"]["completion_tokens"] <= MAX_TOKENS  # type: ignore[index]
     pids = parallel.rank_pids()
     assert sorted(pids) == [0, 1], parallel.text()
     parallel.process.send_signal(signal.SIGTERM)  # the launcher hands it on to rank 0
