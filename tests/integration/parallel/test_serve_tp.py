@@ -219,16 +219,19 @@ def test_serve_under_torchrun_answers_as_one_process_and_rank_0_stops_the_group(
     assert gone(pids) == [], parallel.text()
 
 
+@pytest.mark.parametrize("torchrun", [False, True], ids=["spawned", "torchrun"])
 def test_a_rank_that_dies_ends_the_served_group_naming_it(
-    launch: Callable[..., Launch],
+    launch: Callable[..., Launch], torchrun: bool
 ) -> None:
-    parallel = launch("--tp", "2")
+    parallel = launch("--tp", "2", torchrun=torchrun)
     parallel.wait_healthy()
     pids = parallel.rank_pids()
     os.kill(pids[1], signal.SIGKILL)
     assert parallel.wait_exit() == 1, parallel.text()
-    assert "rank 1 of 2 failed first" in parallel.text(), parallel.text()
-    assert not alive(pids[0]), parallel.text()
+    # rank 0's next broadcast fails and it stops serving; the launcher names the dead rank
+    named = "rank      : 1 (local_rank: 1)" if torchrun else "rank 1 of 2 failed first"
+    assert named in parallel.text(), parallel.text()
+    assert gone(pids) == [], parallel.text()
 
 
 def test_serve_refuses_data_parallelism_before_starting(launch: Callable[..., Launch]) -> None:
