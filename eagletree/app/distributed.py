@@ -226,13 +226,16 @@ def spawn_ranks(
     *,
     timeout_s: float | None = 600.0,
     collective_timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+    stop_rank_0_on_signal: bool = False,
 ) -> None:
     """Run ``main(rank, *args)`` in ``world_size`` spawned processes joined in one group.
 
     ``main`` must be importable by name (spawn pickles it by reference). A rank that raises
     ends the others and this call raises ``RankFailed`` naming the rank that failed first, with
     its traceback; ranks still running after ``timeout_s`` (None: no deadline) are killed and
-    ``TimeoutError`` names them.
+    ``TimeoutError`` names them. With ``stop_rank_0_on_signal`` (a server, whose rank 0 stops
+    the group itself) SIGINT and SIGTERM to this process while it waits reach rank 0 as SIGINT;
+    this must then be called from the main thread.
     """
     port = free_port()
     failures = mp.get_context("spawn").SimpleQueue()
@@ -244,6 +247,7 @@ def spawn_ranks(
         start_method="spawn",
     )
     deadline = time.monotonic() + (float("inf") if timeout_s is None else timeout_s)
+    previous_handlers = _forward_stop_signals(context.processes[0]) if stop_rank_0_on_signal else {}
     try:
         while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
@@ -284,3 +288,16 @@ def spawn_ranks(
             raise
         _, rank, trace = min(recorded)
         raise RankFailed(rank, world_size, trace) from error
+    finally:
+        for number, handler in previous_handlers.items():
+            signal.signal(number, handler)
+
+
+def _forward_stop_signals(rank_0: Any) -> dict[int, Any]:
+    """Send SIGINT and SIGTERM on to ``rank_0`` (a process) as SIGINT; the handlers replaced."""
+
+    def forward(_number: int, _frame: object) -> None:
+        if rank_0.is_alive():
+            os.kill(rank_0.pid, signal.SIGINT)
+
+    return {number: signal.signal(number, forward) for number in (signal.SIGINT, signal.SIGTERM)}

@@ -5,11 +5,17 @@ at once (``submit`` a future of the request id, or of the ValueError that reject
 loop thread drains the queue, steps the engine while it has work — so requests of every
 client share its steps (continuous batching) — and hands each request's new tokens and text
 to that request's sink, from the loop thread. Nothing else touches the engine.
+
+Tensor-parallel, the loop runs on rank 0 and ``share`` hands each step's commands to the other
+ranks before rank 0 applies them (``lockstep``); it is called at least every ``IDLE_WAIT_S``,
+also without work, and with ``STOP`` last.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -18,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from eagletree.app.engine import Engine
+from eagletree.app.server.lockstep import STOP, AbortCommand, StepCommand, SubmitCommand
 from eagletree.app.server.metrics import ServerMetrics
 from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.domain.request import SamplingParams
@@ -25,6 +32,7 @@ from eagletree.domain.request import SamplingParams
 logger = logging.getLogger("eagletree.server")
 
 Sink = Callable[[StreamEvent | BaseException], None]
+Share = Callable[[list[StepCommand]], None]
 IDLE_WAIT_S = 0.05
 
 
@@ -44,8 +52,17 @@ class _Abort:
 class EngineLoop:
     """Runs ``engine`` in a thread of its own; see the module docstring."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics | None = None,
+        *,
+        share: Share | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self._share = share
+        self._on_failure = on_failure
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self._commands: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
         self._watchers: dict[int, tuple[OutputWatcher, Sink]] = {}
@@ -87,9 +104,15 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self._drain(block=not self.engine.has_work())
+                commands = self._drain(block=not self.engine.has_work())
+                if self._share is not None:
+                    self._share([_wire(command) for command in commands])
+                for command in commands:
+                    self._apply(command)
                 if self.engine.has_work():
                     self._step()
+            if self._share is not None:
+                self._share([STOP])
             self.engine.close()
             self._publish()
         except BaseException as error:  # a bug: fail every open request instead of hanging it
@@ -98,21 +121,33 @@ class EngineLoop:
             for _, sink in self._watchers.values():
                 sink(error)
             self._watchers.clear()
+            if self._on_failure is not None:
+                self._on_failure(error)
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, block: bool) -> list[_Submit | _Abort]:
+        """The commands queued now (waiting up to ``IDLE_WAIT_S`` for one if ``block``)."""
+        commands: list[_Submit | _Abort] = []
         try:
             command = self._commands.get(timeout=IDLE_WAIT_S) if block else None
             while True:
-                if command is None:
-                    command = self._commands.get_nowait()
-                self._apply(command)
-                command = None
+                if command is not None:  # None only wakes the loop (to stop)
+                    commands.append(self._seeded(command))
+                command = self._commands.get_nowait()
         except queue.Empty:
-            return
+            return commands
 
-    def _apply(self, command: _Submit | _Abort | None) -> None:
-        if command is None:
-            return
+    def _seeded(self, command: _Submit | _Abort) -> _Submit | _Abort:
+        # an unseeded sampling request draws its seed from the process's entropy, which the
+        # ranks do not share: rank 0 draws it and hands it to the others in the command
+        if self._share is None or not isinstance(command, _Submit):
+            return command
+        params = command.params
+        if params.greedy or params.seed is not None:
+            return command
+        seed = int.from_bytes(os.urandom(4), "little")
+        return dataclasses.replace(command, params=dataclasses.replace(params, seed=seed))
+
+    def _apply(self, command: _Submit | _Abort) -> None:
         if isinstance(command, _Abort):
             if self.engine.abort(command.request_id):
                 with self.metrics.lock:
@@ -158,3 +193,10 @@ class EngineLoop:
 
     def _publish(self) -> None:
         self.metrics.update_memory(self.engine)
+
+
+def _wire(command: _Submit | _Abort) -> StepCommand:
+    """What the other ranks need of a command: no sink, no future."""
+    if isinstance(command, _Abort):
+        return AbortCommand(command.request_id)
+    return SubmitCommand(command.prompt_ids, command.params)

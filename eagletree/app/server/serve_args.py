@@ -39,4 +39,19 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="largest max_tokens a request may ask for (default: %(default)s)",
     )
+    parser.add_argument(
+        "--tp",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
+        "(under torchrun: the ranks it launched); rank 0 serves HTTP",
+    )
+    parser.add_argument(
+        "--dp",
+        type=int,
+        default=None,
+        metavar="M",
+        help="data-parallel ranks: not supported by serve yet (only 1)",
+    )
     return parser
