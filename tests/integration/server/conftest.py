@@ -121,16 +121,19 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def reference_engine(server_cache: Path) -> Iterator[Engine]:
-    """An engine built from the same settings as the server, in this process."""
+def server_engine(server_cache: Path) -> Engine:
+    """An engine built, in this process, from the settings the server's environment gives."""
     with pytest.MonkeyPatch.context() as patch:
         for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
             patch.delenv(name)
         for name, value in SERVER_ENV.items():
             patch.setenv(name, value)
         patch.setenv("XDG_CACHE_HOME", str(server_cache))
-        settings = settings_for_run(load_settings(None), lambda _: None)
-        engine = Engine.from_settings(settings)
-    with engine:
+        return Engine.from_settings(settings_for_run(load_settings(None), lambda _: None))
+
+
+@pytest.fixture(scope="session")
+def reference_engine(server_cache: Path) -> Iterator[Engine]:
+    """An engine built from the same settings as the server, in this process."""
+    with server_engine(server_cache) as engine:
         yield engine

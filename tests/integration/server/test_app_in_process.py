@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 import threading
 import time
@@ -20,11 +19,10 @@ import pytest
 import uvicorn
 
 from eagletree import Engine
-from eagletree.app.run_settings import load_settings, settings_for_run
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.openai_api import create_app
 from eagletree.app.server.protocol import StopStrings
-from tests.integration.server.conftest import SERVER_ENV
+from tests.integration.server.conftest import server_engine
 
 KEY = "secret-key"
 MODEL = "tiny"
@@ -38,14 +36,7 @@ class App:
 
 @pytest.fixture(scope="module")
 def app(server_cache: Path) -> Iterator[App]:
-    with pytest.MonkeyPatch.context() as patch:
-        for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
-            patch.delenv(name)
-        for name, value in SERVER_ENV.items():
-            patch.setenv(name, value)
-        patch.setenv("XDG_CACHE_HOME", str(server_cache))
-        engine = Engine.from_settings(settings_for_run(load_settings(None), lambda _: None))
-    loop = EngineLoop(engine)
+    loop = EngineLoop(server_engine(server_cache))
     loop.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

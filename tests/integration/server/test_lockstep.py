@@ -4,7 +4,6 @@ aborts included, and the loop broadcasts while idle and ``STOP`` last."""
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,30 +11,19 @@ from pathlib import Path
 import pytest
 
 from eagletree import Engine
-from eagletree.app.run_settings import load_settings, settings_for_run
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.lockstep import STOP, StepCommand, SubmitCommand, follow
 from eagletree.app.streaming import StreamEvent
 from eagletree.domain.request import Request, SamplingParams
-from tests.integration.server.conftest import SERVER_ENV
+from tests.integration.server.conftest import server_engine
 
 WAIT_S = 60.0
-
-
-def _engine(server_cache: Path) -> Engine:
-    with pytest.MonkeyPatch.context() as patch:
-        for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
-            patch.delenv(name)
-        for name, value in SERVER_ENV.items():
-            patch.setenv(name, value)
-        patch.setenv("XDG_CACHE_HOME", str(server_cache))
-        return Engine.from_settings(settings_for_run(load_settings(None), lambda _: None))
 
 
 @pytest.fixture
 def engines(server_cache: Path) -> Iterator[tuple[Engine, Engine]]:
     """Rank 0's engine and a follower's, built alike."""
-    leader, follower = _engine(server_cache), _engine(server_cache)
+    leader, follower = server_engine(server_cache), server_engine(server_cache)
     yield leader, follower
     leader.close()
     follower.close()
