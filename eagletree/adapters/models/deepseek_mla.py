@@ -19,11 +19,11 @@ from eagletree.adapters.models.config import MLAConfig
 from eagletree.adapters.models.kv_rows import mla_kv_buffer
 from eagletree.adapters.models.layers import (
     AttentionContext,
+    PreNormDecoderLayer,
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
-    input_step,
     yarn_mscale,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
@@ -157,8 +157,8 @@ class MLAAttention(nn.Module):
         return out
 
 
-class MLADecoderLayer(nn.Module):
-    """Pre-norm MLA and SwiGLU blocks on a carried residual stream (see ``LlamaDecoderLayer``)."""
+class MLADecoderLayer(PreNormDecoderLayer):
+    """MLA attention and SwiGLU as a ``PreNormDecoderLayer``."""
 
     def __init__(
         self,
@@ -173,18 +173,6 @@ class MLADecoderLayer(nn.Module):
         self.self_attn = MLAAttention(config, layer_id, fused_kernels, tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
         self.mlp = SwiGLU(hidden, config.intermediate_size, fused_kernels=fused_kernels, tp=tp)
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: RopeTables,
-        ctx: AttentionContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
-        x, residual = input_step(self.input_layernorm, h, residual)
-        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
-        return self.mlp(x), residual
 
 
 def mla_rotary(config: MLAConfig) -> RotaryEmbedding:

@@ -243,3 +243,32 @@ class AttentionContext(NamedTuple):
     backend: AttentionBackend
     batch: ForwardBatch
     kv_pool: KVPool | None = None
+
+
+class PreNormDecoderLayer(nn.Module):
+    """The block shared by the decoder layers: pre-norm attention and SwiGLU on a residual
+    stream carried beside the layer output.
+
+    ``forward(h, residual)`` -> (mlp output, residual): the stream after this layer is their
+    sum, added by the next layer's input norm (or the final norm) in the same kernel. The first
+    layer gets ``residual=None`` and ``h`` is the stream itself. A subclass sets the four
+    parts; ``input_layernorm`` may be None on a stack's first layer.
+    """
+
+    input_layernorm: RMSNorm | None
+    self_attn: nn.Module  # (x, rope, ctx) -> (num_tokens, hidden)
+    post_attention_layernorm: RMSNorm
+    mlp: SwiGLU
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
+        x, residual = input_step(self.input_layernorm, h, residual)
+        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
+        out: torch.Tensor = self.mlp(x)
+        return out, residual

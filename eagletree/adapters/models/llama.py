@@ -16,11 +16,11 @@ from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import (
     AttentionContext,
+    PreNormDecoderLayer,
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
-    input_step,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.stack import (
@@ -107,12 +107,9 @@ class LlamaAttention(nn.Module):
         return out
 
 
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention and SwiGLU blocks on a residual stream carried beside the layer output.
+class LlamaDecoderLayer(PreNormDecoderLayer):
+    """Llama attention and SwiGLU as a ``PreNormDecoderLayer``.
 
-    ``forward(h, residual)`` -> (mlp output, residual): the stream after this layer is their
-    sum, added by the next layer's input norm (or the final norm) in the same kernel. The first
-    layer gets ``residual=None`` and ``h`` is the stream itself.
     ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
     goes straight into attention), as SafeAILab's reference and SGLang do.
     """
@@ -131,18 +128,6 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels, tp=tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
         self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: RopeTables,
-        ctx: AttentionContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
-        x, residual = input_step(self.input_layernorm, h, residual)
-        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
-        return self.mlp(x), residual
 
 
 class LlamaForCausalLM(nn.Module):
