@@ -11,7 +11,7 @@ is left is listed as not measured.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,31 +38,31 @@ def shape_grid(
     return chains + trees
 
 
-def best_tree_per_budget(rows: Sequence[AcceptanceRow]) -> dict[int, AcceptanceRow]:
-    """N → the tree row of that verify budget with the highest mean acceptance length."""
+def _best_trees(
+    rows: Sequence[AcceptanceRow], by: Callable[[TreeShape], int]
+) -> dict[int, AcceptanceRow]:
+    """``by(shape)`` → the tree row of that key with the highest mean acceptance length."""
     best: dict[int, AcceptanceRow] = {}
     for row in rows:
-        n = row.shape.num_draft_tokens
+        key = by(row.shape)
         if row.shape.topk > 1 and (
-            n not in best or row.mean_accept_length > best[n].mean_accept_length
+            key not in best or row.mean_accept_length > best[key].mean_accept_length
         ):
-            best[n] = row
+            best[key] = row
     return dict(sorted(best.items()))
+
+
+def best_tree_per_budget(rows: Sequence[AcceptanceRow]) -> dict[int, AcceptanceRow]:
+    """N → the tree row of that verify budget with the highest mean acceptance length."""
+    return _best_trees(rows, lambda shape: shape.num_draft_tokens)
 
 
 def best_tree_per_depth(
     rows: Sequence[AcceptanceRow], max_budget: int = 32
 ) -> dict[int, AcceptanceRow]:
     """S → the best tree row of that depth with N ≤ ``max_budget``."""
-    best: dict[int, AcceptanceRow] = {}
-    for row in rows:
-        s = row.shape
-        better = s.num_steps not in best or (
-            row.mean_accept_length > best[s.num_steps].mean_accept_length
-        )
-        if s.topk > 1 and s.num_draft_tokens <= max_budget and better:
-            best[s.num_steps] = row
-    return dict(sorted(best.items()))
+    within = [row for row in rows if row.shape.num_draft_tokens <= max_budget]
+    return _best_trees(within, lambda shape: shape.num_steps)
 
 
 def chains_of(rows: Sequence[AcceptanceRow]) -> dict[int, AcceptanceRow]:
