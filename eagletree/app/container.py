@@ -25,6 +25,7 @@ from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
+from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.memory.dsa_pool import DSAKVPool
@@ -328,6 +329,7 @@ class Container(containers.DeclarativeContainer):
         triton=providers.Singleton(
             StepKernels,
             coins=triton_coins.uniform_coins,
+            argmax=triton_row_argmax.row_argmax,
             top_k=triton_draft_topk.top_k_probs,
             build_tree=triton_tree_build.build_tree,
             beam_step=triton_beam_step.beam_step,

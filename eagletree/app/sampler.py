@@ -17,7 +17,7 @@ from eagletree.app.forward_batches import to_device
 from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.step_kernels import CoinSource
+    from eagletree.app.workers.step_kernels import CoinSource, StepKernels
     from eagletree.domain.request import Request
 
 
@@ -96,7 +96,7 @@ def sampling_inputs(
 
 
 def sample_tokens(
-    logits: torch.Tensor, sampling: SamplingInputs, coins: CoinSource
+    logits: torch.Tensor, sampling: SamplingInputs, kernels: StepKernels
 ) -> torch.Tensor:
     """Next token of each request, (bs,) int64 on the logits' device; no host sync.
 
@@ -105,12 +105,12 @@ def sample_tokens(
     coin per request.
     """
     if sampling.all_greedy:
-        return logits.argmax(dim=-1)
-    return sample_from_probs(sampling.probs(logits), sampling.coins(coins, 1)[:, 0])
+        return kernels.argmax(logits)
+    return sample_from_probs(sampling.probs(logits), sampling.coins(kernels.coins, 1)[:, 0])
 
 
 def sample_next_tokens(
-    logits: torch.Tensor, requests: Sequence[Request], coins: CoinSource
+    logits: torch.Tensor, requests: Sequence[Request], kernels: StepKernels
 ) -> torch.Tensor:
     """``sample_tokens`` for ``requests`` (reserving one coin of each sampling request)."""
-    return sample_tokens(logits, sampling_inputs(requests, 1, logits.device), coins)
+    return sample_tokens(logits, sampling_inputs(requests, 1, logits.device), kernels)

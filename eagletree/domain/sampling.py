@@ -55,6 +55,11 @@ def _keep(probs: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
     return torch.where(lost_any, cut / cut.sum(dim=1, keepdim=True), probs)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """(rows, V) -> (rows,) int64: each row's first maximum (greedy decoding's choice)."""
+    return logits.argmax(dim=-1)
+
+
 def sample_from_probs(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: the first token whose cumulative probability exceeds coin·total.
 

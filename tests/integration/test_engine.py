@@ -17,8 +17,8 @@ from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
 from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.batch import ForwardMode
-from eagletree.domain.coins import uniform_coins
 from eagletree.domain.request import FinishReason, Request, SamplingParams
 from tests.conftest import requires_cuda
 from tests.fakes import FakeRunner, fake_engine_parts
@@ -430,7 +430,7 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
         plan = engine.scheduler.schedule()  # windows grow for two, two are admitted
         batches.extend(plan.prefill)
         decode_inputs.fill(plan.decode, len(plan.decode), num_coins=1)  # the decode step's input
-        sample_next_tokens(logits, plan.prefill + plan.decode, uniform_coins)
+        sample_next_tokens(logits, plan.prefill + plan.decode, REFERENCE_KERNELS)
         for request in plan.decode:
             request.mark_aborted()
         engine.scheduler.release_finished()  # frees rows and slots

@@ -90,7 +90,9 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, eps, fused_kernels)
         kv_b_rows = heads * (config.qk_nope_head_dim + config.v_head_dim)
         self.kv_b_proj = ColumnParallelLinear(config.kv_lora_rank, kv_b_rows, False, tp)
-        self.o_proj = RowParallelLinear(heads * config.v_head_dim, hidden, bias=bias, tp=tp)
+        self.o_proj = RowParallelLinear(
+            heads * config.v_head_dim, hidden, bias=bias, tp=tp, fused_kernels=fused_kernels
+        )
         self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
@@ -200,7 +202,13 @@ class DeepseekMLAForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = ColumnParallelLinear(
-            config.hidden_size, config.vocab_size, False, tp, gather_output=True, what="vocab_size"
+            config.hidden_size,
+            config.vocab_size,
+            False,
+            tp,
+            gather_output=True,
+            what="vocab_size",
+            fused_kernels=fused_kernels,
         )
         self.rotary = mla_rotary(config)
         self.tie_weights()

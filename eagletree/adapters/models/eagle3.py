@@ -24,7 +24,7 @@ from eagletree.adapters.models.layers import (
 )
 from eagletree.adapters.models.llama import LlamaAttention
 from eagletree.adapters.models.stack import MHALayout, mha_layout
-from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
+from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 
 
 class Eagle3MidLayer(nn.Module):
@@ -85,7 +85,10 @@ class Eagle3Draft(nn.Module):
         self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
         self.midlayer = Eagle3MidLayer(config, fused_kernels, tp)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = nn.Linear(config.hidden_size, draft_vocab_size, bias=False)
+        # replicated under tensor parallelism: a ColumnParallelLinear of one block
+        self.lm_head = ColumnParallelLinear(
+            config.hidden_size, draft_vocab_size, False, fused_kernels=fused_kernels
+        )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         # d2t: (draft_vocab,) int64 offsets as published; draft_to_target: draft id -> target id
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))

@@ -106,13 +106,21 @@ class SwiGLU(nn.Module):
         parts = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
         self.gate_up_proj = MergedLinear(hidden_size, parts, bias=bias, tp=tp)
         self.down_proj = RowParallelLinear(
-            intermediate_size, hidden_size, bias=bias, tp=tp, what="intermediate_size"
+            intermediate_size,
+            hidden_size,
+            bias=bias,
+            tp=tp,
+            what="intermediate_size",
+            fused_kernels=fused_kernels,
         )
         self.fused_kernels = fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate / W)
         gate_up = self.gate_up_proj(x)
+        if self.down_proj.streams(gate_up):  # SiLU-and-mul computed as down_proj loads it
+            fused: torch.Tensor = self.down_proj(gate_up, silu_mul_input=True)
+            return fused
         if self.fused_kernels:
             act = silu_and_mul(gate_up)
         else:

@@ -73,7 +73,9 @@ class LlamaAttention(nn.Module):
             ("v_proj", kv_heads * head_dim),
         )
         self.qkv_proj = MergedLinear(width, parts, bias=bias, tp=tp)
-        self.o_proj = RowParallelLinear(heads * head_dim, config.hidden_size, bias=bias, tp=tp)
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, config.hidden_size, bias=bias, tp=tp, fused_kernels=fused_kernels
+        )
         self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
@@ -154,7 +156,13 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = ColumnParallelLinear(
-            config.hidden_size, config.vocab_size, False, tp, gather_output=True, what="vocab_size"
+            config.hidden_size,
+            config.vocab_size,
+            False,
+            tp,
+            gather_output=True,
+            what="vocab_size",
+            fused_kernels=fused_kernels,
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()

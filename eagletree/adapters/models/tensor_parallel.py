@@ -12,6 +12,10 @@ Collectives per decoder layer: one all-reduce after attention's ``o_proj`` and o
 MLP's ``down_proj`` (row-parallel), one for the vocabulary-parallel embedding and one all-gather
 of the lm_head's logits. The reduced result is the same on every rank (a collective returns one
 value to all), so the replicated parts that follow compute the same bits everywhere.
+
+With ``fused_kernels`` the column- and row-parallel layers multiply the few rows of a decode
+step with the weight-stream kernel (``skinny_gemm``: no split-K reduction, and for
+``down_proj`` the SiLU-and-mul of its input computed on load); larger inputs go to cuBLAS.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS, skinny_gemm
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -106,7 +111,30 @@ class TensorParallel:
 SINGLE = TensorParallel()
 
 
-class ColumnParallelLinear(nn.Linear):
+class StreamedLinear(nn.Linear):
+    """``nn.Linear`` whose product takes the weight-stream kernel for a decode step's rows."""
+
+    fused_kernels: bool
+
+    def streams(self, x: torch.Tensor) -> bool:
+        """Whether ``product(x)`` runs the weight-stream kernel (and so may fuse SiLU-and-mul)."""
+        return self.fused_kernels and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1
+
+    def product(
+        self, x: torch.Tensor, with_bias: bool = True, silu_mul_input: bool = False
+    ) -> torch.Tensor:
+        """``x @ weight.T`` (+ bias); ``silu_mul_input`` (only where ``streams(x)``): x is
+        ``[gate; up]`` and the input is ``silu(gate) * up``."""
+        # x: (num_tokens, in) or (num_tokens, 2·in) -> (num_tokens, out)
+        bias = self.bias if with_bias else None
+        if self.streams(x):
+            return skinny_gemm(x, self.weight, bias, silu_mul_input=silu_mul_input)
+        if silu_mul_input:
+            raise ValueError("silu_mul_input needs the weight-stream kernel (see streams(x))")
+        return nn.functional.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(StreamedLinear):
     """``nn.Linear(in, out)`` holding output rows ``rank·out/W .. (rank+1)·out/W``; each rank's
     output is its block of the full output, or the full output with ``gather_output``."""
 
@@ -119,21 +147,23 @@ class ColumnParallelLinear(nn.Linear):
         *,
         gather_output: bool = False,
         what: str = "output features",
+        fused_kernels: bool = False,
     ) -> None:
         super().__init__(in_features, tp.split(out_features, what), bias=bias)
         self.tp = tp
         self.gather_output = gather_output
+        self.fused_kernels = fused_kernels
 
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(0)  # weight (out, in) and bias (out,): rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in) -> (num_tokens, out / W), or (num_tokens, out) gathered
-        y: torch.Tensor = super().forward(x)
+        y = self.product(x)
         return self.tp.all_gather_last(y) if self.gather_output else y
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(StreamedLinear):
     """``nn.Linear(in, out)`` holding input columns ``rank·in/W .. (rank+1)·in/W``: each rank
     multiplies its block of the input (a column-parallel layer's output), the partial products
     are summed across the group, and the (replicated) bias is added once after the sum."""
@@ -146,18 +176,21 @@ class RowParallelLinear(nn.Linear):
         tp: TensorParallel = SINGLE,
         *,
         what: str = "input features",
+        fused_kernels: bool = False,
     ) -> None:
         super().__init__(tp.split(in_features, what), out_features, bias=bias)
         self.tp = tp
+        self.fused_kernels = fused_kernels
 
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(1) if parameter == "weight" else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (num_tokens, in / W) -> (num_tokens, out), the same on every rank
+    def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
+        # x: (num_tokens, in / W), or [gate; up] (num_tokens, 2·in / W) with silu_mul_input
+        # -> (num_tokens, out), the same on every rank
         if not self.tp.is_parallel:
-            return super().forward(x)
-        y = self.tp.all_reduce(nn.functional.linear(x, self.weight))
+            return self.product(x, silu_mul_input=silu_mul_input)
+        y = self.tp.all_reduce(self.product(x, with_bias=False, silu_mul_input=silu_mul_input))
         return y if self.bias is None else y + self.bias
 
 

@@ -172,7 +172,7 @@ class MultiLayerEagleWorkerV2:
     def _prefill(self, requests: list[Request]) -> StepOutput:
         batch, last_rows = self._batches.extend(requests)
         out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests, self._kernels.coins).to(torch.int64)
+        next_tokens = sample_next_tokens(out.logits, requests, self._kernels).to(torch.int64)
         tokens = shift_left(batch.input_ids, last_rows, next_tokens)
         drafts, probs = self._run_chain(batch, tokens, out.hidden_states, last_rows)
         next_state = self._next_state(next_tokens, drafts, probs, out.hidden_states, last_rows)

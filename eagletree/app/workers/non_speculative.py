@@ -94,7 +94,7 @@ class NonSpeculativeWorker:
             return StepOutput(plan.decode, tokens, ones, ones, num_forwards=1, num_prefill=0)
         batch, last_rows = self._batches.extend(plan.prefill)
         logits = self._runner.forward(batch, last_rows).logits
-        first = sample_next_tokens(logits, plan.prefill, self._kernels.coins)  # (bs,)
+        first = sample_next_tokens(logits, plan.prefill, self._kernels)  # (bs,)
         if self._run_ahead:
             self._steps.buffers.set_pending_tokens(batch.req_pool_indices, first.to(torch.int64))
         committed = [r.num_tokens - r.committed_len for r in plan.prefill]
@@ -139,7 +139,7 @@ class NonSpeculativeWorker:
             seq_lens_sum=inputs.seq_lens_sum,
         )
         logits = self._runner.forward(batch).logits  # (bs, V)
-        tokens = sample_tokens(logits, inputs.sampling, self._kernels.coins).to(torch.int64)
+        tokens = sample_tokens(logits, inputs.sampling, self._kernels).to(torch.int64)
         if self._run_ahead:  # the next step's input, whether or not the host has read it
             self._steps.buffers.set_pending_tokens(inputs.rows, tokens)
         return tokens.unsqueeze(1), torch.ones_like(tokens)

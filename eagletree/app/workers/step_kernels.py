@@ -14,12 +14,14 @@ import torch
 
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
-from eagletree.domain.sampling import top_k_probs
+from eagletree.domain.sampling import greedy_tokens, top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 
 # (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# logits (rows, V) -> (rows,) int64, each row's first maximum
+Argmax = Callable[[torch.Tensor], torch.Tensor]
 # (logits (rows, V), k) -> (probabilities (rows, k) float32, tokens (rows, k) int64)
 TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 # domain.tree.build_tree's signature (keyword seq_lens_sum included)
@@ -36,10 +38,11 @@ GreedyVerify = Callable[
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins, the draft's top-k, the beam step, the verify tree, greedy tree
-    verification and the compaction plan (defaults: the torch references)."""
+    """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
+    greedy tree verification and the compaction plan (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
+    argmax: Argmax = greedy_tokens
     top_k: TopK = top_k_probs
     build_tree: TreeBuild = build_tree
     beam_step: BeamStepFn = beam_step

@@ -83,7 +83,7 @@ def prefill_tree_requests(
     the root of the request's first tree (the same for every EAGLE tree worker)."""
     batch, last_rows = parts.batches.extend(requests)
     out = target.forward(batch, last_rows)
-    next_tokens = sample_next_tokens(out.logits, requests, parts.kernels.coins)  # (bs,) int64
+    next_tokens = sample_next_tokens(out.logits, requests, parts.kernels)  # (bs,) int64
     parts.state.scatter(requests, parts.extender.extend_prefill(batch, last_rows, next_tokens, out))
     committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
     return StepOutput(

@@ -110,7 +110,7 @@ class TreeVerifier:
         candidates = tree.draft_tokens.view(bs, n)
         links = (tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling)
         if sampling.all_greedy:
-            target_predict = logits.argmax(dim=-1).view(bs, n)
+            target_predict = self._kernels.argmax(logits).view(bs, n)
             return self._kernels.verify_greedy(candidates, *links, target_predict, num_steps)
         # every node of request b samples with request b's parameters; a greedy request's
         # one-hot rows accept exactly its argmax path whatever its coins

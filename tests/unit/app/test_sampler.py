@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from eagletree.app.sampler import sample_next_tokens, sampling_inputs
-from eagletree.domain.coins import uniform_coins
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import Request, SamplingParams
 
 VOCAB = 40
@@ -104,14 +104,14 @@ def test_sampled_tokens_do_not_depend_on_the_neighbours_and_follow_the_distribut
     seeds = list(range(NUM_DRAWS))
     # NUM_DRAWS copies of the target (seed i each), alone and each beside all the neighbours
     alone = sample_next_tokens(
-        logits.expand(NUM_DRAWS, VOCAB), requests_of([target] * NUM_DRAWS, seeds), uniform_coins
+        logits.expand(NUM_DRAWS, VOCAB), requests_of([target] * NUM_DRAWS, seeds), REFERENCE_KERNELS
     )
     width = 1 + len(NEIGHBOURS)
     mixed = [p for _ in seeds for p in (target, *NEIGHBOURS)]
     mixed_seeds = [s if j == 0 else 10**6 + s * width + j for s in seeds for j in range(width)]
     other_logits = long_tailed_logits(width).to(device)
     mixed_logits = torch.cat([logits, other_logits[1:]]).repeat(NUM_DRAWS, 1)  # (width·D, V)
-    beside = sample_next_tokens(mixed_logits, requests_of(mixed, mixed_seeds), uniform_coins)
+    beside = sample_next_tokens(mixed_logits, requests_of(mixed, mixed_seeds), REFERENCE_KERNELS)
     beside = beside[::width]
     # same seed, same distribution: the same coins give the same tokens
     assert torch.equal(beside.cpu(), alone.cpu())

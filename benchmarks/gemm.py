@@ -1,0 +1,151 @@
+"""Benchmark: the linear layers of a decode step at few rows — cuBLAS, cuBLASLt, and the Triton
+weight-stream kernel (``skinny_gemm``) over a sweep of its tile configurations.
+
+Shapes are Llama-3.1-8B's (bf16): the merged q/k/v (4096 → 6144), o (4096 → 4096), merged
+gate/up (4096 → 28 672), down (14 336 → 4096) and the lm_head (4096 → 128 256), at 1–64 rows
+(plain decode at bs 1–64, a tree verify at bs 1 and 8, the draft's k rows per request). As in
+the model, every call reads a different weight: one CUDA graph runs the GEMM over ``LAYERS``
+distinct weights back to back (fewer for the 1 GB lm_head), so nothing is served from L2 and no
+launch is timed. "µs" is the graph's median replay (``triton.testing.do_bench``) divided by
+the calls in it; "TB/s" counts the weight, input and output bytes once. Each Triton config's
+output is checked against ``F.linear`` first (bf16 tolerance); a config that does not fit the
+shared memory is skipped. Times are printed, never asserted.
+
+    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick]
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
+
+from eagletree.adapters.kernels.triton.skinny_gemm import SkinnyConfig, skinny_gemm
+
+
+class Shape(NamedTuple):
+    name: str
+    k: int
+    n: int
+    copies: int  # distinct weights per graph
+
+
+LLAMA_8B = (
+    Shape("qkv", 4096, 6144, 32),
+    Shape("o", 4096, 4096, 32),
+    Shape("gate_up", 4096, 28672, 16),
+    Shape("down", 14336, 4096, 16),
+    Shape("lm_head", 4096, 128256, 4),
+)
+SMOKE = (Shape("qkv", 64, 96, 2), Shape("o", 64, 64, 2))
+ROWS = (1, 4, 8, 16, 32, 64)
+
+
+def configs(quick: bool) -> list[SkinnyConfig]:
+    blocks_n = (16, 32, 64)
+    blocks_k = (128, 256, 512)
+    warps = (4,) if quick else (4, 8)
+    stages = (3, 4) if quick else (3, 4, 5)
+    return [SkinnyConfig(*c) for c in itertools.product(blocks_n, blocks_k, warps, stages)]
+
+
+def replay_us(calls: list[Callable[[], object]], device: torch.device) -> float:
+    """Median µs per call of ``calls`` run back to back, replayed from one CUDA graph."""
+    if device.type != "cuda":
+        start = time.perf_counter()
+        for call in calls:
+            call()
+        return (time.perf_counter() - start) * 1e6 / len(calls)
+    import triton.testing
+
+    for call in calls:  # compiles, warms cuBLAS's handles
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    ms = triton.testing.do_bench(graph.replay, warmup=5, rep=30, return_mode="median")
+    return float(ms) * 1e3 / len(calls)
+
+
+def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.device) -> str:
+    gen = torch.Generator().manual_seed(rows)
+    dtype = torch.bfloat16
+    weights = [
+        (torch.randn(shape.n, shape.k, generator=gen) / shape.k**0.5).to(dtype).to(device)
+        for _ in range(shape.copies)
+    ]
+    x = torch.randn(rows, shape.k, generator=gen).to(dtype).to(device)
+    reference = F.linear(x.float(), weights[0].float())
+    moved = (shape.n * shape.k + rows * (shape.k + shape.n)) * 2
+
+    def tbps(us: float) -> float:
+        return moved / (us * 1e-6) / 1e12
+
+    cublas = replay_us([lambda w=w: F.linear(x, w) for w in weights], device)
+    lt = float("nan")
+    if device.type == "cuda":
+        previous = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        try:
+            lt = replay_us([lambda w=w: F.linear(x, w) for w in weights], device)
+        finally:
+            torch.backends.cuda.preferred_blas_library(previous)
+    best: tuple[float, SkinnyConfig] | None = None
+    for cfg in cfgs:
+        try:
+            out = skinny_gemm(x, weights[0], config=cfg)
+        except OutOfResources:  # a tile that does not fit the shared memory
+            continue
+        error = (out.float() - reference).abs().max().item()
+        if error > 0.05 * reference.abs().max().item() + 1e-2:
+            raise AssertionError(f"{shape.name} rows {rows} {cfg}: max error {error}")
+        us = replay_us([lambda w=w, c=cfg: skinny_gemm(x, w, config=c) for w in weights], device)
+        if best is None or us < best[0]:
+            best = (us, cfg)
+    assert best is not None, "no Triton config ran"
+    triton_us, cfg = best
+    return (
+        f"| {shape.name} {shape.k}→{shape.n} | {rows} | {cublas:.1f} ({tbps(cublas):.2f}) |"
+        f" {lt:.1f} ({tbps(lt):.2f}) | {triton_us:.1f} ({tbps(triton_us):.2f}) |"
+        f" n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} |"
+        f" {cublas / triton_us:.2f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="markdown file for the table")
+    parser.add_argument("--quick", action="store_true", help="fewer Triton configs")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    shapes = SMOKE if args.smoke else LLAMA_8B
+    rows_list = (1, 8) if args.smoke else ROWS
+    cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick)
+    lines = [
+        "| GEMM | rows | cuBLAS µs (TB/s) | cuBLASLt µs (TB/s) | Triton best µs (TB/s) |"
+        " best config | cuBLAS ÷ Triton |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    for shape in shapes:
+        for rows in rows_list:
+            line = measure(shape, rows, cfgs, device)
+            lines.append(line)
+            print(line, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

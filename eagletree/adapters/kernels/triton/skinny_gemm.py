@@ -1,0 +1,151 @@
+"""Triton: ``x @ weight.T`` for a few token rows (decode and small verify batches).
+
+At 1–64 rows a linear layer is a stream over its weight: the arithmetic is free and the time is
+the bytes. cuBLAS reaches 4.0–4.2 TB/s on the wide MLP weights of an 8B model but ~3.1 TB/s on
+the narrower q/k/v and o projections (4096 → 6144 and 4096 → 4096), where its tiles leave
+part of the machine idle or add a split-K reduction. Here each program owns ``BLOCK_N`` output
+columns for every row and walks the whole K range, so there is no reduction kernel and the
+weight is read exactly once; narrow ``BLOCK_N`` gives enough programs to cover every SM.
+
+Accumulation is fp32 over ``BLOCK_K`` chunks; the order of the sum differs from cuBLAS's, so
+results agree with ``torch.nn.functional.linear`` to a stated tolerance, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+
+class SkinnyConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+MAX_ROWS = 64  # above this the GEMM is no longer a weight stream; cuBLAS's tiles win
+
+
+def default_config(cols: int, rows: int, silu_mul_input: bool = False) -> SkinnyConfig:
+    """The fastest tile of the H200 sweep (``benchmarks/gemm.py``): 32 columns and long K
+    steps for hidden-sized outputs, 64 columns and short K steps for vocabulary-sized ones.
+    K steps shrink as the row tile grows (or doubles, for gate and up) so that four pipeline
+    stages of both operands stay inside the 228 KB of shared memory."""
+    if cols >= 32768:
+        return SkinnyConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
+    input_rows = max(16, triton.next_power_of_2(rows)) * (2 if silu_mul_input else 1)
+    block_k = 512 if input_rows <= 16 else 256 if input_rows <= 64 else 128
+    return SkinnyConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=4)
+
+
+@triton.jit
+def _skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    rows,
+    cols,
+    depth,
+    stride_x,
+    stride_w,
+    stride_out,
+    HAS_BIAS: tl.constexpr,
+    SILU_MUL_INPUT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    row_mask = offs_m < rows
+    col_mask = offs_n < cols
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_w
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, depth, BLOCK_K):
+        ks = k0 + offs_k
+        k_mask = ks < depth
+        x_mask = row_mask[:, None] & k_mask[None, :]
+        if SILU_MUL_INPUT:  # x_ptr holds [gate; up]: the input is silu(gate) * up, rounded twice
+            gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_rows + depth + ks[None, :], mask=x_mask, other=0.0)
+            silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)
+            x = (silu.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
+        else:
+            x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
+        w = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        if DOT_FP32:  # the interpreter's bf16 dot is wrong; fp32 inputs want exact products
+            x = x.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+    silu_mul_input: bool = False,
+) -> torch.Tensor:
+    """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) -> (rows, N) in x's dtype.
+
+    ``silu_mul_input``: x is a merged gate/up output (rows, 2·K) and the input is
+    ``silu(gate) * up``, rounded as ``silu_and_mul`` rounds it, computed while it is loaded.
+    """
+    depth = weight.shape[1] if weight.dim() == 2 else -1
+    if (
+        x.dim() != 2
+        or weight.dim() != 2
+        or x.shape[1] != (2 * depth if silu_mul_input else depth)
+        or x.stride(-1) != 1
+        or weight.stride(-1) != 1
+        or x.shape[0] > MAX_ROWS
+    ):
+        raise ValueError(
+            f"skinny_gemm needs x (rows ≤ {MAX_ROWS}, K; 2·K with silu_mul_input) and weight"
+            f" (N, K), both with unit column stride; got x {tuple(x.shape)} strides"
+            f" {x.stride()}, weight {tuple(weight.shape)} strides {weight.stride()}"
+        )
+    rows, cols = x.shape[0], weight.shape[0]
+    config = config or default_config(cols, rows, silu_mul_input)
+    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    if rows == 0 or cols == 0:
+        return out
+    dot_fp32 = x.device.type == "cpu" or x.dtype == torch.float32
+    block_m = max(16, triton.next_power_of_2(rows))  # tl.dot's smallest tile is 16 rows
+    grid = (triton.cdiv(cols, config.block_n),)
+    _skinny_gemm_kernel[grid](
+        x,
+        weight,
+        bias if bias is not None else weight,  # never read without HAS_BIAS
+        out,
+        rows,
+        cols,
+        depth,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        SILU_MUL_INPUT=silu_mul_input,
+        DOT_FP32=dot_fp32,
+        PRECISION="ieee" if dot_fp32 else None,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
