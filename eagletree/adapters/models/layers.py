@@ -118,9 +118,6 @@ class SwiGLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate / W)
         gate_up = self.gate_up_proj(x)
-        if self.down_proj.streams(gate_up):  # SiLU-and-mul computed as down_proj loads it
-            fused: torch.Tensor = self.down_proj(gate_up, silu_mul_input=True)
-            return fused
         if self.fused_kernels:
             act = silu_and_mul(gate_up)
         else:

@@ -14,8 +14,8 @@ of the lm_head's logits. The reduced result is the same on every rank (a collect
 value to all), so the replicated parts that follow compute the same bits everywhere.
 
 With ``fused_kernels`` the column- and row-parallel layers multiply the few rows of a decode
-step with the weight-stream kernel (``skinny_gemm``: no split-K reduction, and for
-``down_proj`` the SiLU-and-mul of its input computed on load); larger inputs go to cuBLAS.
+step with the weight-stream kernel (``skinny_gemm``: one pass over the weight, no split-K
+reduction); larger inputs go to cuBLAS.
 """
 
 from __future__ import annotations
@@ -117,20 +117,15 @@ class StreamedLinear(nn.Linear):
     fused_kernels: bool
 
     def streams(self, x: torch.Tensor) -> bool:
-        """Whether ``product(x)`` runs the weight-stream kernel (and so may fuse SiLU-and-mul)."""
+        """Whether ``product(x)`` runs the weight-stream kernel."""
         return self.fused_kernels and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1
 
-    def product(
-        self, x: torch.Tensor, with_bias: bool = True, silu_mul_input: bool = False
-    ) -> torch.Tensor:
-        """``x @ weight.T`` (+ bias); ``silu_mul_input`` (only where ``streams(x)``): x is
-        ``[gate; up]`` and the input is ``silu(gate) * up``."""
-        # x: (num_tokens, in) or (num_tokens, 2·in) -> (num_tokens, out)
+    def product(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        """``x @ weight.T`` (+ bias)."""
+        # x: (num_tokens, in) -> (num_tokens, out)
         bias = self.bias if with_bias else None
         if self.streams(x):
-            return skinny_gemm(x, self.weight, bias, silu_mul_input=silu_mul_input)
-        if silu_mul_input:
-            raise ValueError("silu_mul_input needs the weight-stream kernel (see streams(x))")
+            return skinny_gemm(x, self.weight, bias)
         return nn.functional.linear(x, self.weight, bias)
 
 
@@ -185,12 +180,11 @@ class RowParallelLinear(StreamedLinear):
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(1) if parameter == "weight" else None
 
-    def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
-        # x: (num_tokens, in / W), or [gate; up] (num_tokens, 2·in / W) with silu_mul_input
-        # -> (num_tokens, out), the same on every rank
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (num_tokens, in / W) -> (num_tokens, out), the same on every rank
         if not self.tp.is_parallel:
-            return self.product(x, silu_mul_input=silu_mul_input)
-        y = self.tp.all_reduce(self.product(x, with_bias=False, silu_mul_input=silu_mul_input))
+            return self.product(x)
+        y = self.tp.all_reduce(self.product(x, with_bias=False))
         return y if self.bias is None else y + self.bias
 
 

@@ -30,16 +30,16 @@ class SkinnyConfig(NamedTuple):
 MAX_ROWS = 64  # above this the GEMM is no longer a weight stream; cuBLAS's tiles win
 
 
-def default_config(cols: int, rows: int, silu_mul_input: bool = False) -> SkinnyConfig:
-    """The fastest tile of the H200 sweep (``benchmarks/gemm.py``): 32 columns and long K
-    steps for hidden-sized outputs, 64 columns and short K steps for vocabulary-sized ones.
-    K steps shrink as the row tile grows (or doubles, for gate and up) so that four pipeline
-    stages of both operands stay inside the 228 KB of shared memory."""
-    if cols >= 32768:
-        return SkinnyConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
-    input_rows = max(16, triton.next_power_of_2(rows)) * (2 if silu_mul_input else 1)
-    block_k = 512 if input_rows <= 16 else 256 if input_rows <= 64 else 128
-    return SkinnyConfig(block_n=32, block_k=block_k, num_warps=4, num_stages=4)
+def default_config(cols: int, rows: int, element_size: int = 2) -> SkinnyConfig:
+    """The fastest tile of the H200 sweep (``benchmarks/gemm.py``, bf16): 32 columns and long
+    K steps for hidden-sized outputs, 64 columns and short K steps for vocabulary-sized ones.
+    K steps shrink as the row tile or the element grows (fp32 operands take twice the bytes)
+    so that four pipeline stages of both operands stay inside the 228 KB of shared memory."""
+    block_n = 64 if cols >= 32768 else 32
+    tile_rows = max(16, triton.next_power_of_2(rows))
+    budget = 192 * 1024 // (4 * element_size * (tile_rows + block_n))  # 4 stages, K per step
+    block_k = min(128 if block_n == 64 else 512, triton.next_power_of_2(budget + 1) // 2)
+    return SkinnyConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=4)
 
 
 @triton.jit
@@ -55,7 +55,6 @@ def _skinny_gemm_kernel(
     stride_w,
     stride_out,
     HAS_BIAS: tl.constexpr,
-    SILU_MUL_INPUT: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -74,14 +73,7 @@ def _skinny_gemm_kernel(
     for k0 in range(0, depth, BLOCK_K):
         ks = k0 + offs_k
         k_mask = ks < depth
-        x_mask = row_mask[:, None] & k_mask[None, :]
-        if SILU_MUL_INPUT:  # x_ptr holds [gate; up]: the input is silu(gate) * up, rounded twice
-            gate = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_rows + depth + ks[None, :], mask=x_mask, other=0.0)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty)
-            x = (silu.to(tl.float32) * up.to(tl.float32)).to(out_ptr.dtype.element_ty)
-        else:
-            x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
+        x = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
         if DOT_FP32:  # the interpreter's bf16 dot is wrong; fp32 inputs want exact products
             x = x.to(tl.float32)
@@ -98,29 +90,24 @@ def skinny_gemm(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
-    silu_mul_input: bool = False,
 ) -> torch.Tensor:
-    """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) -> (rows, N) in x's dtype.
-
-    ``silu_mul_input``: x is a merged gate/up output (rows, 2·K) and the input is
-    ``silu(gate) * up``, rounded as ``silu_and_mul`` rounds it, computed while it is loaded.
-    """
-    depth = weight.shape[1] if weight.dim() == 2 else -1
+    """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) -> (rows, N) in x's dtype."""
     if (
         x.dim() != 2
         or weight.dim() != 2
-        or x.shape[1] != (2 * depth if silu_mul_input else depth)
+        or x.shape[1] != weight.shape[1]
         or x.stride(-1) != 1
         or weight.stride(-1) != 1
         or x.shape[0] > MAX_ROWS
     ):
         raise ValueError(
-            f"skinny_gemm needs x (rows ≤ {MAX_ROWS}, K; 2·K with silu_mul_input) and weight"
-            f" (N, K), both with unit column stride; got x {tuple(x.shape)} strides"
+            f"skinny_gemm needs x (rows ≤ {MAX_ROWS}, K) and weight (N, K), both with unit"
+            f" column stride; got x {tuple(x.shape)} strides"
             f" {x.stride()}, weight {tuple(weight.shape)} strides {weight.stride()}"
         )
-    rows, cols = x.shape[0], weight.shape[0]
-    config = config or default_config(cols, rows, silu_mul_input)
+    rows, depth = x.shape
+    cols = weight.shape[0]
+    config = config or default_config(cols, rows, x.element_size())
     out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     if rows == 0 or cols == 0:
         return out
@@ -139,7 +126,6 @@ def skinny_gemm(
         weight.stride(0),
         out.stride(0),
         HAS_BIAS=bias is not None,
-        SILU_MUL_INPUT=silu_mul_input,
         DOT_FP32=dot_fp32,
         PRECISION="ieee" if dot_fp32 else None,
         BLOCK_M=block_m,
