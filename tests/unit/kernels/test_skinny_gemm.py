@@ -70,6 +70,7 @@ def test_inputs_it_cannot_stream_are_refused() -> None:
         skinny_gemm(torch.zeros(16, 2).t(), weight)
 
 
+SUM_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-6}
 LLAMA_8B = [(4096, 4096), (14336, 4096), (4096, 128256)]  # o_proj, down_proj, lm_head (K, N)
 
 
@@ -84,7 +85,8 @@ def test_the_default_tiles_fit_the_gpu_at_every_row_count_of_a_decode_bucket(
     weight = (torch.randn(cols, depth, generator=generator) / depth**0.5).to("cuda", dtype)
     for rows in (1, 2, 4, 8, 16, 24, 32, 48, 64):
         x = torch.randn(rows, depth, generator=generator).to("cuda", dtype)
-        expected = reference(x, weight, None)
-        # K-long fp32 sums in another order: near-zero outputs keep the sums' absolute error
-        scale = expected.abs().max().item() * 2**-4
-        assert_computed_close(skinny_gemm(x, weight), expected, scale)
+        error = (skinny_gemm(x, weight).float() - reference(x, weight, None).float()).abs()
+        # a K-long sum in another order: its error is relative to the sum of the products'
+        # magnitudes (an output near zero keeps it), plus the output's rounding
+        magnitude = F.linear(x.float().abs(), weight.float().abs())
+        assert (error <= SUM_TOLERANCE[dtype] * magnitude).all()
