@@ -8,7 +8,8 @@ to that request's sink, from the loop thread. Nothing else touches the engine.
 
 Tensor-parallel, the loop runs on rank 0 and ``share`` hands each step's commands to the other
 ranks before rank 0 applies them (``lockstep``); it is called at least every ``IDLE_WAIT_S``,
-also without work, and with ``STOP`` last.
+also without work, and with ``STOP`` last. Data-parallel, ``replica_loop.DataParallelLoop``
+runs the same loop, placing each request on a replica and collecting the replicas' tokens.
 """
 
 from __future__ import annotations
@@ -104,13 +105,7 @@ class EngineLoop:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                commands = self._drain(block=not self.engine.has_work())
-                if self._share is not None:
-                    self._share([_wire(command) for command in commands])
-                for command in commands:
-                    self._apply(command)
-                if self.engine.has_work():
-                    self._step()
+                self._run_round(self._drain(block=not self._has_work()))
             if self._share is not None:
                 self._share([STOP])
             self.engine.close()
@@ -118,11 +113,28 @@ class EngineLoop:
         except BaseException as error:  # a bug: fail every open request instead of hanging it
             logger.exception("the engine loop stopped")
             self.failure = error
-            for _, sink in self._watchers.values():
+            for sink in self._open_sinks():
                 sink(error)
-            self._watchers.clear()
             if self._on_failure is not None:
                 self._on_failure(error)
+
+    def _has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def _run_round(self, commands: list[_Submit | _Abort]) -> None:
+        """Share the commands queued since the last round, apply them, step if there is work."""
+        if self._share is not None:
+            self._share([_wire(command) for command in commands])
+        for command in commands:
+            self._apply(command)
+        if self.engine.has_work():
+            self._step()
+
+    def _open_sinks(self) -> list[Sink]:
+        """The sinks of every unfinished request, forgotten (the loop failed)."""
+        sinks = [sink for _, sink in self._watchers.values()]
+        self._watchers.clear()
+        return sinks
 
     def _drain(self, block: bool) -> list[_Submit | _Abort]:
         """The commands queued now (waiting up to ``IDLE_WAIT_S`` for one if ``block``)."""
@@ -183,10 +195,16 @@ class EngineLoop:
                     self.engine.result_of(watcher.request),
                 )
                 del self._watchers[request_id]
-                self.metrics.record_finished(event)
             deliveries.append((sink, event))
+        self._deliver(deliveries, time.perf_counter() - started)
+
+    def _deliver(self, deliveries: list[tuple[Sink, StreamEvent]], step_s: float) -> None:
+        """Record a step that took ``step_s`` and hand its events to their sinks."""
+        for _, event in deliveries:
+            if event.finished:
+                self.metrics.record_finished(event)
         batch = sum(bool(event.token_ids) for _, event in deliveries)
-        self.metrics.record_step(batch, time.perf_counter() - started)
+        self.metrics.record_step(batch, step_s)
         self._publish()  # before the clients hear of the step, so /metrics is never behind them
         for sink, event in deliveries:
             sink(event)
