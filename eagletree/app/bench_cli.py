@@ -252,8 +252,9 @@ def _measure_all(
     used: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
-        if args.tp > 1 or args.dp > 1:
-            update = {"tp_size": args.tp, "dp_size": args.dp}
+        sizes = (("tp_size", args.tp), ("dp_size", args.dp))
+        update = {name: size for name, size in sizes if size > 1}
+        if update:
             parallel = settings.parallel.model_copy(update=update)
             settings = settings.model_copy(update={"parallel": parallel})
         used[config.name] = settings.model_dump()
