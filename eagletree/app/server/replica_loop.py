@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from eagletree.app.data_parallel_router import load_of, route_by_load
 from eagletree.app.engine import Engine
-from eagletree.app.server.engine_loop import EngineLoop, Share, Sink, _Abort, _Submit
+from eagletree.app.server.engine_loop import EngineLoop, QueuedAbort, QueuedSubmit, Share, Sink
 from eagletree.app.server.lockstep import (
     STEP,
     STOP,
@@ -165,7 +165,7 @@ class DataParallelLoop(EngineLoop):
     def _has_work(self) -> bool:
         return any(self._busy)
 
-    def _run_round(self, commands: list[_Submit | _Abort]) -> None:
+    def _run_round(self, commands: list[QueuedSubmit | QueuedAbort]) -> None:
         placed = self._place(commands)
         step = self._has_work() or any(isinstance(c, PlacedSubmit) for c in placed)
         assert self._share is not None
@@ -174,13 +174,13 @@ class DataParallelLoop(EngineLoop):
         if step:
             self._step()
 
-    def _place(self, commands: list[_Submit | _Abort]) -> list[StepCommand]:
+    def _place(self, commands: list[QueuedSubmit | QueuedAbort]) -> list[StepCommand]:
         """The round's aborts, sent to the replicas that own them, then its accepted
         submissions, each placed on the least loaded replica (its future gets the key)."""
         placed: list[StepCommand] = []
-        accepted: list[_Submit] = []
+        accepted: list[QueuedSubmit] = []
         for command in commands:
-            if isinstance(command, _Abort):
+            if isinstance(command, QueuedAbort):
                 owner = self._owners.get(command.request_id)
                 if owner is not None:
                     placed.append(PlacedAbort(command.request_id, owner[0]))

@@ -85,8 +85,10 @@ def test_requests_spread_over_two_replicas_come_back_as_one_engines(
         # the long one first: it holds replica 0, so the next ones go to replica 1 first
         aborted = loop.submit([5, 6, 7], SamplingParams(200), events.sink).result(WAIT_S)
         keys = [loop.submit(p, SamplingParams(10), events.sink).result(WAIT_S) for p in PROMPTS]
+        sampled_params = SamplingParams(6, temperature=1.0)
+        sampled = loop.submit(PROMPTS[0], sampled_params, events.sink).result(WAIT_S)
         loop.abort(aborted)
-        for _ in range(len(PROMPTS) + 1):
+        for _ in range(len(PROMPTS) + 2):
             assert events.finished.acquire(timeout=WAIT_S)
     finally:
         loop.stop()
@@ -94,7 +96,11 @@ def test_requests_spread_over_two_replicas_come_back_as_one_engines(
     assert loop.failure is None
     assert not follower_thread.is_alive() and shared[-1] == [STOP]
     placed = [c for commands in shared for c in commands if isinstance(c, PlacedSubmit)]
-    assert len(placed) == len(PROMPTS) + 1  # the refused prompt was never placed
+    assert len(placed) == len(PROMPTS) + 2  # the refused prompt was never placed
+    # an unseeded sampling request gets its seed on rank 0, before it is broadcast
+    assert next(c for c in placed if c.key == sampled).params.seed is not None
+    sampled_result = events.by_key[sampled][-1].result
+    assert sampled_result is not None and 1 <= len(sampled_result.output_ids) <= 6
     replicas = {c.key: c.replica for c in placed}
     assert set(replicas.values()) == {0, 1}, replicas  # requests on both replicas
     counts = {replica: list(replicas.values()).count(replica) for replica in (0, 1)}
