@@ -32,7 +32,8 @@ from tests.integration.parallel.test_serve_tp import (
     launch,
 )
 
-__all__ = ["checkpoints", "launch"]  # fixtures, used by name
+# the fixtures imported above, re-exported so that pytest (and ruff) see them used by name
+__all__ = ["checkpoints", "launch"]
 
 STREAMED = [7, 30, 2, 19]
 ABORTED = [90, 91, 92]  # asks for far more tokens than it is given the time to make
