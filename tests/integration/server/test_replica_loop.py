@@ -119,3 +119,7 @@ def test_requests_spread_over_two_replicas_come_back_as_one_engines(
     assert leader.stats.num_steps == follower.stats.num_steps
     for engine, replica in ((leader, 0), (follower, 1)):
         assert engine.stats.num_finished == counts[replica]
+    # /metrics shows the group: both replicas' tokens and pools
+    both = (leader, follower)
+    assert loop.metrics.num_generated_tokens == sum(e.stats.num_generated_tokens for e in both)
+    assert loop.metrics.kv_slots_total == sum(e.scheduler.allocator.size for e in both)
