@@ -8,7 +8,10 @@ added to the run whenever a speculative configuration is asked for. ``--hf`` als
 transformers' ``generate`` on the same checkpoint. The progress goes to stderr, the markdown
 table to stdout, and with ``--out PATH`` to PATH.md and PATH.json (rows and settings).
 ``--tp N`` measures every engine tensor-parallel over N ranks (spawned, or torchrun's): each
-rank runs the same measurements; rank 0 prints and writes.
+rank runs the same measurements; rank 0 prints and writes. ``--dp M`` measures M data-parallel
+replicas (of N ranks each with ``--tp``): a batch of ``bs`` requests is spread over them by the
+router, the replicas step in lockstep, and a row is the group's (tok/s of all replicas, ms per
+lockstep step; launches and device time from rank 0's profile, replica 0's share alone).
 
     eagletree bench --preset tiny --device cpu --batch-sizes 1 2 --new-tokens 8
     eagletree bench --preset llama3-8b --draft eagle3 --configs plain tree:S5,k4,N8 --hf
@@ -31,10 +34,12 @@ from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.bench.configs import BenchConfig
+    from eagletree.app.bench.lockstep import Lockstep
     from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.report import BenchRow, HFRow
     from eagletree.app.engine import Engine
+    from eagletree.config.settings import EngineSettings
 
 DEFAULT_CONFIGS = ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32")
 DRAFT_KINDS = ("eagle", "eagle3", "mtp")
@@ -109,6 +114,14 @@ def parser() -> argparse.ArgumentParser:
         "(under torchrun: the ranks it launched)",
     )
     engine.add_argument(
+        "--dp",
+        type=int,
+        default=1,
+        metavar="M",
+        help="data-parallel replicas (parallel.dp_size): each batch is spread over M replicas "
+        "stepping in lockstep, bs being the group's total; with --tp N spawns N·M processes",
+    )
+    engine.add_argument(
         "--overlap",
         choices=["auto", "off"],
         help="scheduler.overlap; auto: the v2 and plain workers run one step ahead on CUDA",
@@ -137,10 +150,11 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     ):
         if any(value < least for value in values):
             p.error(f"{flag} must be at least {least}, got {' '.join(map(str, values))}")
-    if args.tp < 1:
-        p.error(f"--tp must be at least 1, got {args.tp}")
-    if args.hf and args.tp > 1:
-        p.error("--hf times transformers in one process: run it without --tp")
+    for flag, size in (("--tp", args.tp), ("--dp", args.dp)):
+        if size < 1:
+            p.error(f"{flag} must be at least 1, got {size}")
+        if args.hf and size > 1:
+            p.error(f"--hf times transformers in one process: run it without {flag}")
     if args.target is not None and args.preset is not None:
         p.error("give --preset or --target, not both")
     if args.draft_dir is not None and args.target is None:
@@ -163,7 +177,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from eagletree.app.bench.plan import plan_run
     from eagletree.app.bench.report import render_markdown, report_json, write_report
 
-    if args.tp > 1 and not distributed.in_process_group():
+    if args.tp * args.dp > 1 and not distributed.in_process_group():
         if not distributed.launched_by_torchrun():
             return _spawn_ranks(args, sys.stderr if err is None else err)
         distributed.join_launched_group()
@@ -198,7 +212,7 @@ def _spawn_ranks(args: argparse.Namespace, err: TextIO) -> int:
     from eagletree.app import distributed
 
     try:
-        distributed.spawn_ranks(_bench_rank, args.tp, (args,), timeout_s=None)
+        distributed.spawn_ranks(_bench_rank, args.tp * args.dp, (args,), timeout_s=None)
     except distributed.RankFailed as failure:
         print(f"error: {failure}", file=err)
         return 1
@@ -231,31 +245,37 @@ def _measure_all(
     from eagletree.app.bench.plan import settings_for
     from eagletree.app.bench.progress import ProgressBar
     from eagletree.app.bench.report import with_break_even
-    from eagletree.app.engine import Engine
+    from eagletree.app.data_parallel_router import route_by_load
 
     rows: list[BenchRow] = []
     hf_rows: list[HFRow] = []
     used: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
-        if args.tp > 1:
-            parallel = settings.parallel.model_copy(update={"tp_size": args.tp})
+        sizes = (("tp_size", args.tp), ("dp_size", args.dp))
+        update = {name: size for name, size in sizes if size > 1}
+        if update:
+            parallel = settings.parallel.model_copy(update=update)
             settings = settings.model_copy(update={"parallel": parallel})
         used[config.name] = settings.model_dump()
-        engine = Engine.from_settings(settings, progress=lambda line: print(line, file=err))
+        engine, replica, lockstep = _build(settings, err)
         # random weights: an EOS token would end a request at a random step
         engine.eos_token_ids = frozenset()
         for bs in args.batch_sizes:
             bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}", args.new_tokens)
+            prompts = _prompts(engine, bs, args)
+            # the router's placement of the batch over idle replicas, the same on every rank
+            placement = route_by_load([len(prompt) for prompt in prompts], [0] * lockstep.size)
             m = measure_decode(
                 engine,
-                _prompts(engine, bs, args),
+                [prompt for prompt, r in zip(prompts, placement, strict=True) if r == replica],
                 new_tokens=args.new_tokens,
                 max_tokens_per_step=config.max_tokens_per_step,
                 warmup_steps=args.warmup_steps,
                 profile_steps=args.profile_steps,
                 cuda=plan.cuda,
                 on_tokens=bar.update,
+                lockstep=lockstep,
             )
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
             rows.append(_row(config.name, m))
@@ -264,6 +284,23 @@ def _measure_all(
         del engine
         _release_memory(plan.cuda)
     return with_break_even(rows), hf_rows, used
+
+
+def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep]:
+    """This rank's engine of ``settings``, its data-parallel replica and how it steps."""
+    from eagletree.app.bench.lockstep import ALONE, Lockstep
+    from eagletree.app.data_parallel import DataParallelEngine
+    from eagletree.app.engine import Engine
+
+    def progress(line: str) -> None:
+        print(line, file=err)
+
+    if settings.parallel.dp_size == 1:
+        return Engine.from_settings(settings, progress=progress), 0, ALONE
+    group = DataParallelEngine.from_settings(settings, progress=progress)
+    groups = group.groups
+    lockstep = Lockstep(groups.dp_group, groups.dp_size, groups.dp_rank)
+    return group.engine, groups.dp_rank, lockstep
 
 
 def _row(config: str, m: DecodeMeasurement) -> BenchRow:
@@ -280,6 +317,9 @@ def _row(config: str, m: DecodeMeasurement) -> BenchRow:
         device_ms_per_step=None if profile is None else profile.device_ms_per_step,
         profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
         top_kernels=() if profile is None else profile.top_kernels,
+        num_steps=m.num_steps,
+        num_tokens=m.num_tokens,
+        replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),
     )
 
 
@@ -334,6 +374,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
         f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
         f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
+        f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
         f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {
@@ -341,7 +382,8 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         "device": device,
         "torch": torch.__version__,
         "dtype": base.model.dtype,
-        "launches": "CUDA kernels, copies and memsets" if plan.cuda else "top-level aten ops",
+        "launches": ("CUDA kernels, copies and memsets" if plan.cuda else "top-level aten ops")
+        + (" of rank 0's profile (replica 0's share of the batch)" if args.dp > 1 else ""),
         "date": date,
         "target": str(plan.target),
         "draft": None if plan.draft is None else str(plan.draft),

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 
-from eagletree.app.data_parallel_router import route_by_load
+from eagletree.app.data_parallel_router import load_of, route_by_load
 from eagletree.app.engine import EngineStats, GenerationResult, StepReport
 from eagletree.domain.request import RequestStatus, SamplingParams
 
@@ -45,6 +45,7 @@ class DataParallelEngine:
 
     def __init__(self, engine: Engine, groups: ParallelGroups) -> None:
         self.engine = engine
+        self.groups = groups
         self.rank = groups.dp_rank
         self.size = groups.dp_size
         self._group = groups.dp_group
@@ -134,9 +135,7 @@ class DataParallelEngine:
 
     def _loads(self) -> list[int]:
         """Every rank's tokens now (its running and waiting requests), by rank."""
-        scheduler = self.engine.scheduler
-        load = sum(r.num_tokens for r in [*scheduler.running, *scheduler.waiting])
-        return [int(value) for value in self._all_gather(load)]
+        return [int(value) for value in self._all_gather(load_of(self.engine.scheduler))]
 
     def _group_counts(self, requests: list[Request], before: EngineStats) -> list[int]:
         """Summed over the group: [unfinished requests of this call, running, waiting,

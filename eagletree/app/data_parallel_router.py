@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from eagletree.app.scheduler import Scheduler
 
 
 def route_by_load(prompt_lengths: Sequence[int], loads: Sequence[int]) -> list[int]:
@@ -23,3 +27,9 @@ def route_by_load(prompt_lengths: Sequence[int], loads: Sequence[int]) -> list[i
         current[rank] += length
         ranks.append(rank)
     return ranks
+
+
+def load_of(scheduler: Scheduler) -> int:
+    """A replica's load as the router measures it: the tokens (prompt and output) of its
+    running and waiting requests."""
+    return sum(request.num_tokens for request in [*scheduler.running, *scheduler.waiting])

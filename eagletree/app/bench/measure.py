@@ -9,6 +9,7 @@ what is left is aborted afterwards, so the engine can measure the next batch.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from eagletree.app.bench.lockstep import ALONE, Lockstep
 from eagletree.app.engine import Engine
 from eagletree.domain.errors import EagleTreeError
 from eagletree.domain.request import Request, RequestStatus, SamplingParams
@@ -57,6 +59,7 @@ class DecodeMeasurement:
     seconds: float
     tokens_per_step: float  # per request and step: the mean acceptance length, 1 without drafts
     profile: ProfileCounts | None
+    replica_batch_sizes: tuple[int, ...] = ()  # data-parallel: each replica's share, by replica
 
     @property
     def tokens_per_s(self) -> float:
@@ -78,64 +81,114 @@ def measure_decode(
     cuda: bool,
     on_tokens: Callable[[int], None] = lambda done: None,
     max_new_tokens: int | None = None,
+    lockstep: Lockstep = ALONE,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
     the requests' default budget (``token_budget``), which assumes they advance alike — real
     drafts do not: one request may emit ``max_tokens_per_step`` a step while the slowest,
-    which decides when the window ends, emits one."""
+    which decides when the window ends, emits one.
+
+    With a data-parallel ``lockstep`` ``prompts`` are this replica's share of the batch (maybe
+    none); the replicas step together and the measurement is the group's: its batch, its
+    tokens, its slowest replica's seconds, the window ending when its slowest request has
+    ``new_tokens``. The profile is this replica's."""
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
     requests = [engine.submit(prompt, SamplingParams(max_new_tokens=budget)) for prompt in prompts]
     try:
-        _step_until(engine, lambda: all(r.is_prefilled for r in requests), "prefill")
-        retracted_before = engine.stats.num_retracted
-        for _ in range(warmup_steps):
-            engine.step()
-        outputs_before = [len(r.output_ids) for r in requests]
-        emitted_before = [len(r.emitted_per_step) for r in requests]
-        request_steps = num_steps = 0
-
-        def generated() -> int:
-            return min(len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True))
-
-        _synchronize(cuda)
-        started = time.perf_counter()
-        while generated() < new_tokens:
-            request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
-            engine.step()  # reads a step's tokens back (with overlap: the previous one's)
-            num_steps += 1
-            on_tokens(generated())
-            _check_running(engine, requests, retracted_before, "the timed decode steps")
-        _synchronize(cuda)
-        seconds = time.perf_counter() - started
-        num_tokens = sum(
-            len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True)
+        measurement = _measure(
+            engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep
         )
-        emitted = [  # tokens each speculative verify step emitted, per request
-            count
-            for r, n in zip(requests, emitted_before, strict=True)
-            for count in r.emitted_per_step[n:]
-        ]
-        tokens_per_step = sum(emitted) / len(emitted) if emitted else num_tokens / request_steps
-        counts = profile_decode(engine, profile_steps, cuda) if profile_steps > 0 else None
-        _check_running(engine, requests, retracted_before, "the profiled steps")
-    finally:
-        for request in requests:
-            engine.abort(request.request_id)
-        _step_until(engine, lambda: not engine.has_work(), "abort")
-    return DecodeMeasurement(len(prompts), num_steps, num_tokens, seconds, tokens_per_step, counts)
+    except MeasurementError:  # raised on every replica together: they drain together too
+        _release(engine, requests, lockstep)
+        raise
+    except BaseException:
+        if not lockstep.grouped:  # a group's collectives would not match: the group ends
+            _release(engine, requests, lockstep)
+        raise
+    _release(engine, requests, lockstep)
+    return measurement
 
 
-def profile_decode(engine: Engine, num_steps: int, cuda: bool) -> ProfileCounts:
+def _measure(
+    engine: Engine,
+    requests: list[Request],
+    new_tokens: int,
+    warmup_steps: int,
+    profile_steps: int,
+    cuda: bool,
+    on_tokens: Callable[[int], None],
+    lockstep: Lockstep,
+) -> DecodeMeasurement:
+    _step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
+    retracted_before = engine.stats.num_retracted
+    for _ in range(warmup_steps):
+        lockstep.step(engine)
+    outputs_before = [len(r.output_ids) for r in requests]
+    emitted_before = [len(r.emitted_per_step) for r in requests]
+    request_steps = num_steps = 0
+
+    def generated() -> float:  # a replica without requests never holds the window open
+        new = [len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True)]
+        return min(new, default=math.inf)
+
+    _synchronize(cuda)
+    started = time.perf_counter()
+    problem = None
+    while True:
+        least, all_running = lockstep.minimum([generated(), problem is None])
+        if num_steps:
+            on_tokens(int(least))
+        if not all_running:
+            raise MeasurementError(lockstep.first_problem(problem))
+        if least >= new_tokens:
+            break
+        request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
+        lockstep.step(engine)  # reads a step's tokens back (with overlap: the previous one's)
+        num_steps += 1
+        problem = _running_problem(engine, requests, retracted_before, "the timed decode steps")
+    _synchronize(cuda)
+    seconds = time.perf_counter() - started
+    mine = sum(len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True))
+    emitted = [  # tokens each speculative verify step emitted, per request
+        count
+        for r, n in zip(requests, emitted_before, strict=True)
+        for count in r.emitted_per_step[n:]
+    ]
+    num_tokens, emitted_sum, emitted_count, steps_run = lockstep.total(
+        [mine, sum(emitted), len(emitted), request_steps]
+    )
+    batches = lockstep.per_replica(len(requests))
+    seconds = -lockstep.minimum([-seconds])[0]  # the slowest replica's window
+    tokens_per_step = emitted_sum / emitted_count if emitted_count else num_tokens / steps_run
+    counts = profile_decode(engine, profile_steps, cuda, lockstep) if profile_steps > 0 else None
+    problem = _running_problem(engine, requests, retracted_before, "the profiled steps")
+    if not lockstep.minimum([problem is None])[0]:
+        raise MeasurementError(lockstep.first_problem(problem))
+    return DecodeMeasurement(
+        sum(batches), num_steps, int(num_tokens), seconds, tokens_per_step, counts, tuple(batches)
+    )
+
+
+def _release(engine: Engine, requests: Sequence[Request], lockstep: Lockstep) -> None:
+    """Abort what is left of ``requests``, so that the engine can measure the next batch."""
+    for request in requests:
+        engine.abort(request.request_id)
+    _step_until(engine, lockstep, lambda: not engine.has_work(), "abort")
+
+
+def profile_decode(
+    engine: Engine, num_steps: int, cuda: bool, lockstep: Lockstep = ALONE
+) -> ProfileCounts:
     """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as profiler:
         _synchronize(cuda)
         started = time.perf_counter()
         for _ in range(num_steps):
-            engine.step()
+            lockstep.step(engine)
         _synchronize(cuda)
         wall_s = time.perf_counter() - started
     events = profiler.events()
@@ -197,28 +250,31 @@ def _synchronize(cuda: bool) -> None:
         torch.cuda.synchronize()  # SYNC: the wall clock must cover the queued kernels
 
 
-def _step_until(engine: Engine, done: Callable[[], bool], phase: str) -> None:
+def _step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], phase: str) -> None:
     for _ in range(100_000):
-        if done():
+        all_done, all_idle = lockstep.minimum([done(), not engine.has_work()])
+        if all_done:
             return
-        if not engine.has_work():
+        if all_idle:
             raise MeasurementError(f"the engine ran out of work during {phase}")
-        engine.step()
+        lockstep.step(engine)
     raise MeasurementError(f"{phase} did not finish in 100000 steps")
 
 
-def _check_running(
+def _running_problem(
     engine: Engine, requests: Sequence[Request], retracted_before: int, phase: str
-) -> None:
-    """Every request must decode through the whole window, or the numbers mean less."""
+) -> str | None:
+    """Why the numbers would mean less (every request must decode through the whole window),
+    or None."""
     finished = [r for r in requests if r.status is RequestStatus.FINISHED]
     if finished:
-        raise MeasurementError(
+        return (
             f"{len(finished)} request(s) finished during {phase} ({finished[0].finish_reason}) "
             "although their token budget was not spent"
         )
     if engine.stats.num_retracted != retracted_before:
-        raise MeasurementError(
+        return (
             f"requests were retracted during {phase}: the KV pool is too small for the batch "
             "(raise memory.max_total_tokens)"
         )
+    return None

@@ -31,6 +31,10 @@ class BenchRow:
     profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
     # (kernel, launches/step, ms/step) of the costliest kernels (CUDA; JSON and --breakdown)
     top_kernels: tuple[tuple[str, float, float], ...] = ()
+    # the timed window (JSON only): its steps and the tokens all requests generated in it
+    num_steps: int | None = None
+    num_tokens: int | None = None
+    replica_batch_sizes: tuple[int, ...] = ()  # data-parallel: each replica's share of bs
 
     @property
     def device_busy(self) -> float | None:

@@ -8,7 +8,8 @@ to that request's sink, from the loop thread. Nothing else touches the engine.
 
 Tensor-parallel, the loop runs on rank 0 and ``share`` hands each step's commands to the other
 ranks before rank 0 applies them (``lockstep``); it is called at least every ``IDLE_WAIT_S``,
-also without work, and with ``STOP`` last.
+also without work, and with ``STOP`` last. Data-parallel, ``replica_loop.DataParallelLoop``
+runs the same loop, placing each request on a replica and collecting the replicas' tokens.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ IDLE_WAIT_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
-class _Submit:
+class QueuedSubmit:
+    """A client's request, queued for the loop thread with where its output goes."""
+
     prompt_ids: list[int]
     params: SamplingParams
     sink: Sink
@@ -45,7 +48,9 @@ class _Submit:
 
 
 @dataclass(frozen=True, slots=True)
-class _Abort:
+class QueuedAbort:
+    """A client went away: abort its request (the id its submission's future gave)."""
+
     request_id: int
 
 
@@ -64,7 +69,7 @@ class EngineLoop:
         self._share = share
         self._on_failure = on_failure
         self.metrics = metrics if metrics is not None else ServerMetrics()
-        self._commands: queue.SimpleQueue[_Submit | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[QueuedSubmit | QueuedAbort | None] = queue.SimpleQueue()
         self._watchers: dict[int, tuple[OutputWatcher, Sink]] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="eagletree-engine", daemon=True)
@@ -92,25 +97,19 @@ class EngineLoop:
         if not self.alive:
             future.set_exception(RuntimeError("the engine loop is not running"))
             return future
-        self._commands.put(_Submit(prompt_ids, params, sink, future))
+        self._commands.put(QueuedSubmit(prompt_ids, params, sink, future))
         return future
 
     def abort(self, request_id: int) -> None:
         """Abort a request (a client went away); its slots are freed at the next step."""
-        self._commands.put(_Abort(request_id))
+        self._commands.put(QueuedAbort(request_id))
 
     # -- the loop thread -----------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                commands = self._drain(block=not self.engine.has_work())
-                if self._share is not None:
-                    self._share([_wire(command) for command in commands])
-                for command in commands:
-                    self._apply(command)
-                if self.engine.has_work():
-                    self._step()
+                self._run_round(self._drain(block=not self._has_work()))
             if self._share is not None:
                 self._share([STOP])
             self.engine.close()
@@ -118,15 +117,32 @@ class EngineLoop:
         except BaseException as error:  # a bug: fail every open request instead of hanging it
             logger.exception("the engine loop stopped")
             self.failure = error
-            for _, sink in self._watchers.values():
+            for sink in self._open_sinks():
                 sink(error)
-            self._watchers.clear()
             if self._on_failure is not None:
                 self._on_failure(error)
 
-    def _drain(self, block: bool) -> list[_Submit | _Abort]:
+    def _has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def _run_round(self, commands: list[QueuedSubmit | QueuedAbort]) -> None:
+        """Share the commands queued since the last round, apply them, step if there is work."""
+        if self._share is not None:
+            self._share([_wire(command) for command in commands])
+        for command in commands:
+            self._apply(command)
+        if self.engine.has_work():
+            self._step()
+
+    def _open_sinks(self) -> list[Sink]:
+        """The sinks of every unfinished request, forgotten (the loop failed)."""
+        sinks = [sink for _, sink in self._watchers.values()]
+        self._watchers.clear()
+        return sinks
+
+    def _drain(self, block: bool) -> list[QueuedSubmit | QueuedAbort]:
         """The commands queued now (waiting up to ``IDLE_WAIT_S`` for one if ``block``)."""
-        commands: list[_Submit | _Abort] = []
+        commands: list[QueuedSubmit | QueuedAbort] = []
         try:
             command = self._commands.get(timeout=IDLE_WAIT_S) if block else None
             while True:
@@ -136,10 +152,10 @@ class EngineLoop:
         except queue.Empty:
             return commands
 
-    def _seeded(self, command: _Submit | _Abort) -> _Submit | _Abort:
+    def _seeded(self, command: QueuedSubmit | QueuedAbort) -> QueuedSubmit | QueuedAbort:
         # an unseeded sampling request draws its seed from the process's entropy, which the
         # ranks do not share: rank 0 draws it and hands it to the others in the command
-        if self._share is None or not isinstance(command, _Submit):
+        if self._share is None or not isinstance(command, QueuedSubmit):
             return command
         params = command.params
         if params.greedy or params.seed is not None:
@@ -147,8 +163,8 @@ class EngineLoop:
         seed = int.from_bytes(os.urandom(4), "little")
         return dataclasses.replace(command, params=dataclasses.replace(params, seed=seed))
 
-    def _apply(self, command: _Submit | _Abort) -> None:
-        if isinstance(command, _Abort):
+    def _apply(self, command: QueuedSubmit | QueuedAbort) -> None:
+        if isinstance(command, QueuedAbort):
             if self.engine.abort(command.request_id):
                 with self.metrics.lock:
                     self.metrics.num_client_aborts += 1
@@ -183,10 +199,16 @@ class EngineLoop:
                     self.engine.result_of(watcher.request),
                 )
                 del self._watchers[request_id]
-                self.metrics.record_finished(event)
             deliveries.append((sink, event))
+        self._deliver(deliveries, time.perf_counter() - started)
+
+    def _deliver(self, deliveries: list[tuple[Sink, StreamEvent]], step_s: float) -> None:
+        """Record a step that took ``step_s`` and hand its events to their sinks."""
+        for _, event in deliveries:
+            if event.finished:
+                self.metrics.record_finished(event)
         batch = sum(bool(event.token_ids) for _, event in deliveries)
-        self.metrics.record_step(batch, time.perf_counter() - started)
+        self.metrics.record_step(batch, step_s)
         self._publish()  # before the clients hear of the step, so /metrics is never behind them
         for sink, event in deliveries:
             sink(event)
@@ -195,8 +217,8 @@ class EngineLoop:
         self.metrics.update_memory(self.engine)
 
 
-def _wire(command: _Submit | _Abort) -> StepCommand:
+def _wire(command: QueuedSubmit | QueuedAbort) -> StepCommand:
     """What the other ranks need of a command: no sink, no future."""
-    if isinstance(command, _Abort):
+    if isinstance(command, QueuedAbort):
         return AbortCommand(command.request_id)
     return SubmitCommand(command.prompt_ids, command.params)

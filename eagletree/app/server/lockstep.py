@@ -7,6 +7,9 @@ as one small picklable list, over a gloo group of its own so that the broadcast 
 on the GPU; every follower applies that list to its engine and steps when it has work. Rank 0
 broadcasts even an empty list at least every ``IDLE_WAIT_S`` of the loop (a heartbeat, well
 inside the collective timeout), and ``STOP`` when the server shuts down.
+
+Data-parallel, the same broadcast reaches every rank of every replica: a submission or abort
+names the replica it is for, and ``STEP`` tells all ranks to step (``replica_loop``).
 """
 
 from __future__ import annotations
@@ -37,13 +40,35 @@ class AbortCommand:
     request_id: int
 
 
-STOP: Final = "stop"
+@dataclass(frozen=True, slots=True)
+class PlacedSubmit:
+    """Data-parallel: a request rank 0 accepted and placed on replica ``replica``; ``key`` names
+    it between rank 0 and that replica (each replica's engine numbers its requests itself)."""
 
-StepCommand = SubmitCommand | AbortCommand | str
+    key: int
+    replica: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedAbort:
+    """Data-parallel: abort the request ``key``, which runs on replica ``replica``."""
+
+    key: int
+    replica: int
+
+
+STOP: Final = "stop"
+# data-parallel: every rank steps after applying the list (idle where its replica has nothing)
+STEP: Final = "step"
+
+StepCommand = SubmitCommand | AbortCommand | PlacedSubmit | PlacedAbort | str
 
 
 class CommandBroadcast:
-    """One gloo broadcast per step from ``source`` (rank 0) to the rest of the default group.
+    """One gloo broadcast per step from ``source`` (rank 0) to the rest of the default group
+    (tensor-parallel: the replica's ranks; data-parallel: every rank of every replica).
 
     Building it is a collective (``new_group``): every rank must build it, in the same order
     relative to the other groups it creates.

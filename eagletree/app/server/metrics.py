@@ -6,14 +6,53 @@ from seeing a half-recorded step. Names start with ``eagletree_``; ``_total`` ma
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from eagletree.app.engine import Engine
     from eagletree.app.streaming import StreamEvent
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    """An engine's state as /metrics shows it: one engine's, or a data-parallel group's
+    (``summed`` over its replicas)."""
+
+    num_running: int
+    num_waiting: int
+    kv_slots_total: int
+    kv_slots_free: int
+    rows_total: int
+    rows_free: int
+    num_generated_tokens: int
+    busy_s: float  # inside ``Engine.step``
+
+    @staticmethod
+    def of(engine: Engine) -> EngineGauges:
+        scheduler = engine.scheduler
+        allocator, pool = scheduler.allocator, scheduler.req_to_token_pool
+        return EngineGauges(
+            len(scheduler.running),
+            len(scheduler.waiting),
+            allocator.size,
+            allocator.available_size(),
+            pool.size,
+            pool.available_size(),
+            engine.stats.num_generated_tokens,
+            engine.stats.busy_s,
+        )
+
+    @staticmethod
+    def summed(parts: Sequence[EngineGauges]) -> EngineGauges:
+        """The replicas' counts added up; busy time once (they step in lockstep: the most)."""
+        fields = [f.name for f in dataclasses.fields(EngineGauges) if f.name != "busy_s"]
+        totals = {name: sum(getattr(part, name) for part in parts) for name in fields}
+        return EngineGauges(**totals, busy_s=max((part.busy_s for part in parts), default=0.0))
 
 
 @dataclass(slots=True)
@@ -29,6 +68,8 @@ class ServerMetrics:
     finished: Counter[str] = field(default_factory=Counter)
     # acceptance[i] = verify steps that emitted i tokens, over finished requests
     acceptance: Counter[int] = field(default_factory=Counter)
+    # data-parallel: requests placed on each replica (empty for one engine)
+    requests_by_replica: Counter[int] = field(default_factory=Counter)
     num_running: int = 0
     num_waiting: int = 0
     num_active: int = 0
@@ -61,21 +102,19 @@ class ServerMetrics:
                 self.acceptance[tokens] += steps
 
     def update_memory(self, engine: Engine) -> None:
-        with self.lock:
-            self._update_memory(engine)
+        self.update_gauges(EngineGauges.of(engine))
 
-    def _update_memory(self, engine: Engine) -> None:
-        scheduler = engine.scheduler
-        allocator = scheduler.allocator
-        self.num_running = len(scheduler.running)
-        self.num_waiting = len(scheduler.waiting)
-        self.kv_slots_total = allocator.size
-        self.kv_slots_free = allocator.available_size()
-        pool = scheduler.req_to_token_pool
-        self.rows_total = pool.size
-        self.rows_free = pool.available_size()
-        self.num_generated_tokens = engine.stats.num_generated_tokens
-        self.tokens_per_s = engine.stats.generated_tokens_per_s
+    def update_gauges(self, gauges: EngineGauges) -> None:
+        with self.lock:
+            self.num_running = gauges.num_running
+            self.num_waiting = gauges.num_waiting
+            self.kv_slots_total = gauges.kv_slots_total
+            self.kv_slots_free = gauges.kv_slots_free
+            self.rows_total = gauges.rows_total
+            self.rows_free = gauges.rows_free
+            self.num_generated_tokens = gauges.num_generated_tokens
+            busy_s = gauges.busy_s
+            self.tokens_per_s = gauges.num_generated_tokens / busy_s if busy_s > 0 else 0.0
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
@@ -98,6 +137,13 @@ class ServerMetrics:
             "Requests finished, by reason.",
             [(f'{{reason="{reason}"}}', n) for reason, n in sorted(self.finished.items())],
         )
+        if self.requests_by_replica:
+            metric(
+                "replica_requests_total",
+                "counter",
+                "Requests placed on each data-parallel replica.",
+                [(f'{{replica="{r}"}}', n) for r, n in sorted(self.requests_by_replica.items())],
+            )
         metric(
             "client_aborts_total",
             "counter",

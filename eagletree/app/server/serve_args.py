@@ -13,7 +13,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to the ``eagletree`` subcommands."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
-        help="an OpenAI-compatible HTTP server over one engine",
+        help="an OpenAI-compatible HTTP server over one engine (or its parallel ranks)",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and "
         "/metrics. Without model.target_path in the settings the embedded default model is "
         "served. Binds to 127.0.0.1 unless --host says otherwise.",
@@ -52,6 +52,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="M",
-        help="data-parallel ranks: not supported by serve yet (only 1)",
+        help="data-parallel replicas (parallel.dp_size), each with its own requests and KV "
+        "pool; rank 0 places each request on the least loaded one; with --tp N spawns N·M "
+        "processes",
     )
     return parser

@@ -1,9 +1,11 @@
 """`eagletree serve`: build the engine, start its loop, serve HTTP with uvicorn until stopped.
 
-``--tp N`` serves one engine tensor-parallel over N ranks: launched by torchrun, this process
-is one of them; otherwise it spawns them and waits, forwarding SIGINT / SIGTERM to rank 0.
-Rank 0 serves HTTP and hands every step's commands to the others (``lockstep``); it stops
-them with its last broadcast, and the group ends through the final barrier.
+``--tp N`` serves one engine tensor-parallel over N ranks, ``--dp M`` M data-parallel
+replicas (with both, M replicas of N ranks): launched by torchrun, this process is one of the
+N·M ranks; otherwise it spawns them and waits, forwarding SIGINT / SIGTERM to rank 0. Rank 0
+serves HTTP and hands every step's commands to the others (``lockstep``); data-parallel, it
+places each request on a replica and the replicas report its tokens back (``replica_loop``).
+It stops the others with its last broadcast, and the group ends through the final barrier.
 """
 
 from __future__ import annotations
@@ -32,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     from eagletree.app import distributed
+    from eagletree.app.data_parallel import DataParallelEngine
     from eagletree.app.engine import Engine
     from eagletree.app.generate_cli import prepare_settings, with_parallel
     from eagletree.app.server.engine_loop import EngineLoop
     from eagletree.app.server.lockstep import CommandBroadcast
+    from eagletree.app.server.replica_loop import (
+        DataParallelLoop,
+        Replica,
+        follow_replica,
+        report_gather,
+    )
 
     def note(message: str) -> None:
         print(message, file=sys.stderr)
@@ -44,24 +53,37 @@ def run(args: argparse.Namespace) -> int:
         note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
         return 1
     try:
-        settings = with_parallel(prepare_settings(args.settings, note), args.tp)
-        _refuse_data_parallel(args.dp, settings.parallel.dp_size)
-        tp_size = settings.parallel.tp_size
-        if tp_size > 1 and not distributed.in_process_group():
+        settings = with_parallel(prepare_settings(args.settings, note), args.tp, args.dp)
+        tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
+        world_size = tp_size * dp_size
+        if world_size > 1 and not distributed.in_process_group():
             if not distributed.launched_by_torchrun():
-                return _spawn_ranks(args, tp_size, note)
+                return _spawn_ranks(args, world_size, note)
             distributed.join_launched_group()
-        broadcast = CommandBroadcast() if tp_size > 1 else None
-        engine = Engine.from_settings(settings)
+        # every rank makes its groups in the same order: the broadcast's, then the engine's
+        broadcast = CommandBroadcast() if world_size > 1 else None
+        if dp_size > 1:
+            group = DataParallelEngine.from_settings(settings)
+            engine, groups = group.engine, group.groups
+        else:
+            engine, groups = Engine.from_settings(settings), None
     except (ConfigurationError, ValueError) as error:
         note(f"error: {error}")
         return 1
     rank = distributed.group_rank()
+    replica = None
+    gather = None
+    if groups is not None:  # data-parallel: this rank's replica, and how it reports to rank 0
+        replica = Replica(engine, groups.dp_rank, watch=groups.tp_rank == 0)
+        gather = report_gather(groups.dp_group, dp_size) if groups.tp_rank == 0 else None
     if broadcast is not None and rank != 0:
         # rank 0 stops the group (a terminal's Ctrl-C reaches every rank of it)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        note(f"rank {rank} of {tp_size}: pid {os.getpid()}, stepping with rank 0")
-        broadcast.follow(engine)
+        note(f"rank {rank} of {world_size}: pid {os.getpid()}, stepping with rank 0")
+        if replica is None:
+            broadcast.follow(engine)
+        else:
+            follow_replica(replica, broadcast.receive, gather)
         return 0
     assert settings.model.target_path is not None
     name = args.served_model_name or _model_name(settings.model.target_path)
@@ -70,11 +92,16 @@ def run(args: argparse.Namespace) -> int:
     def end_serving(_: BaseException) -> None:  # a rank of the group is gone: so is the server
         server.should_exit = True
 
-    loop = EngineLoop(
-        engine,
-        share=None if broadcast is None else broadcast.share,
-        on_failure=None if broadcast is None else end_serving,
-    )
+    on_failure = None if broadcast is None else end_serving
+    loop: EngineLoop
+    if replica is None:
+        share = None if broadcast is None else broadcast.share
+        loop = EngineLoop(engine, share=share, on_failure=on_failure)
+    else:
+        assert broadcast is not None and gather is not None
+        loop = DataParallelLoop(
+            replica, dp_size, share=broadcast.share, gather=gather, on_failure=on_failure
+        )
     app = create_app(loop, name, api_key=api_key, max_tokens_limit=args.max_tokens_limit)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False
@@ -85,12 +112,13 @@ def run(args: argparse.Namespace) -> int:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, _stopping)
     if broadcast is not None:
-        note(f"rank 0 of {tp_size}: pid {os.getpid()}, serving HTTP")
+        note(f"rank 0 of {world_size}: pid {os.getpid()}, serving HTTP")
     loop.start()
+    parallel = [f"tensor-parallel over {tp_size} ranks"] if tp_size > 1 else []
+    parallel += [f"{dp_size} data-parallel replicas"] if dp_size > 1 else []
     note(
         f"serving {name!r} on http://{args.host}:{args.port}/v1 "
-        f"({settings.model.device}, {settings.model.dtype}"
-        f"{f', tensor-parallel over {tp_size} ranks' if tp_size > 1 else ''}; API key "
+        f"({', '.join([settings.model.device, settings.model.dtype, *parallel])}; API key "
         f"{'required' if api_key else 'not required'})"
     )
     try:
@@ -103,26 +131,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_data_parallel(flag: int | None, dp_size: int) -> None:
-    size = dp_size if flag is None else flag
-    if size != 1:
-        raise ValueError(
-            f"eagletree serve runs one engine replica (data parallelism {size} asked): it has no "
-            "router that spreads HTTP requests over data-parallel replicas yet; drop --dp (and "
-            "parallel.dp_size), or run one server per replica"
-        )
-
-
 def _stopping(_number: int, _frame: object) -> None:
     """The handler left after uvicorn's: the server is already shutting down."""
 
 
-def _spawn_ranks(args: argparse.Namespace, tp_size: int, note: Callable[[str], None]) -> int:
+def _spawn_ranks(args: argparse.Namespace, world_size: int, note: Callable[[str], None]) -> int:
     from eagletree.app import distributed
 
     try:
         distributed.spawn_ranks(
-            _serve_rank, tp_size, (args,), timeout_s=None, stop_rank_0_on_signal=True
+            _serve_rank, world_size, (args,), timeout_s=None, stop_rank_0_on_signal=True
         )
     except distributed.RankFailed as failure:
         note(f"error: {failure}")

@@ -63,7 +63,12 @@ class Launch:
     """``eagletree serve`` as a subprocess on a free port, its stderr in a file."""
 
     def __init__(
-        self, checkpoints: tuple[Path, Path], log: Path, *flags: str, torchrun: bool = False
+        self,
+        checkpoints: tuple[Path, Path],
+        log: Path,
+        *flags: str,
+        torchrun: bool = False,
+        nproc: int = 2,
     ) -> None:
         self.port = free_port()
         self.log = log
@@ -72,7 +77,7 @@ class Launch:
         command = [sys.executable, "-m", "eagletree.app.cli", "serve", "--port", str(self.port)]
         command += ["--served-model-name", MODEL]
         if torchrun:  # torchrun starts the ranks; each joins its group
-            launcher = ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
+            launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
             launcher += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
             command[1:1] = launcher
         with log.open("wb") as sink:
@@ -138,9 +143,9 @@ def launch(checkpoints: tuple[Path, Path], tmp_path: Path) -> Iterator[Callable[
     """Start servers; whatever the test leaves running is killed, ranks included."""
     started: list[Launch] = []
 
-    def start(*flags: str, torchrun: bool = False) -> Launch:
+    def start(*flags: str, torchrun: bool = False, nproc: int = 2) -> Launch:
         log = tmp_path / f"serve-{len(started)}.log"
-        handle = Launch(checkpoints, log, *flags, torchrun=torchrun)
+        handle = Launch(checkpoints, log, *flags, torchrun=torchrun, nproc=nproc)
         started.append(handle)
         return handle
 
@@ -232,12 +237,6 @@ def test_a_rank_that_dies_ends_the_served_group_naming_it(
     named = "rank      : 1 (local_rank: 1)" if torchrun else "rank 1 of 2 failed first"
     assert named in parallel.text(), parallel.text()
     assert gone(pids) == [], parallel.text()
-
-
-def test_serve_refuses_data_parallelism_before_starting(launch: Callable[..., Launch]) -> None:
-    refused = launch("--dp", "2")
-    assert refused.wait_exit() == 1
-    assert "no router that spreads HTTP requests over data-parallel replicas" in refused.text()
 
 
 def alive(pid: int) -> bool:
