@@ -25,14 +25,16 @@ GRID_SHARE = 0.6  # of a head's measuring budget, for its greedy grid
 def shape_grid(
     depths: Sequence[int], budgets: Sequence[int], topks: Sequence[int]
 ) -> list[TreeShape]:
-    """Chains first, then trees by budget N, depth S, width k — those whose N nodes fit in the
-    tree a k-wide beam of depth S can grow (N ≤ 1 + k + (S − 1)·k²)."""
+    """Chains first, then trees by width k (in ``topks`` order), budget N, depth S — those
+    whose N nodes fit in the tree a k-wide beam of depth S can grow (N ≤ 1 + k + (S − 1)·k²).
+    A time budget cuts from the end, so every budget and depth has its first-width tree
+    before any second width is tried (a cut by budget left whole budgets unmeasured)."""
     chains = [TreeShape.chain(depth) for depth in depths]
     trees = [
         TreeShape(depth, k, n)
+        for k in topks
         for n in budgets
         for depth in depths
-        for k in topks
         if k > 1 and n <= 1 + k + (depth - 1) * k * k
     ]
     return chains + trees

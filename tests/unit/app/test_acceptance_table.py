@@ -39,8 +39,9 @@ def test_the_grid_is_chains_then_every_tree_that_fits(
         if k > 1 and n <= 1 + k + (d - 1) * k * k
     }
     assert {tuple(t) for t in trees} == expected and len(trees) == len(expected)
-    order = [budgets.index(t.num_draft_tokens) for t in trees]
-    assert order == sorted(order)  # by budget first: a time budget cuts the largest trees
+    order = [(topks.index(t.topk), budgets.index(t.num_draft_tokens)) for t in trees]
+    # by width, then budget: a time budget cuts second widths before any budget goes unmeasured
+    assert order == sorted(order)
 
 
 def test_best_trees_are_picked_per_budget_and_per_depth_within_the_budget_cap() -> None:
