@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
         help="re-run each head's best shape in this dtype against plain decoding")  # fmt: skip
     add("--llama8b-step-ratio", type=float, nargs=2, default=[1.54, 1.37],
         metavar=("EAGLE", "EAGLE3"),
-        help="tree S5 k4 N8 step ÷ plain step, Llama-3.1-8B, bs 1 (docs/benchmarks.md)")  # fmt: skip
+        help="tree S5 k4 N8 step ÷ plain step at bs 1, Llama-3.1-8B (benchmarks.md)")  # fmt: skip
     return parser
 
 
