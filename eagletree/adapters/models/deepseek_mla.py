@@ -39,6 +39,7 @@ from eagletree.adapters.models.tensor_parallel import (
     RowParallelLinear,
     TensorParallel,
     VocabParallelEmbedding,
+    gathered_lm_head,
 )
 from eagletree.domain.attention_layer import AttentionLayer
 
@@ -201,15 +202,7 @@ class DeepseekMLAForCausalLM(nn.Module):
             MLADecoderLayer(config, i, fused_kernels, tp) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = ColumnParallelLinear(
-            config.hidden_size,
-            config.vocab_size,
-            False,
-            tp,
-            gather_output=True,
-            what="vocab_size",
-            fused_kernels=fused_kernels,
-        )
+        self.lm_head = gathered_lm_head(config.hidden_size, config.vocab_size, tp, fused_kernels)
         self.rotary = mla_rotary(config)
         self.tie_weights()
 

@@ -32,10 +32,10 @@ from eagletree.adapters.models.stack import (
 )
 from eagletree.adapters.models.tensor_parallel import (
     SINGLE,
-    ColumnParallelLinear,
     RowParallelLinear,
     TensorParallel,
     VocabParallelEmbedding,
+    gathered_lm_head,
 )
 from eagletree.domain.attention_layer import AttentionLayer
 
@@ -155,15 +155,7 @@ class LlamaForCausalLM(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = ColumnParallelLinear(
-            config.hidden_size,
-            config.vocab_size,
-            False,
-            tp,
-            gather_output=True,
-            what="vocab_size",
-            fused_kernels=fused_kernels,
-        )
+        self.lm_head = gathered_lm_head(config.hidden_size, config.vocab_size, tp, fused_kernels)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()
 

@@ -158,6 +158,21 @@ class ColumnParallelLinear(StreamedLinear):
         return self.tp.all_gather_last(y) if self.gather_output else y
 
 
+def gathered_lm_head(
+    hidden_size: int, vocab_size: int, tp: TensorParallel, fused_kernels: bool
+) -> ColumnParallelLinear:
+    """A target's lm_head: vocabulary rows per rank, the logits gathered (tied or not)."""
+    return ColumnParallelLinear(
+        hidden_size,
+        vocab_size,
+        False,
+        tp,
+        gather_output=True,
+        what="vocab_size",
+        fused_kernels=fused_kernels,
+    )
+
+
 class RowParallelLinear(StreamedLinear):
     """``nn.Linear(in, out)`` holding input columns ``rank·in/W .. (rank+1)·in/W``: each rank
     multiplies its block of the input (a column-parallel layer's output), the partial products
