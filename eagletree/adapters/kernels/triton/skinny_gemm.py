@@ -1,11 +1,11 @@
 """Triton: ``x @ weight.T`` for a few token rows (decode and small verify batches).
 
 At 1–64 rows a linear layer is a stream over its weight: the arithmetic is free and the time is
-the bytes. cuBLAS reaches 4.0–4.2 TB/s on the wide MLP weights of an 8B model but ~3.1 TB/s on
-the narrower q/k/v and o projections (4096 → 6144 and 4096 → 4096), where its tiles leave
-part of the machine idle or add a split-K reduction. Here each program owns ``BLOCK_N`` output
-columns for every row and walks the whole K range, so there is no reduction kernel and the
-weight is read exactly once; narrow ``BLOCK_N`` gives enough programs to cover every SM.
+the bytes. On an 8B model's shapes cuBLAS reaches 4.1 TB/s on the wide gate/up weight but runs
+o_proj (4096 → 4096) and down_proj as a split-K GEMM plus a reduce kernel, at 2.5 and 3.6 TB/s
+(``benchmarks/gemm.py``). Here each program owns ``BLOCK_N`` output columns for every row and
+walks the whole K range, so there is no reduction kernel and the weight is read exactly once;
+narrow ``BLOCK_N`` gives enough programs to cover every SM.
 
 Accumulation is fp32 over ``BLOCK_K`` chunks; the order of the sum differs from cuBLAS's, so
 results agree with ``torch.nn.functional.linear`` to a stated tolerance, not bit for bit.
