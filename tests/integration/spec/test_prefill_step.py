@@ -1,7 +1,7 @@
 """``prefill_step = "alone"`` against ``"with_decode"``: a plan that admits requests runs only
 their prefills, the running ones wait one step, and every request still emits the same tokens —
-greedy and seeded, for the plain and the v2 tree worker, with overlap off and on, requests
-arriving while others decode."""
+greedy and seeded, for the plain, the v2 tree and the multi-layer MTP worker, with overlap off
+and on, requests arriving while others decode."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from eagletree.adapters.models.random_checkpoint import sizes_with
 from eagletree.app.engine import Engine
 from eagletree.app.scheduler import PrefillStep, SchedulePlan
 from eagletree.app.workers.step import StepOutput
@@ -25,6 +26,7 @@ from tests.integration.spec.harness import (
     speculative_engine,
 )
 from tests.integration.spec.test_eagle_v2 import random_checkpoints
+from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
 
 NUM_REQUESTS = 7
 ARRIVAL_EVERY = 2  # steps between two submits after the first three
@@ -35,16 +37,36 @@ PlanShape = tuple[int, int, int]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> SpecModels:
-    root = tmp_path_factory.mktemp("llama-eagle")
-    return load_spec_models(root, "llama", "eagle", torch.device("cpu"))
+def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SpecModels]:
+    cache: dict[str, SpecModels] = {}
+
+    def get(worker: str) -> SpecModels:
+        if worker not in cache:
+            root = tmp_path_factory.mktemp(worker)
+            if worker == "mtp":
+                sizes = sizes_with(SIZES, num_mtp_layers=NUM_LAYERS["deepseek-mla"])
+                cache[worker] = load_spec_models(
+                    root, "deepseek-mla", "mtp", torch.device("cpu"), sizes=sizes
+                )
+            else:
+                cache[worker] = load_spec_models(root, "llama", "eagle", torch.device("cpu"))
+        return cache[worker]
+
+    return get
 
 
-def engine_for(models: SpecModels, worker: str, overlap: bool, prefill_step: PrefillStep) -> Engine:
+def engine_for(
+    models: Callable[[str], SpecModels], worker: str, overlap: bool, prefill_step: PrefillStep
+) -> Engine:
+    loaded = models(worker)
     if worker == "plain":
-        return plain_engine(models, max_running=4, overlap=overlap, prefill_step=prefill_step)
+        return plain_engine(loaded, max_running=4, overlap=overlap, prefill_step=prefill_step)
+    if worker == "mtp":  # prompts of 1 token are shorter than S − 1 = 2: ragged first steps
+        return mtp_engine(
+            loaded, 3, max_running=4, overlap=overlap, prefill_step=prefill_step
+        ).engine
     return speculative_engine(
-        models, 3, 2, 4, max_running=4, overlap=overlap, prefill_step=prefill_step
+        loaded, 3, 2, 4, max_running=4, overlap=overlap, prefill_step=prefill_step
     ).engine
 
 
@@ -87,9 +109,9 @@ def run_arrivals(engine: Engine, temperature: float) -> list[Any]:
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-@pytest.mark.parametrize("worker", ["plain", "v2"])
+@pytest.mark.parametrize("worker", ["plain", "v2", "mtp"])
 def test_a_prefill_alone_emits_what_a_prefill_beside_the_decode_batch_emits(
-    models: SpecModels, worker: str, overlap: bool, temperature: float
+    models: Callable[[str], SpecModels], worker: str, overlap: bool, temperature: float
 ) -> None:
     runs, shapes, engines = [], [], []
     for prefill_step in ("with_decode", "alone"):
