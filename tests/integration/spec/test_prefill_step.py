@@ -1,7 +1,7 @@
 """``prefill_step = "alone"`` against ``"with_decode"``: a plan that admits requests runs only
 their prefills, the running ones wait one step, and every request still emits the same tokens —
-greedy and seeded, for the plain, the v2 tree and the multi-layer MTP worker, with overlap off
-and on, requests arriving while others decode."""
+greedy and seeded, for the plain, the v2 tree and the multi-layer MTP worker with overlap off
+and on, and for the synchronous v1 tree worker, requests arriving while others decode."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
+from tests.integration.spec.test_eagle_v1 import v1_engine
 from tests.integration.spec.test_eagle_v2 import random_checkpoints
 from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
 
@@ -41,16 +42,17 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SpecMode
     cache: dict[str, SpecModels] = {}
 
     def get(worker: str) -> SpecModels:
-        if worker not in cache:
-            root = tmp_path_factory.mktemp(worker)
-            if worker == "mtp":
+        kind = "mtp" if worker == "mtp" else "eagle"  # one EAGLE checkpoint for the others
+        if kind not in cache:
+            root = tmp_path_factory.mktemp(kind)
+            if kind == "mtp":
                 sizes = sizes_with(SIZES, num_mtp_layers=NUM_LAYERS["deepseek-mla"])
-                cache[worker] = load_spec_models(
+                cache[kind] = load_spec_models(
                     root, "deepseek-mla", "mtp", torch.device("cpu"), sizes=sizes
                 )
             else:
-                cache[worker] = load_spec_models(root, "llama", "eagle", torch.device("cpu"))
-        return cache[worker]
+                cache[kind] = load_spec_models(root, "llama", "eagle", torch.device("cpu"))
+        return cache[kind]
 
     return get
 
@@ -61,6 +63,8 @@ def engine_for(
     loaded = models(worker)
     if worker == "plain":
         return plain_engine(loaded, max_running=4, overlap=overlap, prefill_step=prefill_step)
+    if worker == "v1":  # it frees rejected slots on the host every step: never overlapped
+        return v1_engine(loaded, (3, 2, 4), max_running=4, prefill_step=prefill_step).engine
     if worker == "mtp":  # prompts of 1 token are shorter than S − 1 = 2: ragged first steps
         return mtp_engine(
             loaded, 3, max_running=4, overlap=overlap, prefill_step=prefill_step
@@ -108,8 +112,11 @@ def run_arrivals(engine: Engine, temperature: float) -> list[Any]:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "seeded"])
-@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-@pytest.mark.parametrize("worker", ["plain", "v2", "mtp"])
+@pytest.mark.parametrize(
+    ("worker", "overlap"),
+    [(w, o) for w in ("plain", "v2", "mtp") for o in (False, True)] + [("v1", False)],
+    ids=lambda value: {False: "sync", True: "overlap"}.get(value, value),
+)
 def test_a_prefill_alone_emits_what_a_prefill_beside_the_decode_batch_emits(
     models: Callable[[str], SpecModels], worker: str, overlap: bool, temperature: float
 ) -> None:
