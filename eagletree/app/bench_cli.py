@@ -190,6 +190,8 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--hf times transformers in one process: run it without {flag}")
     if args.arrivals is not None and args.dp > 1:
         p.error("--arrivals steps one engine: run it without --dp")
+    if args.arrivals is not None and args.hf:
+        p.error("--hf is compared with the decode window: run it without --arrivals")
     if args.prefill_step is not None and len(args.prefill_step) > 1 and args.arrivals is None:
         p.error(
             "several --prefill-step values are compared by --arrivals K (the decode window "

@@ -127,6 +127,7 @@ def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
         (["--new-tokens", "many"], 2, "invalid int value: 'many'"),
         (["--draft-dir", "x"], 2, "--draft-dir needs --target"),
         (["--arrivals", "0"], 2, "--arrivals must be at least 1"),
+        (["--arrivals", "2", "--hf"], 2, "run it without --arrivals"),
         (["--prefill-step", "with_decode", "alone"], 2, "compared by --arrivals K"),
         (["--prefill-step", "separate"], 2, "invalid choice: 'separate'"),
         (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
