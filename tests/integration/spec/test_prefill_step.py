@@ -144,6 +144,32 @@ def test_a_prefill_alone_emits_what_a_prefill_beside_the_decode_batch_emits(
     assert len({len(out) for out, _ in runs[0]}) > 3  # they finished at different steps
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("worker", ["plain", "v2"])
+def test_under_retraction_a_prefill_alone_keeps_the_greedy_tokens_and_frees_every_slot(
+    models: Callable[[str], SpecModels], worker: str, overlap: bool
+) -> None:
+    """A pool too small for the batch: requests are retracted and readmitted (prefilled alone
+    again), and the greedy tokens stay the with_decode ones."""
+    loaded = models(worker)
+    prompts = ragged_prompts(SIZES.vocab_size, [*PROMPT_LENGTHS, 6], seed=41)
+    runs = []
+    for prefill_step in ("with_decode", "alone"):
+        if worker == "plain":  # 60 slots: one request fits (≤ 12 + 16 + 2), eight do not
+            engine = plain_engine(loaded, pool_size=60, overlap=overlap, prefill_step=prefill_step)
+        else:  # 100 slots: one request fits (≤ 12 + 16 tokens + 16 reserved), eight do not
+            engine = speculative_engine(
+                loaded, 3, 2, 4, pool_size=100, overlap=overlap, prefill_step=prefill_step
+            ).engine
+        results = engine.generate(prompts, 16)
+        runs.append([(r.output_ids, r.finish_reason) for r in results])
+        assert engine.stats.num_retracted > 0
+        allocator = engine.scheduler.allocator
+        assert allocator.available_size() == allocator.size
+    assert engine.stats.num_prefill_only_steps > 0
+    assert runs[0] == runs[1]
+
+
 def test_settings_carry_prefill_step_to_the_scheduler(tmp_path: Path) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
