@@ -13,8 +13,16 @@ replicas (of N ranks each with ``--tp``): a batch of ``bs`` requests is spread o
 router, the replicas step in lockstep, and a row is the group's (tok/s of all replicas, ms per
 lockstep step; launches and device time from rank 0's profile, replica 0's share alone).
 
+``--arrivals K`` measures requests arriving instead (``app/bench/arrivals.py``): ``bs``
+background requests decode throughout while a new one (``--prompt-len``, ``--new-tokens``)
+arrives every K steps, ``--num-arrivals`` in all; the window ends when the last arrival has
+finished. A row is (configuration, bs, ``scheduler.prefill_step``): tok/s of every request over
+the window, the arrivals' mean time to first token, the window's steps (no profile). Several
+``--prefill-step`` values are each measured on the same engine, one after the other.
+
     eagletree bench --preset tiny --device cpu --batch-sizes 1 2 --new-tokens 8
     eagletree bench --preset llama3-8b --draft eagle3 --configs plain tree:S5,k4,N8 --hf
+    eagletree bench --preset llama3-8b --arrivals 4 --prefill-step with_decode alone
 """
 
 from __future__ import annotations
@@ -33,16 +41,18 @@ from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from eagletree.app.bench.arrivals import ArrivalsMeasurement
     from eagletree.app.bench.configs import BenchConfig
     from eagletree.app.bench.lockstep import Lockstep
     from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
-    from eagletree.app.bench.report import BenchRow, HFRow
+    from eagletree.app.bench.report import ArrivalRow, BenchRow, HFRow
     from eagletree.app.engine import Engine
     from eagletree.config.settings import EngineSettings
 
 DEFAULT_CONFIGS = ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32")
 DRAFT_KINDS = ("eagle", "eagle3", "mtp")
+PREFILL_STEPS = ("with_decode", "alone")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +109,20 @@ def parser() -> argparse.ArgumentParser:
         "--breakdown", action="store_true", help="print each row's costliest kernels (CUDA)"
     )
     runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    runs.add_argument(
+        "--arrivals",
+        type=int,
+        metavar="K",
+        help="arrivals mode: bs requests keep decoding while a new one arrives every K steps; "
+        "reports tok/s, mean time to first token and steps (no profile)",
+    )
+    runs.add_argument(
+        "--num-arrivals",
+        type=int,
+        default=8,
+        metavar="A",
+        help="arrivals of one --arrivals run; it ends when the last one has finished",
+    )
     engine = p.add_argument_group("engine (default: the settings file, else by device)")
     engine.add_argument("--device", help="cuda if available, else cpu")
     engine.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
@@ -126,6 +150,13 @@ def parser() -> argparse.ArgumentParser:
         choices=["auto", "off"],
         help="scheduler.overlap; auto: the v2 and plain workers run one step ahead on CUDA",
     )
+    engine.add_argument(
+        "--prefill-step",
+        nargs="+",
+        choices=PREFILL_STEPS,
+        help="scheduler.prefill_step: prefills beside the decode batch or in a step of their own; "
+        "with --arrivals several values are measured one after the other on the same engine",
+    )
     p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
     return p
 
@@ -147,6 +178,8 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ("--new-tokens", [args.new_tokens], 1),
         ("--warmup-steps", [args.warmup_steps], 0),
         ("--profile-steps", [args.profile_steps], 0),
+        ("--arrivals", [] if args.arrivals is None else [args.arrivals], 1),
+        ("--num-arrivals", [args.num_arrivals], 1),
     ):
         if any(value < least for value in values):
             p.error(f"{flag} must be at least {least}, got {' '.join(map(str, values))}")
@@ -155,6 +188,15 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"{flag} must be at least 1, got {size}")
         if args.hf and size > 1:
             p.error(f"--hf times transformers in one process: run it without {flag}")
+    if args.arrivals is not None and args.dp > 1:
+        p.error("--arrivals steps one engine: run it without --dp")
+    if args.arrivals is not None and args.hf:
+        p.error("--hf is compared with the decode window: run it without --arrivals")
+    if args.prefill_step is not None and len(args.prefill_step) > 1 and args.arrivals is None:
+        p.error(
+            "several --prefill-step values are compared by --arrivals K (the decode window "
+            "has no prefill)"
+        )
     if args.target is not None and args.preset is not None:
         p.error("give --preset or --target, not both")
     if args.draft_dir is not None and args.target is None:
@@ -175,7 +217,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from eagletree.app.bench.configs import parse_configs
     from eagletree.app.bench.measure import MeasurementError
     from eagletree.app.bench.plan import plan_run
-    from eagletree.app.bench.report import render_markdown, report_json, write_report
+    from eagletree.app.bench.report import (
+        render_arrivals_markdown,
+        render_markdown,
+        report_json,
+        write_report,
+    )
 
     if args.tp * args.dp > 1 and not distributed.in_process_group():
         if not distributed.launched_by_torchrun():
@@ -190,19 +237,23 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         configs = parse_configs(args.configs)
         with _rank_zero_first(rank):  # it writes a missing preset; the others then read it
             plan = plan_run(args, configs, lambda message: print(message, file=err))
-        rows, hf_rows, used = _measure_all(plan, configs, args, err)
+        rows, arrival_rows, hf_rows, used = _measure_all(plan, configs, args, err)
     except (ConfigurationError, MeasurementError, OSError) as error:
         print(f"error: {error}", file=err)
         return 1
     header = _header(plan, args)
     if rank != 0:
         return 0
-    markdown = render_markdown(
-        header["title"], rows, hf_rows, cuda=plan.cuda, breakdown=args.breakdown
-    )
+    if args.arrivals is not None:
+        markdown = render_arrivals_markdown(header["title"], arrival_rows)
+    else:
+        markdown = render_markdown(
+            header["title"], rows, hf_rows, cuda=plan.cuda, breakdown=args.breakdown
+        )
     print(markdown, end="", file=out)
     if args.out is not None:
-        data = report_json(header, rows, hf_rows, {"argv": _argv(args), "engines": used})
+        measured = arrival_rows if args.arrivals is not None else rows
+        data = report_json(header, measured, hf_rows, {"argv": _argv(args), "engines": used})
         md, js = write_report(args.out, markdown, data)
         print(f"wrote {md} and {js}", file=err)
     return 0
@@ -240,7 +291,7 @@ def _rank_zero_first(rank: int) -> Iterator[None]:
 
 def _measure_all(
     plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
-) -> tuple[list[BenchRow], list[HFRow], dict[str, Any]]:
+) -> tuple[list[BenchRow], list[ArrivalRow], list[HFRow], dict[str, Any]]:
     from eagletree.app.bench.measure import measure_decode
     from eagletree.app.bench.plan import settings_for
     from eagletree.app.bench.progress import ProgressBar
@@ -248,6 +299,7 @@ def _measure_all(
     from eagletree.app.data_parallel_router import route_by_load
 
     rows: list[BenchRow] = []
+    arrival_rows: list[ArrivalRow] = []
     hf_rows: list[HFRow] = []
     used: dict[str, Any] = {}
     for config in configs:
@@ -261,7 +313,9 @@ def _measure_all(
         engine, replica, lockstep = _build(settings, err)
         # random weights: an EOS token would end a request at a random step
         engine.eos_token_ids = frozenset()
-        for bs in args.batch_sizes:
+        if args.arrivals is not None:
+            arrival_rows += _measure_arrivals(engine, config, plan, args, err)
+        for bs in args.batch_sizes if args.arrivals is None else ():
             bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}", args.new_tokens)
             prompts = _prompts(engine, bs, args)
             # the router's placement of the batch over idle replicas, the same on every rank
@@ -283,7 +337,59 @@ def _measure_all(
             hf_rows = _measure_hf(plan, engine, args, err)
         del engine
         _release_memory(plan.cuda)
-    return with_break_even(rows), hf_rows, used
+    return with_break_even(rows), arrival_rows, hf_rows, used
+
+
+def _measure_arrivals(
+    engine: Engine, config: BenchConfig, plan: BenchPlan, args: argparse.Namespace, err: TextIO
+) -> list[ArrivalRow]:
+    """The arrivals rows of one engine: every batch size, under every ``--prefill-step``
+    (switched on its scheduler, so that both run on the same engine and graphs)."""
+    from eagletree.app.bench.arrivals import measure_arrivals
+    from eagletree.app.bench.progress import ProgressBar
+
+    rows = []
+    for bs in args.batch_sizes:
+        prompts = _prompts(engine, bs + args.num_arrivals, args)
+        for prefill_step in args.prefill_step or [plan.base.scheduler.prefill_step]:
+            engine.scheduler.prefill_step = prefill_step
+            label = f"{config.name:<20} bs {bs:>3} {prefill_step:<11}"
+            bar = ProgressBar(err, label, args.num_arrivals, unit="arrivals")
+            m = measure_arrivals(
+                engine,
+                prompts[:bs],
+                prompts[bs:],
+                every=args.arrivals,
+                new_tokens=args.new_tokens,
+                max_tokens_per_step=config.max_tokens_per_step,
+                warmup_steps=args.warmup_steps,
+                cuda=plan.cuda,
+                on_arrivals=bar.update,
+            )
+            bar.close(
+                f"{m.tokens_per_s:.1f} tok/s, TTFT {1000 * m.mean_time_to_first_token_s:.1f} ms"
+            )
+            rows.append(_arrival_row(config.name, prefill_step, m))
+    return rows
+
+
+def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> ArrivalRow:
+    from eagletree.app.bench.report import ArrivalRow
+
+    return ArrivalRow(
+        config=config,
+        prefill_step=prefill_step,
+        batch_size=m.batch_size,
+        arrival_every=m.arrival_every,
+        num_arrivals=m.num_arrivals,
+        tokens_per_s=m.tokens_per_s,
+        mean_ttft_ms=1000.0 * m.mean_time_to_first_token_s,
+        num_steps=m.num_steps,
+        num_tokens=m.num_tokens,
+        num_arrival_tokens=m.num_arrival_tokens,
+        num_prefill_only_steps=m.num_prefill_only_steps,
+        ttft_ms=tuple(1000.0 * t for t in m.time_to_first_token_s),
+    )
 
 
 def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep]:
@@ -374,6 +480,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
         f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
         f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
+        f"{f'arrival every {args.arrivals} steps x {args.num_arrivals}, ' if args.arrivals else ''}"
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
         f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )

@@ -419,6 +419,7 @@ class Container(containers.DeclarativeContainer):
         tokenizer=tokenizer,
         eos_token_ids=providers.Callable(startup.eos_token_ids, config.model.target_path),
         overlap=overlap,
+        prefill_step=config.scheduler.prefill_step,
     )
     scheduler = engine.provided.scheduler
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from eagletree.app.scheduler import Scheduler
+from eagletree.app.scheduler import PrefillStep, Scheduler
 from eagletree.app.step_readback import PendingStep, StepReadback
 from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
@@ -91,6 +91,7 @@ class EngineStats:
     num_steps: int = 0
     num_steps_ahead: int = 0  # launched while the previous step was in flight (overlap)
     num_idle_steps: int = 0  # worker steps over no request (bs == 0), a data-parallel rank's
+    num_prefill_only_steps: int = 0  # steps of prefills and no decode batch (a lone prefill)
     num_forwards: int = 0
     num_prefill_tokens: int = 0  # prompt tokens computed, recomputation after retract included
     num_generated_tokens: int = 0
@@ -134,6 +135,9 @@ class Engine:
     Outputs are those of the synchronous loop. Where the worker cannot run ahead
     (``Worker.can_run_ahead``) or the next schedule would retract, the step in flight is read
     first.
+
+    ``prefill_step``: where a plan's prefills run, beside its decode batch (``"with_decode"``)
+    or in a step of their own while the running requests wait one step (``"alone"``).
     """
 
     tokenizer: Tokenizer | None = None
@@ -152,6 +156,7 @@ class Engine:
         max_prefill_tokens: int = 16_384,
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool = False,
+        prefill_step: PrefillStep = "with_decode",
     ) -> None:
         self._worker = worker
         self.overlap = overlap
@@ -163,6 +168,7 @@ class Engine:
             max_running_requests=max_running_requests,
             reserve_per_step=worker.reserve_per_step,
             max_prefill_tokens=max_prefill_tokens,
+            prefill_step=prefill_step,
             clock=clock,
         )
         self.vocab_size = vocab_size
@@ -312,6 +318,7 @@ class Engine:
 
     def _count(self, plan: SchedulePlan, finished: list[Request], started: float) -> None:
         self.stats.num_steps += 1
+        self.stats.num_prefill_only_steps += bool(plan.prefill) and not plan.decode
         self.stats.num_retracted += len(plan.retracted)
         self.stats.num_finished += len(finished)
         self.stats.num_aborted += sum(r.finish_reason is FinishReason.ABORT for r in finished)

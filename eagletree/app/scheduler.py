@@ -4,6 +4,8 @@ Each iteration ``schedule()`` (1) releases requests that finished or were aborte
 window of every running request to ``committed + reserve_per_step`` slots — retracting the
 newest running requests while the pool is short — and (3) admits waiting requests for prefill
 while rows, slots and the prefill token budget last (not in an iteration that retracted).
+With ``prefill_step = "alone"`` an iteration that admits runs its prefills as a step of their
+own: the running requests sit it out (``SchedulePlan.paused``) and decode in the next one.
 
 Slots are never freed per step: a request's whole row ``[0, allocated)`` — the committed prefix
 and the window tail ``[committed, allocated)`` — goes back to the allocator exactly once, when
@@ -19,7 +21,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
@@ -27,6 +30,10 @@ from eagletree.app.forward_batches import to_device
 from eagletree.domain.errors import OutOfSlots
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
+
+# where a plan's prefills run: in the step of its decode batch, or in a step of their own
+PrefillStep = Literal["with_decode", "alone"]
+PREFILL_STEPS: tuple[PrefillStep, ...] = get_args(PrefillStep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +47,18 @@ class SchedulePlan:
     # False while the previous step is in flight: the decode requests' committed_len is then a
     # lower bound (by at most one step's tokens, which the window reserve covers)
     exact_lengths: bool = True
+    # running but not decoded this step, because its prefills run alone: their windows, rows
+    # and worker state stay as they are
+    paused: list[Request] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
         return not (self.prefill or self.decode)
+
+    @property
+    def live(self) -> list[Request]:
+        """Every running request, admitted now or before: those whose worker state is kept."""
+        return self.prefill + self.decode + self.paused
 
 
 @dataclass(slots=True)
@@ -65,8 +80,11 @@ class Scheduler:
         max_running_requests: int,
         reserve_per_step: int = 1,
         max_prefill_tokens: int = 16_384,
+        prefill_step: PrefillStep = "with_decode",
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if prefill_step not in PREFILL_STEPS:
+            raise ValueError(f"prefill_step={prefill_step!r} must be one of {PREFILL_STEPS}")
         if reserve_per_step < 1 or max_running_requests < 1 or max_prefill_tokens < 1:
             raise ValueError(
                 f"reserve_per_step={reserve_per_step}, max_running_requests="
@@ -77,6 +95,7 @@ class Scheduler:
         self.max_running_requests = max_running_requests
         self.reserve_per_step = reserve_per_step
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_step: PrefillStep = prefill_step
         self._clock = clock
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is the newest
@@ -145,6 +164,8 @@ class Scheduler:
         retracted = self._reserve_decode_windows()
         decode = list(self.running)
         prefill = [] if retracted else self._admit()
+        if prefill and self.prefill_step == "alone":  # the running ones decode next step
+            return SchedulePlan(prefill, [], retracted, released, paused=decode)
         return SchedulePlan(prefill, decode, retracted, released)
 
     def release_finished(self) -> list[Request]:

@@ -20,6 +20,7 @@ from eagletree.config.overlap import resolve_overlap
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from eagletree.app.scheduler import PrefillStep
     from eagletree.app.workers.step import Worker
     from eagletree.config.eagle_hook import ResolvedSpeculative, WorkerName
     from eagletree.config.settings import EngineSettings
@@ -111,9 +112,11 @@ def assemble_engine(
     eos_token_ids: Collection[int],
     tokenizer: Tokenizer | None,
     overlap: bool = False,
+    prefill_step: PrefillStep = "with_decode",
 ) -> Engine:
     """The engine over the built parts, with the checkpoint's tokenizer (None: ids only);
-    ``overlap``: it keeps one step in flight (``scheduler.overlap``)."""
+    ``overlap``: it keeps one step in flight (``scheduler.overlap``); ``prefill_step``: where
+    a plan's prefills run (``scheduler.prefill_step``)."""
     engine = Engine(
         worker,
         allocator,
@@ -123,6 +126,7 @@ def assemble_engine(
         max_running_requests=max_running_requests,
         eos_token_ids=eos_token_ids,
         overlap=overlap,
+        prefill_step=prefill_step,
     )
     engine.tokenizer = tokenizer
     return engine

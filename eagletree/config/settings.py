@@ -41,6 +41,7 @@ AttentionBackendName = Literal["auto", "torch", "triton", "flash"]
 KVMoveName = Literal["auto", "torch", "triton"]
 CudaGraphName = Literal["auto", "on", "off"]
 OverlapName = Literal["auto", "on", "off"]
+PrefillStepName = Literal["with_decode", "alone"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -139,6 +140,11 @@ class SchedulerSettings(_Section):
         default="auto",
         description="Launch step i + 1 before reading step i's tokens; auto: on for the v2 "
         "and plain workers on CUDA, else off.",
+    )
+    prefill_step: PrefillStepName = Field(
+        default="with_decode",
+        description="Run a plan's prefills in the step of its decode batch (with_decode) or "
+        "in a step of their own while the running requests wait one step (alone).",
     )
 
 

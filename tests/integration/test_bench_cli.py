@@ -126,6 +126,10 @@ def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
         (["--preset", "huge"], 2, "invalid choice: 'huge'"),
         (["--new-tokens", "many"], 2, "invalid int value: 'many'"),
         (["--draft-dir", "x"], 2, "--draft-dir needs --target"),
+        (["--arrivals", "0"], 2, "--arrivals must be at least 1"),
+        (["--arrivals", "2", "--hf"], 2, "run it without --arrivals"),
+        (["--prefill-step", "with_decode", "alone"], 2, "compared by --arrivals K"),
+        (["--prefill-step", "separate"], 2, "invalid choice: 'separate'"),
         (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
     ],
 )
@@ -143,3 +147,36 @@ def test_bad_flags_end_in_one_line_and_an_exit_status(
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert "Traceback" not in captured.err
+
+
+def test_the_arrivals_mode_counts_its_arrivals_tokens_and_steps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain decoding, synchronous on the CPU: every background request emits one token a step
+    it decodes, every arrival exactly --new-tokens, and the last arrival (arriving
+    (A - 1)·K steps in) ends the window after --new-tokens more steps."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    every, num_arrivals, new_tokens = 3, 3, 4
+    argv = tiny_run(
+        tmp_path, "--configs", "plain", "--batch-sizes", "1", "2",
+        "--arrivals", str(every), "--num-arrivals", str(num_arrivals),
+        "--prefill-step", "with_decode", "alone", "--out", str(tmp_path / "arrivals"),
+    )  # fmt: skip
+    assert argv[argv.index("--new-tokens") + 1] == str(new_tokens)
+    status, out, err = bench(argv, capsys)
+    assert status == 0, err
+    rows = json.loads((tmp_path / "arrivals.json").read_text())["rows"]
+    assert [(r["batch_size"], r["prefill_step"]) for r in rows] == [
+        (1, "with_decode"), (1, "alone"), (2, "with_decode"), (2, "alone"),
+    ]  # fmt: skip
+    for row in rows:
+        assert row["num_arrivals"] == num_arrivals == len(row["ttft_ms"])
+        assert row["num_arrival_tokens"] == num_arrivals * new_tokens
+        assert row["num_steps"] == (num_arrivals - 1) * every + new_tokens
+        lone = row["num_prefill_only_steps"]
+        assert lone == (num_arrivals if row["prefill_step"] == "alone" else 0)
+        background = row["batch_size"] * (row["num_steps"] - lone)
+        assert row["num_tokens"] == background + row["num_arrival_tokens"]
+        assert row["tokens_per_s"] > 0 and min(row["ttft_ms"]) > 0
+        assert row["mean_ttft_ms"] == pytest.approx(sum(row["ttft_ms"]) / num_arrivals)
+        assert f"| plain | {row['prefill_step']} | {row['batch_size']} | {every} steps |" in out

@@ -47,7 +47,10 @@ def test_show_prints_what_generate_runs_without_a_file_as_parseable_toml(
     assert shown["memory"]["page_size"] == 1
     assert shown["memory"]["debug_checks"] is False
     assert shown["scheduler"]["overlap"] == "auto"
+    assert shown["scheduler"]["prefill_step"] == "with_decode"
     assert shown["target"]["architecture"] == "LlamaForCausalLM"
+    monkeypatch.setenv("EAGLETREE_SCHEDULER__PREFILL_STEP", "alone")
+    assert show(capsys)["scheduler"]["prefill_step"] == "alone"
 
 
 def test_show_says_whether_the_engine_overlaps_and_why_not(

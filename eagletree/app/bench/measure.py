@@ -102,13 +102,13 @@ def measure_decode(
             engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep
         )
     except MeasurementError:  # raised on every replica together: they drain together too
-        _release(engine, requests, lockstep)
+        release_requests(engine, requests, lockstep)
         raise
     except BaseException:
         if not lockstep.grouped:  # a group's collectives would not match: the group ends
-            _release(engine, requests, lockstep)
+            release_requests(engine, requests, lockstep)
         raise
-    _release(engine, requests, lockstep)
+    release_requests(engine, requests, lockstep)
     return measurement
 
 
@@ -122,7 +122,7 @@ def _measure(
     on_tokens: Callable[[int], None],
     lockstep: Lockstep,
 ) -> DecodeMeasurement:
-    _step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
+    step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
     retracted_before = engine.stats.num_retracted
     for _ in range(warmup_steps):
         lockstep.step(engine)
@@ -134,7 +134,7 @@ def _measure(
         new = [len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True)]
         return min(new, default=math.inf)
 
-    _synchronize(cuda)
+    synchronize(cuda)
     started = time.perf_counter()
     problem = None
     while True:
@@ -148,8 +148,8 @@ def _measure(
         request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
         lockstep.step(engine)  # reads a step's tokens back (with overlap: the previous one's)
         num_steps += 1
-        problem = _running_problem(engine, requests, retracted_before, "the timed decode steps")
-    _synchronize(cuda)
+        problem = running_problem(engine, requests, retracted_before, "the timed decode steps")
+    synchronize(cuda)
     seconds = time.perf_counter() - started
     mine = sum(len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True))
     emitted = [  # tokens each speculative verify step emitted, per request
@@ -164,7 +164,7 @@ def _measure(
     seconds = -lockstep.minimum([-seconds])[0]  # the slowest replica's window
     tokens_per_step = emitted_sum / emitted_count if emitted_count else num_tokens / steps_run
     counts = profile_decode(engine, profile_steps, cuda, lockstep) if profile_steps > 0 else None
-    problem = _running_problem(engine, requests, retracted_before, "the profiled steps")
+    problem = running_problem(engine, requests, retracted_before, "the profiled steps")
     if not lockstep.minimum([problem is None])[0]:
         raise MeasurementError(lockstep.first_problem(problem))
     return DecodeMeasurement(
@@ -172,11 +172,11 @@ def _measure(
     )
 
 
-def _release(engine: Engine, requests: Sequence[Request], lockstep: Lockstep) -> None:
+def release_requests(engine: Engine, requests: Sequence[Request], lockstep: Lockstep) -> None:
     """Abort what is left of ``requests``, so that the engine can measure the next batch."""
     for request in requests:
         engine.abort(request.request_id)
-    _step_until(engine, lockstep, lambda: not engine.has_work(), "abort")
+    step_until(engine, lockstep, lambda: not engine.has_work(), "abort")
 
 
 def profile_decode(
@@ -185,11 +185,11 @@ def profile_decode(
     """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as profiler:
-        _synchronize(cuda)
+        synchronize(cuda)
         started = time.perf_counter()
         for _ in range(num_steps):
             lockstep.step(engine)
-        _synchronize(cuda)
+        synchronize(cuda)
         wall_s = time.perf_counter() - started
     events = profiler.events()
     launches, device_ms = count_launches(events, cuda)
@@ -245,12 +245,12 @@ def _is_top_level_aten(event: object) -> bool:
     return True
 
 
-def _synchronize(cuda: bool) -> None:
+def synchronize(cuda: bool) -> None:
     if cuda:
         torch.cuda.synchronize()  # SYNC: the wall clock must cover the queued kernels
 
 
-def _step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], phase: str) -> None:
+def step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], phase: str) -> None:
     for _ in range(100_000):
         all_done, all_idle = lockstep.minimum([done(), not engine.has_work()])
         if all_done:
@@ -261,7 +261,7 @@ def _step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], ph
     raise MeasurementError(f"{phase} did not finish in 100000 steps")
 
 
-def _running_problem(
+def running_problem(
     engine: Engine, requests: Sequence[Request], retracted_before: int, phase: str
 ) -> str | None:
     """Why the numbers would mean less (every request must decode through the whole window),

@@ -2,8 +2,9 @@
 
 Without a settings file the defaults follow the device (CPU: float32 and the torch backends;
 CUDA: bfloat16 and Triton); flags override either. The KV pool, the context and the number of
-running requests are sized for the largest batch and the longest configuration, so that no
-request is retracted or cut short while it is measured.
+running requests are sized for the largest batch and the longest configuration (with
+``--arrivals``, the background batch and every arrival at once), so that no request is
+retracted or cut short while it is measured.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from eagletree.app.bench.arrivals import background_budget
 from eagletree.app.bench.checkpoints import DraftKind, ensure_preset_checkpoint
 from eagletree.app.bench.configs import BenchConfig
 from eagletree.app.bench.measure import token_budget
@@ -82,13 +84,17 @@ def plan_run(
         raise ConfigurationError(f"{target} holds no config.json: not a checkpoint directory")
     spec = [c for c in configs if c.speculative]
     most_per_step = max(c.max_tokens_per_step for c in configs)
-    context = (
-        args.prompt_len
-        + 1
-        + token_budget(args.new_tokens, args.warmup_steps, args.profile_steps, most_per_step)
-    )
+    if args.arrivals is not None:  # the background batch outlasts the window; arrivals join it
+        budget = background_budget(
+            args.new_tokens, args.arrivals, args.num_arrivals, args.warmup_steps, most_per_step
+        )
+        extra_requests = args.num_arrivals
+    else:
+        budget = token_budget(args.new_tokens, args.warmup_steps, args.profile_steps, most_per_step)
+        extra_requests = 0
+    context = args.prompt_len + 1 + budget
     window = max([2 * max(c.num_steps * c.topk, c.num_draft_tokens) for c in spec] or [2])
-    max_bs = max([*args.batch_sizes, 1])
+    max_bs = max([*args.batch_sizes, 1]) + extra_requests
     needed_slots = max_bs * (context + window + 16)
     memory_update = {
         "max_running_requests": max_bs,
@@ -107,7 +113,10 @@ def plan_run(
             "memory": base.memory.model_copy(update=memory_update),
             "backend": backend.model_copy(update=backend_update),
             "scheduler": base.scheduler.model_copy(
-                update={"overlap": args.overlap or base.scheduler.overlap}
+                update={
+                    "overlap": args.overlap or base.scheduler.overlap,
+                    "prefill_step": (args.prefill_step or [base.scheduler.prefill_step])[0],
+                }
             ),
         }
     )

@@ -3,7 +3,9 @@
 A row is one (configuration, batch size). ``break_even`` is the speculative row's step time
 divided by the plain row's at the same batch size: the mean acceptance length at which
 speculation starts to pay. On the CPU the launch column counts top-level aten operators and
-there is no device time, so those columns are named and filled accordingly.
+there is no device time, so those columns are named and filled accordingly. With
+``--arrivals`` a row is one (configuration, batch size, prefill step) of the arrivals mode
+(``ArrivalRow``, ``render_arrivals_markdown``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,25 @@ class HFRow:
     @property
     def same_tokens(self) -> bool:
         return self.matching_share == 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalRow:
+    """One arrivals run: ``batch_size`` background requests, one arrival every ``arrival_every``
+    steps, ``num_arrivals`` in all; tok/s of every request over the window."""
+
+    config: str
+    prefill_step: str
+    batch_size: int
+    arrival_every: int
+    num_arrivals: int
+    tokens_per_s: float
+    mean_ttft_ms: float
+    num_steps: int
+    num_tokens: int
+    num_arrival_tokens: int
+    num_prefill_only_steps: int
+    ttft_ms: tuple[float, ...] = ()  # per arrival, in arrival order (JSON only)
 
 
 def with_break_even(rows: Sequence[BenchRow], plain: str = "plain") -> list[BenchRow]:
@@ -122,16 +143,46 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
+def render_arrivals_markdown(header: str, rows: Sequence[ArrivalRow]) -> str:
+    """The header line and one table row per arrivals run."""
+    lines = [
+        header,
+        "",
+        "| config | prefill step | bs | arrival every | arrivals | tok/s | mean TTFT ms | steps "
+        "| lone prefill steps |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [
+            r.config,
+            r.prefill_step,
+            str(r.batch_size),
+            f"{r.arrival_every} steps",
+            str(r.num_arrivals),
+            _number(r.tokens_per_s),
+            _number(r.mean_ttft_ms),
+            str(r.num_steps),
+            str(r.num_prefill_only_steps),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report_json(
     header: Mapping[str, Any],
-    rows: Sequence[BenchRow],
+    rows: Sequence[BenchRow | ArrivalRow],
     hf_rows: Sequence[HFRow],
     settings: Mapping[str, Any],
 ) -> dict[str, Any]:
     """Everything the markdown shows, unrounded, plus the settings each engine was built from."""
     return {
         **header,
-        "rows": [{**dataclasses.asdict(r), "device_busy": r.device_busy} for r in rows],
+        "rows": [
+            {**dataclasses.asdict(r), "device_busy": r.device_busy}
+            if isinstance(r, BenchRow)
+            else dataclasses.asdict(r)
+            for r in rows
+        ],
         "hf": [{**dataclasses.asdict(h), "same_tokens": h.same_tokens} for h in hf_rows],
         "settings": dict(settings),
     }

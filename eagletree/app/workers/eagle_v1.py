@@ -109,7 +109,7 @@ class EagleWorkerV1:
     def step(self, plan: SchedulePlan) -> StepOutput:
         """Prefill the plan's new requests, run one tree step over its running ones (an idle
         tree step, bs == 0, when the plan has neither)."""
-        self._state.retain(plan.prefill + plan.decode)
+        self._state.retain(plan.live)
         return speculative_step(plan, self._prefill, self._decode)
 
     def _prefill(self, requests: list[Request]) -> StepOutput:

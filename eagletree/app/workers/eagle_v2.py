@@ -132,7 +132,7 @@ class EagleWorkerV2:
         A plan without requests runs an idle tree step (bs == 0) through every phase, as a
         data-parallel rank without requests must.
         """
-        self._parts.state.retain(plan.prefill + plan.decode)
+        self._parts.state.retain(plan.live)
         exact = plan.exact_lengths
         return speculative_step(
             plan, self._prefill, lambda requests: self._decode(requests, exact_lengths=exact)

@@ -161,7 +161,7 @@ class MultiLayerEagleWorkerV2:
     def step(self, plan: SchedulePlan) -> StepOutput:
         """Prefill the plan's new requests, verify the running ones' chains (an idle step,
         bs == 0, through every phase when the plan has neither)."""
-        self._state.retain(plan.prefill + plan.decode)
+        self._state.retain(plan.live)
         exact = plan.exact_lengths
         return speculative_step(
             plan, self._prefill, lambda requests: self._decode(requests, exact_lengths=exact)

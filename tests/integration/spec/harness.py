@@ -16,6 +16,7 @@ from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
 from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.app.engine import Engine
+from eagletree.app.scheduler import PrefillStep
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.tree import TreeMaskMode
@@ -117,11 +118,13 @@ def plain_engine(
     use_cuda_graphs: bool = False,
     overlap: bool = False,
     run_ahead: bool | None = None,
+    prefill_step: PrefillStep = "with_decode",
 ) -> Engine:
     """A non-speculative engine; with ``graph_buckets`` its decode steps run padded (from CUDA
     graphs with ``use_cuda_graphs``), over one req_to_token row more for the padding.
     ``overlap``: the engine keeps one step in flight; ``run_ahead`` (default: ``overlap``): the
-    worker keeps its pending tokens on the device, which overlap needs."""
+    worker keeps its pending tokens on the device, which overlap needs; ``prefill_step``:
+    where a plan's prefills run (the scheduler's)."""
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + 8)
     runner = _target_runner(models, memory, backend)
@@ -140,6 +143,7 @@ def plain_engine(
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
         overlap=overlap,
+        prefill_step=prefill_step,
     )
 
 
@@ -169,10 +173,11 @@ def speculative_engine(
     graph_buckets: Sequence[int] = (),
     use_cuda_graphs: bool = False,
     overlap: bool = False,
+    prefill_step: PrefillStep = "with_decode",
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
-    ``graph_buckets`` and ``use_cuda_graphs`` as ``plain_engine``'s; ``overlap``: the engine
-    keeps one step in flight."""
+    ``graph_buckets``, ``use_cuda_graphs`` and ``prefill_step`` as ``plain_engine``'s;
+    ``overlap``: the engine keeps one step in flight."""
     reserve = 2 * max(num_steps * topk, num_draft_tokens)
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + reserve + 4)
@@ -201,6 +206,7 @@ def speculative_engine(
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
         overlap=overlap,
+        prefill_step=prefill_step,
     )
     return SpecEngine(engine, worker, target, draft, memory)
 

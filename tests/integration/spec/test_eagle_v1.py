@@ -21,7 +21,7 @@ from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import KVLayout, MHALayout
 from eagletree.app.engine import Engine
-from eagletree.app.scheduler import SchedulePlan, free_window_tail
+from eagletree.app.scheduler import PrefillStep, SchedulePlan, free_window_tail
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.step import StepOutput
 from eagletree.domain.request import FinishReason, Request, SamplingParams
@@ -123,6 +123,7 @@ def v1_engine(
     eos_token_ids: Sequence[int] = (),
     wrap_draft: Callable[[DraftModelRunner], DraftRunner] | None = None,
     backend: str = "torch",
+    prefill_step: PrefillStep = "with_decode",
 ) -> V1Engine:
     num_steps, topk, n = config
     allocator = DeviceSlotAllocator(pool_size, models.device, debug_checks=True)
@@ -159,6 +160,7 @@ def v1_engine(
         max_context_len=CONTEXT_LEN,
         max_running_requests=max_running,
         eos_token_ids=eos_token_ids,
+        prefill_step=prefill_step,
     )
     return V1Engine(engine, worker, target, allocator, table)
 

@@ -18,7 +18,7 @@ from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.random_checkpoint import sizes_with
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.app.engine import Engine
-from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.scheduler import PrefillStep, SchedulePlan
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
@@ -168,12 +168,13 @@ def mtp_engine(
     graph_buckets: Sequence[int] = (),
     use_cuda_graphs: bool = False,
     overlap: bool = False,
+    prefill_step: PrefillStep = "with_decode",
 ) -> MTPEngine:
     """An engine over ``num_steps`` MTP layers, each runner with its own KV pool (and its own
     req_to_token pool when ``own_tables``). With ``prompts`` the layers are oracles of their
     greedy continuations. ``first_runners_pool`` wires every layer to layer 0's pool, table
     and backend — upstream's bug, for showing that the regression check catches it.
-    ``overlap``: the engine keeps one step in flight."""
+    ``overlap``: the engine keeps one step in flight; ``prefill_step``: the scheduler's."""
     n = num_steps + 1
     allocator = DeviceSlotAllocator(pool_size, models.device, debug_checks=True)
     width = CONTEXT_LEN + 2 * n + 4
@@ -224,6 +225,7 @@ def mtp_engine(
             max_context_len=CONTEXT_LEN,
             max_running_requests=max_running,
             overlap=overlap,
+            prefill_step=prefill_step,
         )
     )
     return MTPEngine(holder[0], worker, target, pools, drafts, allocator, table)

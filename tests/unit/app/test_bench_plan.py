@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from eagletree.app.bench.arrivals import background_budget
 from eagletree.app.bench.configs import parse_config, parse_configs
 from eagletree.app.bench.measure import token_budget
 from eagletree.app.bench.plan import plan_run, settings_for
@@ -75,3 +76,20 @@ def test_a_settings_file_gives_the_defaults_and_flags_override_it(
     assert p.base.scheduler.overlap == "auto"
     args = parser().parse_args(["--settings", str(file), "--overlap", "off"])
     assert plan_run(args, parse_configs(["plain"]), notify=print).base.scheduler.overlap == "off"
+
+
+def test_the_arrivals_mode_sizes_for_the_background_batch_and_every_arrival(
+    checkpoint: Path,
+) -> None:
+    argv = ["--target", str(checkpoint), "--device", "cpu", "--batch-sizes", "4", "16"]
+    arrivals = [*argv, "--arrivals", "5", "--num-arrivals", "6", "--prefill-step", "alone"]
+    plain = plan_run(parser().parse_args(argv), parse_configs(["chain:S3"]), notify=print).base
+    args = parser().parse_args(arrivals)
+    base = plan_run(args, parse_configs(["chain:S3"]), notify=print).base
+    assert plain.scheduler.prefill_step == "with_decode"
+    assert base.scheduler.prefill_step == "alone"
+    assert base.memory.max_running_requests == 16 + 6
+    budget = background_budget(48, 5, 6, warmup_steps=2, max_tokens_per_step=4)
+    assert base.model.max_context_len is not None
+    assert base.model.max_context_len >= 256 + budget + 1
+    assert base.memory.max_total_tokens >= (16 + 6) * base.model.max_context_len

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.app.scheduler import SchedulePlan, Scheduler
+from eagletree.app.scheduler import PREFILL_STEPS, PrefillStep, SchedulePlan, Scheduler
 from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
 from tests.hypothesis_profiles import examples
 
@@ -39,6 +39,7 @@ def make_scheduler(
     reserve: int = 1,
     max_running: int = 8,
     max_prefill_tokens: int = 1024,
+    prefill_step: PrefillStep = "with_decode",
 ) -> tuple[Scheduler, DeviceSlotAllocator, TensorReqToTokenPool]:
     allocator = DeviceSlotAllocator(pool_size, "cpu")
     table = TensorReqToTokenPool(max_requests, CONTEXT + reserve + 4, "cpu")
@@ -48,6 +49,7 @@ def make_scheduler(
         max_running_requests=max_running,
         reserve_per_step=reserve,
         max_prefill_tokens=max_prefill_tokens,
+        prefill_step=prefill_step,
         clock=Clock(),
     )
     return scheduler, allocator, table
@@ -98,6 +100,29 @@ def test_a_new_request_prefills_in_the_iteration_where_running_ones_decode() -> 
     assert plan.decode == [first]
 
 
+def test_a_prefill_alone_pauses_the_running_requests_for_one_iteration() -> None:
+    scheduler, allocator, table = make_scheduler(reserve=3, prefill_step="alone")
+    rng = random.Random(0)
+    first = make_request(0)
+    scheduler.add(first)
+    simulate_step(scheduler.schedule(), 2, rng)
+    second = make_request(1)
+    scheduler.add(second)
+    plan = scheduler.schedule()
+    assert (plan.prefill, plan.decode, plan.paused) == ([second], [], [first])
+    assert plan.live == [second, first]
+    assert first.allocated_len >= first.committed_len + 3  # its window stays backed
+    check_slot_ownership(scheduler, allocator, table)
+    simulate_step(plan, 2, rng)
+    plan = scheduler.schedule()  # nothing to admit: everyone decodes
+    assert (plan.prefill, plan.decode, plan.paused) == ([], [first, second], [])
+
+
+def test_an_unknown_prefill_step_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefill_step='beside' must be one of"):
+        make_scheduler(prefill_step="beside")  # type: ignore[arg-type]
+
+
 def test_windows_reach_the_reserve_past_the_committed_length_and_rows_hold_the_slots() -> None:
     scheduler, allocator, table = make_scheduler(reserve=6)
     rng = random.Random(1)
@@ -118,14 +143,24 @@ def test_windows_reach_the_reserve_past_the_committed_length_and_rows_hold_the_s
     reserve_case=st.sampled_from([(1, 1), (4, 2), (8, 4), (12, 6)]),
     pool_size=st.integers(60, 160),
     num_requests=st.integers(1, 10),
+    prefill_step=st.sampled_from(PREFILL_STEPS),
 )
 def test_random_workloads_never_free_per_step_and_end_with_every_slot_and_row_free(
-    seed: int, reserve_case: tuple[int, int], pool_size: int, num_requests: int
+    seed: int,
+    reserve_case: tuple[int, int],
+    pool_size: int,
+    num_requests: int,
+    prefill_step: PrefillStep,
 ) -> None:
     reserve, max_commit = reserve_case
     rng = random.Random(seed)
     scheduler, allocator, table = make_scheduler(
-        pool_size=pool_size, max_requests=4, reserve=reserve, max_running=4, max_prefill_tokens=32
+        pool_size=pool_size,
+        max_requests=4,
+        reserve=reserve,
+        max_running=4,
+        max_prefill_tokens=32,
+        prefill_step=prefill_step,
     )
     requests = [
         make_request(i, prompt_len=rng.randint(1, 12), max_new_tokens=rng.randint(1, 20))
@@ -143,10 +178,17 @@ def test_random_workloads_never_free_per_step_and_end_with_every_slot_and_row_fr
             kept = before.get(request.request_id)
             if kept is not None:
                 assert row_slots(table, request)[: len(kept)] == kept
-        for request in plan.decode:
+        for request in plan.decode + plan.paused:
             assert request.allocated_len >= request.committed_len + reserve
         for request in plan.prefill:
             assert request.allocated_len == request.num_tokens
+        assert sorted(r.request_id for r in plan.live) == sorted(
+            r.request_id for r in scheduler.running
+        )
+        if prefill_step == "alone" and plan.prefill:
+            assert plan.decode == []
+        else:
+            assert plan.paused == []
         check_slot_ownership(scheduler, allocator, table)
         simulate_step(plan, max_commit, rng)
         steps += 1

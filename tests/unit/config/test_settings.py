@@ -159,6 +159,21 @@ def test_a_typo_in_the_environment_names_the_variable(monkeypatch: pytest.Monkey
     ) in str(raised.value)
 
 
+def test_prefill_step_takes_with_decode_or_alone_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert EngineSettings().scheduler.prefill_step == "with_decode"
+    monkeypatch.setenv("EAGLETREE_SCHEDULER__PREFILL_STEP", "alone")
+    assert EngineSettings().scheduler.prefill_step == "alone"
+    monkeypatch.setenv("EAGLETREE_SCHEDULER__PREFILL_STEP", "separate")
+    with pytest.raises(SettingsError) as raised:
+        EngineSettings()
+    assert (
+        "scheduler.prefill_step (EAGLETREE_SCHEDULER__PREFILL_STEP) = 'separate': "
+        "allowed values are 'with_decode', 'alone'"
+    ) in str(raised.value)
+
+
 def test_a_misspelt_key_lists_the_known_ones(tmp_path: Path) -> None:
     path = write(tmp_path, "s.yaml", "speculative:\n  eagle_top_k: 4\n")
     with pytest.raises(SettingsError) as raised:
