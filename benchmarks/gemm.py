@@ -21,6 +21,7 @@ import argparse
 import itertools
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -90,13 +91,13 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
     def tbps(us: float) -> float:
         return moved / (us * 1e-6) / 1e12
 
-    cublas = replay_us([lambda w=w: F.linear(x, w) for w in weights], device)
+    cublas = replay_us([partial(F.linear, x, w) for w in weights], device)
     lt = float("nan")
     if device.type == "cuda":
         previous = torch.backends.cuda.preferred_blas_library()
         torch.backends.cuda.preferred_blas_library("cublaslt")
         try:
-            lt = replay_us([lambda w=w: F.linear(x, w) for w in weights], device)
+            lt = replay_us([partial(F.linear, x, w) for w in weights], device)
         finally:
             torch.backends.cuda.preferred_blas_library(previous)
     best: tuple[float, SkinnyConfig] | None = None
@@ -108,7 +109,7 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
         error = (out.float() - reference).abs().max().item()
         if error > 0.05 * reference.abs().max().item() + 1e-2:
             raise AssertionError(f"{shape.name} rows {rows} {cfg}: max error {error}")
-        us = replay_us([lambda w=w, c=cfg: skinny_gemm(x, w, config=c) for w in weights], device)
+        us = replay_us([partial(skinny_gemm, x, w, config=cfg) for w in weights], device)
         if best is None or us < best[0]:
             best = (us, cfg)
     assert best is not None, "no Triton config ran"
