@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         _note(f"error: {error}")
         return 1
     world_size = settings.parallel.tp_size * settings.parallel.dp_size
-    if world_size == 1 or distributed.in_process_group():  # a spawned rank: its parent tears down
+    if world_size == 1 or distributed.in_process_group():  # one process, or a spawned rank
         return _serve(args, settings)
     if not distributed.launched_by_torchrun():
         return _spawn_ranks(args, world_size, _note)
