@@ -85,6 +85,21 @@ def join_launched_group(timeout: datetime.timedelta = COLLECTIVE_TIMEOUT) -> Non
     dist.init_process_group(backend, timeout=timeout)
 
 
+def leave_group(*, together: bool) -> None:
+    """Destroy every process group this rank made, the default one last, before it exits.
+
+    A process that exits with its groups alive leaves their gloo contexts and worker threads to
+    the interpreter's finalization, which aborts it now and then ("terminate called without an
+    active exception", SIGABRT). With ``together`` (this rank finished its work) it first waits
+    at a barrier until every rank has: a rank tearing its gloo pairs down while a peer still
+    talks over them aborts that peer the same way. After a failure there is no barrier (the
+    peers may be gone, or waiting in a collective that will never match it).
+    """
+    if together:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def _use_rank_gpu(local_rank: int) -> None:
     # NCCL communicators and Triton launches use the current device: make it the rank's own
     if torch.cuda.is_available():
@@ -203,11 +218,9 @@ def _rank_main(
     join_process_group(rank, world_size, port, timeout=timeout)
     try:
         main(rank, *args)
-        # every rank done before any tears the group down: a peer destroying its gloo pairs
-        # while another still talks to it aborts that process ("terminate called without an
-        # active exception"); the marker tells a deadline which ranks only wait here
+        # the marker tells a deadline which ranks only wait at the final barrier
         failures.put((time.time(), rank, None))
-        dist.barrier()
+        leave_group(together=True)
     except SystemExit as exit_:  # a command's exit status; it printed its own message
         failures.put((time.time(), rank, f"exited with status {exit_.code}"))
         raise
@@ -216,7 +229,8 @@ def _rank_main(
         failures.put((time.time(), rank, traceback.format_exc()))
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # this rank failed, or its final barrier did
+            leave_group(together=False)
 
 
 def spawn_ranks(

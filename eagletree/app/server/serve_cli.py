@@ -5,7 +5,8 @@ replicas (with both, M replicas of N ranks): launched by torchrun, this process 
 N·M ranks; otherwise it spawns them and waits, forwarding SIGINT / SIGTERM to rank 0. Rank 0
 serves HTTP and hands every step's commands to the others (``lockstep``); data-parallel, it
 places each request on a replica and the replicas report its tokens back (``replica_loop``).
-It stops the others with its last broadcast, and the group ends through the final barrier.
+It stops the others with its last broadcast, and the group ends through the final barrier:
+spawned or torchrun's, every rank destroys its groups only once all are done.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagletree.domain.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from eagletree.config.settings import EngineSettings
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted (SIGINT / SIGTERM); 1 with a message for bad settings."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401  (checked first: _serve imports them again)
 
-        from eagletree.app.server.openai_api import create_app
+        from eagletree.app.server.openai_api import create_app  # noqa: F401
     except ImportError as error:
         print(
             f"error: eagletree serve needs the serve extra (pip install 'eagletree[serve]'): "
@@ -34,11 +39,42 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     from eagletree.app import distributed
+    from eagletree.app.generate_cli import prepare_settings, with_parallel
+
+    if not 0 <= args.port <= 65535:
+        _note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
+        return 1
+    try:
+        settings = with_parallel(prepare_settings(args.settings, _note), args.tp, args.dp)
+    except (ConfigurationError, ValueError) as error:
+        _note(f"error: {error}")
+        return 1
+    world_size = settings.parallel.tp_size * settings.parallel.dp_size
+    if world_size == 1 or distributed.in_process_group():  # one process, or a spawned rank
+        return _serve(args, settings)
+    if not distributed.launched_by_torchrun():
+        return _spawn_ranks(args, world_size, _note)
+    distributed.join_launched_group()
+    status = 1
+    try:
+        status = _serve(args, settings)
+    finally:
+        # the ranks leave together once every one is done (rank 0: its loop stopped), so no
+        # gloo group outlives its rank's work nor is torn down under a peer still using it
+        distributed.leave_group(together=status == 0)
+    return status
+
+
+def _serve(args: argparse.Namespace, settings: EngineSettings) -> int:
+    """This process's part once it is in its group (if any): rank 0 serves, the others step."""
+    import uvicorn
+
+    from eagletree.app import distributed
     from eagletree.app.data_parallel import DataParallelEngine
     from eagletree.app.engine import Engine
-    from eagletree.app.generate_cli import prepare_settings, with_parallel
     from eagletree.app.server.engine_loop import EngineLoop
     from eagletree.app.server.lockstep import CommandBroadcast
+    from eagletree.app.server.openai_api import create_app
     from eagletree.app.server.replica_loop import (
         DataParallelLoop,
         Replica,
@@ -46,20 +82,9 @@ def run(args: argparse.Namespace) -> int:
         report_gather,
     )
 
-    def note(message: str) -> None:
-        print(message, file=sys.stderr)
-
-    if not 0 <= args.port <= 65535:
-        note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
-        return 1
+    tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
+    world_size = tp_size * dp_size
     try:
-        settings = with_parallel(prepare_settings(args.settings, note), args.tp, args.dp)
-        tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
-        world_size = tp_size * dp_size
-        if world_size > 1 and not distributed.in_process_group():
-            if not distributed.launched_by_torchrun():
-                return _spawn_ranks(args, world_size, note)
-            distributed.join_launched_group()
         # every rank makes its groups in the same order: the broadcast's, then the engine's
         broadcast = CommandBroadcast() if world_size > 1 else None
         if dp_size > 1:
@@ -68,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             engine, groups = Engine.from_settings(settings), None
     except (ConfigurationError, ValueError) as error:
-        note(f"error: {error}")
+        _note(f"error: {error}")
         return 1
     rank = distributed.group_rank()
     replica = None
@@ -79,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if broadcast is not None and rank != 0:
         # rank 0 stops the group (a terminal's Ctrl-C reaches every rank of it)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        note(f"rank {rank} of {world_size}: pid {os.getpid()}, stepping with rank 0")
+        _note(f"rank {rank} of {world_size}: pid {os.getpid()}, stepping with rank 0")
         if replica is None:
             broadcast.follow(engine)
         else:
@@ -112,11 +137,11 @@ def run(args: argparse.Namespace) -> int:
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, _stopping)
     if broadcast is not None:
-        note(f"rank 0 of {world_size}: pid {os.getpid()}, serving HTTP")
+        _note(f"rank 0 of {world_size}: pid {os.getpid()}, serving HTTP")
     loop.start()
     parallel = [f"tensor-parallel over {tp_size} ranks"] if tp_size > 1 else []
     parallel += [f"{dp_size} data-parallel replicas"] if dp_size > 1 else []
-    note(
+    _note(
         f"serving {name!r} on http://{args.host}:{args.port}/v1 "
         f"({', '.join([settings.model.device, settings.model.dtype, *parallel])}; API key "
         f"{'required' if api_key else 'not required'})"
@@ -126,9 +151,16 @@ def run(args: argparse.Namespace) -> int:
     finally:
         loop.stop()
     if loop.failure is not None:
-        note(f"error: the engine loop failed: {loop.failure!r}")
+        _note(f"error: the engine loop failed: {loop.failure!r}")
+        return 1
+    if loop.alive:  # still in a step or a collective: the group cannot be left together
+        _note("error: the engine loop did not stop")
         return 1
     return 0
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def _stopping(_number: int, _frame: object) -> None:

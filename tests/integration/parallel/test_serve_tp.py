@@ -121,7 +121,14 @@ class Launch:
         return answer
 
     def rank_pids(self) -> dict[int, int]:
-        return {int(rank): int(pid) for rank, pid in RANK_PID.findall(self.text())}
+        """Both ranks' pids from the log: a follower may print its line after rank 0 is healthy
+        (it does right before stepping), so wait for it a while."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            pids = {int(rank): int(pid) for rank, pid in RANK_PID.findall(self.text())}
+            if len(pids) == 2 or time.monotonic() >= deadline or self.process.poll() is not None:
+                return pids
+            time.sleep(0.1)
 
     def wait_exit(self) -> int:
         try:
