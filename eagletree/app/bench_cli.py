@@ -227,7 +227,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.tp * args.dp > 1 and not distributed.in_process_group():
         if not distributed.launched_by_torchrun():
             return _spawn_ranks(args, sys.stderr if err is None else err)
-        distributed.join_launched_group()
+        # this same command again, as a rank of torchrun's group, which it then leaves
+        return distributed.run_in_launched_group(lambda: run(args, out, err))
     rank = distributed.group_rank()
     if rank != 0:  # every rank measures; rank 0 reports
         out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process

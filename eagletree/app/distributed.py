@@ -100,6 +100,18 @@ def leave_group(*, together: bool) -> None:
     dist.destroy_process_group()
 
 
+def run_in_launched_group(work: Callable[[], int]) -> int:
+    """Join torchrun's group, run ``work`` (this rank's exit status), then leave the group:
+    together once it returned 0, alone after a failure."""
+    join_launched_group()
+    status = 1
+    try:
+        status = work()
+    finally:
+        leave_group(together=status == 0)
+    return status
+
+
 def _use_rank_gpu(local_rank: int) -> None:
     # NCCL communicators and Triton launches use the current device: make it the rank's own
     if torch.cuda.is_available():

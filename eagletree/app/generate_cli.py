@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if world_size > 1 and not distributed.in_process_group():
             if not distributed.launched_by_torchrun():
                 return _spawn_ranks(args, world_size, err)
-            distributed.join_launched_group()
+            # this same command again, as a rank of torchrun's group, which it then leaves
+            return distributed.run_in_launched_group(lambda: run(args, out, err))
         seed = args.seed
         if tp_size > 1 and args.temperature > 0 and seed is None:
             seed = distributed.agreed_seed()  # a replica's ranks must draw the same coins

@@ -54,15 +54,9 @@ def run(args: argparse.Namespace) -> int:
         return _serve(args, settings)
     if not distributed.launched_by_torchrun():
         return _spawn_ranks(args, world_size, _note)
-    distributed.join_launched_group()
-    status = 1
-    try:
-        status = _serve(args, settings)
-    finally:
-        # the ranks leave together once every one is done (rank 0: its loop stopped), so no
-        # gloo group outlives its rank's work nor is torn down under a peer still using it
-        distributed.leave_group(together=status == 0)
-    return status
+    # the ranks leave together once every one is done (rank 0: its loop stopped), so no gloo
+    # group outlives its rank's work nor is torn down under a peer still using it
+    return distributed.run_in_launched_group(lambda: _serve(args, settings))
 
 
 def _serve(args: argparse.Namespace, settings: EngineSettings) -> int:
