@@ -132,6 +132,15 @@ def server_engine(server_cache: Path) -> Engine:
         return Engine.from_settings(settings_for_run(load_settings(None), lambda _: None))
 
 
+@pytest.fixture
+def engines(server_cache: Path) -> Iterator[tuple[Engine, Engine]]:
+    """Two engines built alike: rank 0's (a leader, replica 0) and a follower's (replica 1)."""
+    leader, follower = server_engine(server_cache), server_engine(server_cache)
+    yield leader, follower
+    leader.close()
+    follower.close()
+
+
 @pytest.fixture(scope="session")
 def reference_engine(server_cache: Path) -> Iterator[Engine]:
     """An engine built from the same settings as the server, in this process."""

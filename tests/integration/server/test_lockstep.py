@@ -5,28 +5,14 @@ aborts included, and the loop broadcasts while idle and ``STOP`` last."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from eagletree import Engine
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.lockstep import STOP, StepCommand, SubmitCommand, follow
 from eagletree.app.streaming import StreamEvent
 from eagletree.domain.request import Request, SamplingParams
-from tests.integration.server.conftest import server_engine
 
 WAIT_S = 60.0
-
-
-@pytest.fixture
-def engines(server_cache: Path) -> Iterator[tuple[Engine, Engine]]:
-    """Rank 0's engine and a follower's, built alike."""
-    leader, follower = server_engine(server_cache), server_engine(server_cache)
-    yield leader, follower
-    leader.close()
-    follower.close()
 
 
 def test_a_follower_replaying_the_broadcasts_runs_rank_0s_steps(

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -23,19 +21,9 @@ from eagletree.app.server.replica_loop import (
 )
 from eagletree.app.streaming import StreamEvent
 from eagletree.domain.request import FinishReason, SamplingParams
-from tests.integration.server.conftest import server_engine
 
 WAIT_S = 60.0
 PROMPTS = ([1, 40, 41, 42], [7, 8], [3, 30, 31], [9, 90, 91, 92, 93])
-
-
-@pytest.fixture
-def engines(server_cache: Path) -> Iterator[tuple[Engine, Engine]]:
-    """Replica 0's engine (rank 0's) and replica 1's, built alike."""
-    leader, follower = server_engine(server_cache), server_engine(server_cache)
-    yield leader, follower
-    leader.close()
-    follower.close()
 
 
 class Events:
