@@ -1,0 +1,205 @@
+"""Application: the measurements of one `eagletree bench` run — one engine per configuration,
+built in turn (and freed before the next), measured at every batch size, or under arrivals,
+and transformers' ``generate`` on the plain configuration's checkpoint if asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from eagletree.app.bench.arrivals import ArrivalsMeasurement
+    from eagletree.app.bench.configs import BenchConfig
+    from eagletree.app.bench.lockstep import Lockstep
+    from eagletree.app.bench.measure import DecodeMeasurement
+    from eagletree.app.bench.plan import BenchPlan
+    from eagletree.app.bench.report import ArrivalRow, BenchRow, HFRow
+    from eagletree.app.engine import Engine
+    from eagletree.config.settings import EngineSettings
+
+
+def measure_all(
+    plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
+) -> tuple[list[BenchRow], list[ArrivalRow], list[HFRow], dict[str, Any]]:
+    from eagletree.app.bench.measure import measure_decode
+    from eagletree.app.bench.plan import settings_for
+    from eagletree.app.bench.progress import ProgressBar
+    from eagletree.app.bench.report import with_break_even
+    from eagletree.app.data_parallel_router import route_by_load
+
+    """Every configuration's engine, built in turn, measured at every batch size (or under
+    arrivals), with transformers' generate beside the plain one if asked: (rows with their
+    break-even τ, arrival rows, transformers rows, the settings each configuration ran)."""
+    rows: list[BenchRow] = []
+    arrival_rows: list[ArrivalRow] = []
+    hf_rows: list[HFRow] = []
+    used: dict[str, Any] = {}
+    for config in configs:
+        settings = settings_for(plan, config)
+        sizes = (("tp_size", args.tp), ("dp_size", args.dp))
+        update = {name: size for name, size in sizes if size > 1}
+        if update:
+            parallel = settings.parallel.model_copy(update=update)
+            settings = settings.model_copy(update={"parallel": parallel})
+        used[config.name] = settings.model_dump()
+        engine, replica, lockstep = _build(settings, err)
+        # random weights: an EOS token would end a request at a random step
+        engine.eos_token_ids = frozenset()
+        if args.arrivals is not None:
+            arrival_rows += _measure_arrivals(engine, config, plan, args, err)
+        for bs in args.batch_sizes if args.arrivals is None else ():
+            bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}", args.new_tokens)
+            prompts = _prompts(engine, bs, args)
+            # the router's placement of the batch over idle replicas, the same on every rank
+            placement = route_by_load([len(prompt) for prompt in prompts], [0] * lockstep.size)
+            m = measure_decode(
+                engine,
+                [prompt for prompt, r in zip(prompts, placement, strict=True) if r == replica],
+                new_tokens=args.new_tokens,
+                max_tokens_per_step=config.max_tokens_per_step,
+                warmup_steps=args.warmup_steps,
+                profile_steps=args.profile_steps,
+                cuda=plan.cuda,
+                on_tokens=bar.update,
+                lockstep=lockstep,
+            )
+            bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
+            rows.append(_row(config.name, m))
+        if args.hf and not config.speculative:
+            hf_rows = _measure_hf(plan, engine, args, err)
+        del engine
+        _release_memory(plan.cuda)
+    return with_break_even(rows), arrival_rows, hf_rows, used
+
+
+def _measure_arrivals(
+    engine: Engine, config: BenchConfig, plan: BenchPlan, args: argparse.Namespace, err: TextIO
+) -> list[ArrivalRow]:
+    """The arrivals rows of one engine: every batch size, under every ``--prefill-step``
+    (switched on its scheduler, so that both run on the same engine and graphs)."""
+    from eagletree.app.bench.arrivals import measure_arrivals
+    from eagletree.app.bench.progress import ProgressBar
+
+    rows = []
+    for bs in args.batch_sizes:
+        prompts = _prompts(engine, bs + args.num_arrivals, args)
+        for prefill_step in args.prefill_step or [plan.base.scheduler.prefill_step]:
+            engine.scheduler.prefill_step = prefill_step
+            label = f"{config.name:<20} bs {bs:>3} {prefill_step:<11}"
+            bar = ProgressBar(err, label, args.num_arrivals, unit="arrivals")
+            m = measure_arrivals(
+                engine,
+                prompts[:bs],
+                prompts[bs:],
+                every=args.arrivals,
+                new_tokens=args.new_tokens,
+                max_tokens_per_step=config.max_tokens_per_step,
+                warmup_steps=args.warmup_steps,
+                cuda=plan.cuda,
+                on_arrivals=bar.update,
+            )
+            bar.close(
+                f"{m.tokens_per_s:.1f} tok/s, TTFT {1000 * m.mean_time_to_first_token_s:.1f} ms"
+            )
+            rows.append(_arrival_row(config.name, prefill_step, m))
+    return rows
+
+
+def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> ArrivalRow:
+    from eagletree.app.bench.report import ArrivalRow
+
+    return ArrivalRow(
+        config=config,
+        prefill_step=prefill_step,
+        batch_size=m.batch_size,
+        arrival_every=m.arrival_every,
+        num_arrivals=m.num_arrivals,
+        tokens_per_s=m.tokens_per_s,
+        mean_ttft_ms=1000.0 * m.mean_time_to_first_token_s,
+        num_steps=m.num_steps,
+        num_tokens=m.num_tokens,
+        num_arrival_tokens=m.num_arrival_tokens,
+        num_prefill_only_steps=m.num_prefill_only_steps,
+        ttft_ms=tuple(1000.0 * t for t in m.time_to_first_token_s),
+    )
+
+
+def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep]:
+    """This rank's engine of ``settings``, its data-parallel replica and how it steps."""
+    from eagletree.app.bench.lockstep import ALONE, Lockstep
+    from eagletree.app.data_parallel import DataParallelEngine
+    from eagletree.app.engine import Engine
+
+    def progress(line: str) -> None:
+        print(line, file=err)
+
+    if settings.parallel.dp_size == 1:
+        return Engine.from_settings(settings, progress=progress), 0, ALONE
+    group = DataParallelEngine.from_settings(settings, progress=progress)
+    groups = group.groups
+    lockstep = Lockstep(groups.dp_group, groups.dp_size, groups.dp_rank)
+    return group.engine, groups.dp_rank, lockstep
+
+
+def _row(config: str, m: DecodeMeasurement) -> BenchRow:
+    from eagletree.app.bench.report import BenchRow
+
+    profile = m.profile
+    return BenchRow(
+        config=config,
+        batch_size=m.batch_size,
+        tokens_per_s=m.tokens_per_s,
+        ms_per_step=m.ms_per_step,
+        tokens_per_step=m.tokens_per_step,
+        launches_per_step=None if profile is None else profile.launches_per_step,
+        device_ms_per_step=None if profile is None else profile.device_ms_per_step,
+        profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
+        top_kernels=() if profile is None else profile.top_kernels,
+        num_steps=m.num_steps,
+        num_tokens=m.num_tokens,
+        replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),
+    )
+
+
+def _measure_hf(
+    plan: BenchPlan, engine: Engine, args: argparse.Namespace, err: TextIO
+) -> list[HFRow]:
+    from eagletree.app.bench.hf_compare import load_hf_model, measure_hf
+    from eagletree.app.factories import torch_dtype
+
+    model = load_hf_model(plan.target, torch_dtype(plan.base.model.dtype), plan.base.model.device)
+    rows = []
+    for bs in sorted({1, *args.batch_sizes}):
+        prompts = _prompts(engine, bs, args)
+        reference = [r.output_ids for r in engine.generate(prompts, args.new_tokens)]
+        row = measure_hf(model, prompts, args.new_tokens, reference, plan.cuda)
+        print(
+            f"{'transformers':<20} bs {bs:>3}: {row.tokens_per_s:.1f} tok/s, "
+            f"{row.matching_share:.0%} of the engine's plain tokens",
+            file=err,
+        )
+        rows.append(row)
+    del model
+    _release_memory(plan.cuda)
+    return rows
+
+
+def _prompts(engine: Engine, bs: int, args: argparse.Namespace) -> list[list[int]]:
+    """The same random prompts for every configuration at one batch size."""
+    import torch
+
+    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + bs)
+    ids = torch.randint(0, engine.vocab_size, (bs, args.prompt_len), generator=generator)
+    prompts: list[list[int]] = ids.tolist()
+    return prompts
+
+
+def _release_memory(cuda: bool) -> None:
+    import torch
+
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
