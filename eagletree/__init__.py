@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import Engine, GenerationResult
+    from eagletree.app.engine import Engine
+    from eagletree.app.engine_reports import GenerationResult
     from eagletree.app.streaming import StreamEvent
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError, EagleTreeError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it, imported on first access
 _LAZY = {
     "Engine": "eagletree.app.engine",
-    "GenerationResult": "eagletree.app.engine",
+    "GenerationResult": "eagletree.app.engine_reports",
     "StreamEvent": "eagletree.app.streaming",
     "EngineSettings": "eagletree.config.settings",
     "SamplingParams": "eagletree.domain.request",

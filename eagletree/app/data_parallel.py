@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from eagletree.app.data_parallel_router import load_of, route_by_load
-from eagletree.app.engine import EngineStats, GenerationResult, StepReport
+from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
 from eagletree.domain.request import RequestStatus, SamplingParams
 
 if TYPE_CHECKING:

@@ -28,7 +28,8 @@ from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.data_parallel import DataParallelEngine
-    from eagletree.app.engine import Engine, GenerationResult, StepReport
+    from eagletree.app.engine import Engine
+    from eagletree.app.engine_reports import GenerationResult, StepReport
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.request import AcceptanceStats
 

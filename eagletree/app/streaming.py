@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from eagletree.domain.request import FinishReason, RequestStatus
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import GenerationResult
+    from eagletree.app.engine_reports import GenerationResult
     from eagletree.domain.request import Request
     from eagletree.ports.tokenizer import Tokenizer
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.app.engine import Engine, GenerationResult, StepReport
+from eagletree.app.engine import Engine
+from eagletree.app.engine_reports import GenerationResult, StepReport
 from eagletree.app.forward_batches import BatchBuilder
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import SchedulePlan

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from eagletree.adapters.models.random_checkpoint import ModelSizes, sizes_with
-from eagletree.app.engine import Engine, GenerationResult
+from eagletree.app.engine import Engine
+from eagletree.app.engine_reports import GenerationResult
 from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
