@@ -100,8 +100,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``eagletree generate``; returns the exit status (0 ok, 1 bad input or settings)."""
     from eagletree.app import distributed  # imported here, as the engine: it pulls in torch
-    from eagletree.app.data_parallel import DataParallelEngine
-    from eagletree.app.engine import Engine
 
     # resolved at call time, so that a redirected sys.stdout / sys.stderr is honoured
     out = sys.stdout if out is None else out
@@ -113,18 +111,34 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     try:
         _check_flags(args, note)
         settings = with_parallel(prepare_settings(args.settings, note), args.tp, args.dp)
-        tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
-        if dp_size > 1 and args.stream:
+        if settings.parallel.dp_size > 1 and args.stream:
             raise ValueError(
                 "--stream is not supported with --dp (rank 0 sees only its own requests' tokens "
                 "as they come): drop --stream, or run with --dp 1"
             )
-        world_size = tp_size * dp_size
+        world_size = settings.parallel.tp_size * settings.parallel.dp_size
         if world_size > 1 and not distributed.in_process_group():
             if not distributed.launched_by_torchrun():
                 return _spawn_ranks(args, world_size, err)
-            # this same command again, as a rank of torchrun's group, which it then leaves
-            return distributed.run_in_launched_group(lambda: run(args, out, err))
+            # this rank's part inside torchrun's group, which it then leaves
+            return distributed.run_in_launched_group(lambda: _generate(args, settings, out, err))
+    except (ConfigurationError, ValueError) as error:
+        print(f"error: {error}", file=err)
+        return 1
+    return _generate(args, settings, out, err)
+
+
+def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, err: TextIO) -> int:
+    """This process's part once its settings are checked (and it is in its group, if any)."""
+    from eagletree.app import distributed
+    from eagletree.app.data_parallel import DataParallelEngine
+    from eagletree.app.engine import Engine
+
+    def note(message: str) -> None:
+        print(message, file=err)
+
+    tp_size, dp_size = settings.parallel.tp_size, settings.parallel.dp_size
+    try:
         seed = args.seed
         if tp_size > 1 and args.temperature > 0 and seed is None:
             seed = distributed.agreed_seed()  # a replica's ranks must draw the same coins
