@@ -64,3 +64,20 @@ def test_the_triton_kernel_equals_the_reference(
         assert torch.equal(tokens.cpu(), ref_tokens)
         torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
     assert probs.shape == tokens.shape == (rows, k)
+
+
+@pytest.mark.parametrize("chunk", [16, 512, 1024, 2048])
+@pytest.mark.parametrize("num_warps", [1, 4])
+def test_every_chunk_size_and_warp_count_equals_the_reference(
+    device: torch.device, chunk: int, num_warps: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draft_topk import TopKConfig
+    from eagletree.adapters.kernels.triton.draft_topk import top_k_probs as triton_top_k
+
+    # ragged last chunk, ties across chunk borders, a row that is -inf but for one chunk
+    logits = logits_with_hazards(3, 5000, seed=chunk + num_warps)
+    probs, tokens = triton_top_k(logits.to(device), 6, TopKConfig(chunk, num_warps))
+    ref_probs, ref_tokens = top_k_probs(logits, 6)
+    assert torch.equal(tokens.cpu(), ref_tokens)
+    torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)

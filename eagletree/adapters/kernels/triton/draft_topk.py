@@ -11,11 +11,24 @@ the lower token id, as in the reference; probabilities differ from its softmax b
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-_CHUNK = 4096  # vocabulary entries per first-stage program
+
+class TopKConfig(NamedTuple):
+    chunk: int  # vocabulary entries per first-stage program
+    num_warps: int
+
+
+def default_config(rows: int, vocab: int) -> TopKConfig:
+    """Chunks of 4096 entries on 8 warps: each program's K rounds of block-wide max/min
+    reductions cost the same whatever the chunk, so few, large chunks are cheapest while
+    the rows alone fill the machine."""
+    del rows, vocab
+    return TopKConfig(chunk=4096, num_warps=8)
 
 
 @triton.jit
@@ -105,8 +118,11 @@ def _merge_kernel(
     tl.store(tokens_ptr + row * K + offs_k, best_i, mask=offs_k < K)
 
 
-def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``domain.sampling.top_k_probs`` in two launches: (probs (rows, k) f32, tokens (rows, k))."""
+def top_k_probs(
+    logits: torch.Tensor, k: int, config: TopKConfig | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``domain.sampling.top_k_probs`` in two launches: (probs (rows, k) f32, tokens (rows, k));
+    ``config`` defaults to ``default_config(rows, vocab)``."""
     # logits: (rows, V), rows contiguous
     rows, vocab = logits.shape
     assert 1 <= k <= vocab and logits.stride(1) == 1
@@ -115,7 +131,8 @@ def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     tokens = torch.empty(rows, k, dtype=torch.int64, device=device)
     if rows == 0:
         return probs, tokens
-    chunk = min(_CHUNK, max(16, triton.next_power_of_2(vocab)))
+    config = default_config(rows, vocab) if config is None else config
+    chunk = min(config.chunk, max(16, triton.next_power_of_2(vocab)))
     num_chunks = triton.cdiv(vocab, chunk)
     block_k = max(2, triton.next_power_of_2(k))
     part_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
@@ -124,7 +141,7 @@ def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     part_i = torch.empty(rows, num_chunks, block_k, dtype=torch.int64, device=device)
     _chunk_kernel[(rows, num_chunks)](
         logits, logits.stride(0), part_max, part_sum, part_v, part_i, vocab, num_chunks,
-        K=k, BLOCK_K=block_k, CHUNK=chunk, num_warps=8,
+        K=k, BLOCK_K=block_k, CHUNK=chunk, num_warps=config.num_warps,
     )  # fmt: skip
     _merge_kernel[(rows,)](
         part_max, part_sum, part_v, part_i, probs, tokens, num_chunks,

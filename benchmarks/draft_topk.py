@@ -1,0 +1,87 @@
+"""Benchmark: the draft's top-k with probabilities (``draft_topk.top_k_probs``) over its tiles —
+vocabulary entries per first-stage program and warps per program — against torch's softmax +
+top-k, at the row counts a tree step gives it (bs × k rows: bs 1–64, k 1–8).
+
+Logits are bf16 over Llama-3's 128 256-entry vocabulary and EAGLE-3's 32 000. One CUDA graph runs
+the call over ``COPIES`` distinct logit buffers so that little is served from L2 and no launch is
+timed (``gemm.replay_us``); "µs" is the median replay divided by the calls. Every tile's tokens
+are checked against the reference first. Times are printed, never asserted.
+
+    PYTHONPATH=$PWD python3 benchmarks/draft_topk.py --out draft_topk.md
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/draft_topk.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from functools import partial
+
+import torch
+
+from benchmarks.gemm import replay_us
+from eagletree.adapters.kernels.triton.draft_topk import TopKConfig, default_config, top_k_probs
+from eagletree.domain.sampling import top_k_probs as reference_top_k
+
+VOCABS = (128256, 32000)
+ROWS = (4, 8, 32, 128, 256)
+K = 4
+COPIES = 4
+
+
+def tiles(smoke: bool) -> list[TopKConfig]:
+    if smoke:
+        return [TopKConfig(64, 1), TopKConfig(256, 2)]
+    return [TopKConfig(*c) for c in itertools.product((512, 1024, 2048, 4096), (1, 2, 4, 8))]
+
+
+def measure(vocab: int, rows: int, cfgs: list[TopKConfig], device: torch.device) -> str:
+    gen = torch.Generator().manual_seed(rows + vocab)
+    copies = [
+        (torch.randn(rows, vocab, generator=gen) * 3).to(torch.bfloat16).to(device)
+        for _ in range(COPIES)
+    ]
+    _, expected = reference_top_k(copies[0], K)
+    torch_us = replay_us([partial(reference_top_k, x, K) for x in copies], device)
+    default = default_config(rows, vocab)
+    timed: dict[TopKConfig, float] = {}
+    for cfg in [*cfgs, default]:
+        if cfg in timed:
+            continue
+        _, tokens = top_k_probs(copies[0], K, cfg)
+        if not torch.equal(tokens.cpu(), expected.cpu()):
+            raise AssertionError(f"vocab {vocab} rows {rows} {cfg}: tokens differ")
+        timed[cfg] = replay_us([partial(top_k_probs, x, K, cfg) for x in copies], device)
+    best = min(timed, key=timed.__getitem__)
+    return (
+        f"| {vocab} | {rows} | {torch_us:.1f} | {timed[default]:.1f} (c{default.chunk}"
+        f" w{default.num_warps}) | {timed[best]:.1f} | c{best.chunk} w{best.num_warps} |"
+        f" {timed[default] / timed[best]:.2f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="markdown file for the table")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    vocabs = (1000,) if args.smoke else VOCABS
+    rows_list = (4,) if args.smoke else ROWS
+    lines = [
+        "| vocab | rows | torch µs | default µs (tile) | best µs | best tile | default ÷ best |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    for vocab in vocabs:
+        for rows in rows_list:
+            line = measure(vocab, rows, tiles(args.smoke), device)
+            lines.append(line)
+            print(line, flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
