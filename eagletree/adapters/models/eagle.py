@@ -83,6 +83,12 @@ class EagleDraft(nn.Module):
         out: torch.Tensor = h if residual is None else residual + h
         return out
 
+    def fold_norms(self) -> None:
+        """Each layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
+        for layer in self.layers:
+            if isinstance(layer, LlamaDecoderLayer):
+                layer.fold_norms()
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype)."""
         logits: torch.Tensor = self.shared.lm_head(hidden)

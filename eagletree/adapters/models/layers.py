@@ -76,6 +76,17 @@ def input_step(
     return norm.add(h, residual)
 
 
+def fold_rms_weight(norm: RMSNorm, linear: nn.Linear) -> None:
+    """Move ``norm``'s weight into the input columns of the ``linear`` that reads its output
+    and set it to ones: ``linear(weight · n(x)) == linear'(n(x))`` for the unit-weight norm
+    ``n``, and, a row's statistic being a scalar, ``linear'(n(x)) == rsqrt(mean(x²) + eps) ·
+    linear'(x)`` — which lets a kernel after the GEMM apply the norm (``on_stream``)."""
+    with torch.no_grad():
+        folded = linear.weight.float() * norm.weight.float()[None, :]
+        linear.weight.copy_(folded.to(linear.weight.dtype))
+        norm.weight.fill_(1.0)
+
+
 def concat_norms(first: RMSNorm, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
     """``cat((first(x), second(y)), -1)``; the fused kernels write their halves in place."""
     # x: (num_tokens, H1), y: (num_tokens, H2) -> (num_tokens, H1 + H2)
@@ -125,6 +136,17 @@ class SwiGLU(nn.Module):
             act = nn.functional.silu(gate) * up
         out: torch.Tensor = self.down_proj(act)
         return out
+
+    def runs_on_stream(self, num_tokens: int) -> bool:
+        """Whether ``on_stream`` can run: fused kernels, down_proj streamed on one rank."""
+        return self.fused_kernels and self.down_proj.adds_residual(num_tokens)
+
+    def on_stream(self, stream: torch.Tensor, eps: float) -> torch.Tensor:
+        """``stream + self(norm(stream))`` where the norm's weight is folded into gate/up:
+        SiLU-and-mul applies the norm's statistic, down_proj's kernel adds the stream."""
+        # stream: (num_tokens, hidden) -> (num_tokens, hidden)
+        act = silu_and_mul(self.gate_up_proj(stream), stream, eps)
+        return self.down_proj.product(act, residual=stream)
 
 
 def rope_inverse_frequencies(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
@@ -271,7 +293,7 @@ class PreNormDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         rope: RopeTables,
         ctx: AttentionContext,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
         x, residual = input_step(self.input_layernorm, h, residual)
         x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)

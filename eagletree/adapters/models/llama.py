@@ -21,6 +21,7 @@ from eagletree.adapters.models.layers import (
     RopeTables,
     RotaryEmbedding,
     SwiGLU,
+    fold_rms_weight,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.stack import (
@@ -87,26 +88,53 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
-        # x: (num_tokens, width); q, k, v: strided head views of qkv (num_tokens, (H + 2·Hk)·D)
-        layer = self.layer
-        num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        q = q.view(num_tokens, layer.num_q_heads, layer.head_dim)
-        k = k.view(num_tokens, layer.num_kv_heads, layer.head_dim)
-        v = v.view(num_tokens, layer.num_kv_heads, layer.head_dim)
-        buffers = mha_kv_buffers(ctx.kv_pool, layer.layer_id) if self.fused_kernels else None
+        # x: (num_tokens, width) -> (num_tokens, hidden)
+        q, k, v = self._heads(x)
+        buffers = mha_kv_buffers(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
         if buffers is not None and not rope.interleaved:
-            k_buffer, v_buffer = buffers
-            out_cache_loc = ctx.batch.out_cache_loc
-            q = rope_kv_store(q, k, v, rope.cos, rope.sin, out_cache_loc, k_buffer, v_buffer)
+            q = rope_kv_store(q, k, v, rope.cos, rope.sin, ctx.batch.out_cache_loc, *buffers)
             # k, v are ignored with save_kv=False: the backend reads every key from the pool
-            o = ctx.backend.forward(q, k, v, layer, ctx.batch, save_kv=False)
+            o = ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
         else:
             q, k = rope.rotate(q), rope.rotate(k)
             # o: (num_tokens, num_q_heads * head_dim)
-            o = ctx.backend.forward(q, k, v, layer, ctx.batch)
+            o = ctx.backend.forward(q, k, v, self.layer, ctx.batch)
         out: torch.Tensor = self.o_proj(o)
         return out
+
+    def runs_on_stream(self, num_tokens: int, rope: RopeTables, ctx: AttentionContext) -> bool:
+        """Whether ``on_stream`` can run: RoPE fused with the KV store, o_proj streamed."""
+        return (
+            not rope.interleaved
+            and self.o_proj.adds_residual(num_tokens)
+            and mha_kv_buffers(ctx.kv_pool, self.layer.layer_id) is not None
+        )
+
+    def on_stream(
+        self, stream: torch.Tensor, rope: RopeTables, ctx: AttentionContext, eps: float | None
+    ) -> torch.Tensor:
+        """``stream + self(norm(stream))`` where the norm's weight is folded into ``qkv_proj``
+        (``eps`` None: no norm, as on an EAGLE head's first layer): the RoPE kernel applies
+        the norm's statistic to q, k and v, and o_proj's kernel adds the stream."""
+        # stream: (num_tokens, hidden) -> (num_tokens, hidden)
+        q, k, v = self._heads(stream)
+        buffers = mha_kv_buffers(ctx.kv_pool, self.layer.layer_id)
+        assert buffers is not None, "on_stream runs only where runs_on_stream said so"
+        norm_of = None if eps is None else stream
+        loc = ctx.batch.out_cache_loc
+        q = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, eps or 0.0)
+        o = ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
+        return self.o_proj.product(o, residual=stream)
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # x: (num_tokens, width) -> q (n, Hq, D), k, v (n, Hk, D): strided views of one GEMM
+        layer, num_tokens = self.layer, x.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        return (
+            q.view(num_tokens, layer.num_q_heads, layer.head_dim),
+            k.view(num_tokens, layer.num_kv_heads, layer.head_dim),
+            v.view(num_tokens, layer.num_kv_heads, layer.head_dim),
+        )
 
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
@@ -115,6 +143,8 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
     goes straight into attention), as SafeAILab's reference and SGLang do.
     """
+
+    self_attn: LlamaAttention
 
     def __init__(
         self,
@@ -130,6 +160,36 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
         self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels, tp=tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
         self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
+        self.norms_folded = False
+
+    def fold_norms(self) -> None:
+        """Fold both norms' weights into q/k/v and gate/up (``fold_rms_weight``), so that a
+        decode step's layer runs on the residual stream without a norm launch. Projections
+        with a bias keep their norms (the statistic would scale the bias too)."""
+        if self.self_attn.qkv_proj.bias is not None or self.mlp.gate_up_proj.bias is not None:
+            return
+        if self.input_layernorm is not None:
+            fold_rms_weight(self.input_layernorm, self.self_attn.qkv_proj)
+        fold_rms_weight(self.post_attention_layernorm, self.mlp.gate_up_proj)
+        self.norms_folded = True
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # h, residual: (num_tokens, hidden). Folded and streamed, the layer returns the stream
+        # itself with no residual beside it, which the next layer reads as a first layer would.
+        num_tokens = h.shape[0]
+        folded = self.norms_folded and self.mlp.runs_on_stream(num_tokens)
+        if not (folded and self.self_attn.runs_on_stream(num_tokens, rope, ctx)):
+            return super().forward(h, residual, rope, ctx)
+        stream = h if residual is None else residual + h
+        eps = None if self.input_layernorm is None else self.input_layernorm.eps
+        stream = self.self_attn.on_stream(stream, rope, ctx, eps)
+        return self.mlp.on_stream(stream, self.post_attention_layernorm.eps), None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -174,6 +234,12 @@ class LlamaForCausalLM(nn.Module):
     @property
     def kv_layout(self) -> MHALayout:
         return mha_layout(self.config, self.config.num_hidden_layers, self.tp)
+
+    def fold_norms(self) -> None:
+        """Each layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
+        for layer in self.layers:
+            if isinstance(layer, LlamaDecoderLayer):
+                layer.fold_norms()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

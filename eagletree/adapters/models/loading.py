@@ -131,6 +131,9 @@ def load_target(
         return None if rest.endswith("rotary_emb.inv_freq") else rest
 
     fill_module(model, TensorFiles(path), rename, f"{architecture} target")
+    if fused and isinstance(model, LlamaForCausalLM):
+        # decode steps then skip the norm launches (an inference model: never saved)
+        model.fold_norms()
     return model
 
 
@@ -203,6 +206,8 @@ def load_eagle_draft(
         return None if rest in ("embed_tokens.weight", "lm_head.weight") else rest
 
     fill_module(draft, files, rename, "EAGLE head")
+    if fused:
+        draft.fold_norms()
     return draft
 
 

@@ -118,15 +118,21 @@ class StreamedLinear(nn.Linear):
 
     def streams(self, x: torch.Tensor) -> bool:
         """Whether ``product(x)`` runs the weight-stream kernel."""
-        return self.fused_kernels and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.stride(-1) == 1
+        return self.streams_rows(x.shape[0]) and x.dim() == 2 and x.stride(-1) == 1
 
-    def product(self, x: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        """``x @ weight.T`` (+ bias)."""
-        # x: (num_tokens, in) -> (num_tokens, out)
+    def streams_rows(self, rows: int) -> bool:
+        return self.fused_kernels and rows <= MAX_ROWS
+
+    def product(
+        self, x: torch.Tensor, with_bias: bool = True, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ weight.T`` (+ bias) (+ ``residual``, added inside the weight-stream kernel)."""
+        # x: (num_tokens, in), residual: (num_tokens, out) -> (num_tokens, out)
         bias = self.bias if with_bias else None
         if self.streams(x):
-            return skinny_gemm(x, self.weight, bias)
-        return nn.functional.linear(x, self.weight, bias)
+            return skinny_gemm(x, self.weight, bias, residual=residual)
+        y = nn.functional.linear(x, self.weight, bias)
+        return y if residual is None else y + residual
 
 
 class ColumnParallelLinear(StreamedLinear):
@@ -194,6 +200,11 @@ class RowParallelLinear(StreamedLinear):
 
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(1) if parameter == "weight" else None
+
+    def adds_residual(self, rows: int) -> bool:
+        """Whether ``product(x, residual=…)`` of ``rows`` rows is one kernel: streamed, and on
+        one rank (with several, the sum is complete only after the all-reduce)."""
+        return self.streams_rows(rows) and not self.tp.is_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in / W) -> (num_tokens, out), the same on every rank

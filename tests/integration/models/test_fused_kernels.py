@@ -47,10 +47,14 @@ CONFIG = LlamaConfig(
 TOLERANCE = 1e-5  # relative to the largest logit, fp32
 
 
-def build(fused: bool, head_kind: str, device: torch.device) -> tuple[LlamaForCausalLM, object]:
+def build(
+    fused: bool, head_kind: str, device: torch.device, folded: bool = False
+) -> tuple[LlamaForCausalLM, object]:
     aux = (0, 1, 3) if head_kind == "eagle3" else ()
     target = LlamaForCausalLM(CONFIG, aux, fused_kernels=fused)
     perturb_parameters(target, seed=5)
+    if folded:
+        target.fold_norms()
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     head: EagleDraft | Eagle3Draft | MTPLayer
     if head_kind == "eagle":
@@ -60,11 +64,15 @@ def build(fused: bool, head_kind: str, device: torch.device) -> tuple[LlamaForCa
     else:
         head = Eagle3Draft(CONFIG, shared, 48, CONFIG.hidden_size, fused_kernels=fused)
     perturb_parameters(head, seed=6)
+    if folded and isinstance(head, EagleDraft):
+        head.fold_norms()
     return target.to(device).eval(), head.to(device).eval()
 
 
-def run(fused: bool, head_kind: str, device: torch.device) -> list[tuple[ModelOutput, ModelOutput]]:
-    target, head = build(fused, head_kind, device)
+def run(
+    fused: bool, head_kind: str, device: torch.device, folded: bool = False
+) -> list[tuple[ModelOutput, ModelOutput]]:
+    target, head = build(fused, head_kind, device, folded)
     assert isinstance(head, EagleDraft | Eagle3Draft | MTPLayer)
     memory = Memory(device)
     target_runner = TargetModelRunner(
@@ -94,12 +102,17 @@ def run(fused: bool, head_kind: str, device: torch.device) -> list[tuple[ModelOu
     return outputs
 
 
+@pytest.mark.parametrize("folded", [False, True], ids=["norms", "norms-folded"])
 @pytest.mark.parametrize("head_kind", ["eagle", "eagle3", "mtp"])
 def test_fused_kernels_give_the_logits_of_the_torch_path(
-    device: torch.device, head_kind: str
+    device: torch.device, head_kind: str, folded: bool
 ) -> None:
+    """Folded, the Llama layers of up to 64 rows run on the residual stream (the norms'
+    weights inside q/k/v and gate/up, their statistics applied by the RoPE and SiLU kernels,
+    the residual added by o_proj's and down_proj's); the reference keeps its norms."""
     requires_triton(device)
-    fused, reference = run(True, head_kind, device), run(False, head_kind, device)
+    fused = run(True, head_kind, device, folded)
+    reference = run(False, head_kind, device)
     for (target, draft), (ref_target, ref_draft) in zip(fused, reference, strict=True):
         assert relative_error(target.logits, ref_target.logits) < TOLERANCE
         assert relative_error(target.hidden_states, ref_target.hidden_states) < TOLERANCE

@@ -12,7 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagletree.adapters.models.eagle import EagleDraft
 from eagletree.adapters.models.eagle3 import Eagle3Draft
+from eagletree.adapters.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from eagletree.adapters.models.loading import (
     DraftKind,
     DraftModel,
@@ -29,7 +31,8 @@ from eagletree.adapters.models.random_checkpoint import (
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.tensor_files import module_tensors
 from eagletree.domain.errors import ConfigurationError
-from tests.integration.models.harness import Memory, Requests, random_prompts
+from tests.conftest import requires_triton
+from tests.integration.models.harness import Memory, Requests, random_prompts, relative_error
 
 SIZES = ModelSizes(
     vocab_size=96,
@@ -252,3 +255,31 @@ def test_mixture_of_experts_layers_are_refused(tmp_path: Path) -> None:
     edit_config(target_dir, first_k_dense_replace=1)
     with pytest.raises(ConfigurationError, match=r"layers 1\.\.4 are mixture-of-experts"):
         load_target(target_dir, torch.float32, "cpu")
+
+
+def test_with_fused_kernels_a_llama_target_and_its_eagle_head_load_with_their_norms_folded(
+    tmp_path: Path,
+) -> None:
+    requires_triton("cpu")
+    target_dir, draft_dir = write_random_checkpoint(
+        tmp_path, "llama", "eagle", seed=5, sizes=SIZES, dtype=torch.float32
+    )
+    assert draft_dir is not None
+    logits = []
+    for fused in (True, False):
+        models = load_models(target_dir, draft_dir, "eagle", torch.float32, "cpu", fused)
+        target, head = models.target, models.drafts[0]
+        assert isinstance(target, LlamaForCausalLM) and isinstance(head, EagleDraft)
+        layers = [*target.layers, *head.layers]
+        assert all(isinstance(layer, LlamaDecoderLayer) for layer in layers)
+        assert all(layer.norms_folded == fused for layer in layers)
+        if fused:  # the weights now live in q/k/v and gate/up
+            norms = [layer.post_attention_layernorm.weight for layer in layers]
+            assert all(bool((w == 1).all()) for w in norms)
+        memory = Memory(torch.device("cpu"))
+        parts = memory.runner_parts(models.target.kv_layout, "triton", torch.float32)
+        out = TargetModelRunner(models.target, *parts).forward(
+            Requests(memory, 2).extend(random_prompts(SIZES.vocab_size, [5, 3], seed=6))
+        )
+        logits.append(out.logits)
+    assert relative_error(logits[0], logits[1]) < 1e-5

@@ -71,6 +71,38 @@ def test_rope_kv_store_rotates_q_and_writes_the_pool_rows_set_kv_buffer_writes(
     assert not ours.get_key_buffer(0).float().any()  # another layer's buffer is not written
 
 
+@pytest.mark.parametrize(("dtype", "store"), CASES, ids=["fp32", "bf16"])
+def test_a_folded_norm_scales_q_k_and_v_by_the_streams_inverse_rms_first(
+    device: torch.device, dtype: torch.dtype, store: torch.dtype
+) -> None:
+    requires_triton(device)
+    generator = torch.Generator().manual_seed(12)
+    num_tokens, eps = 9, 1e-6
+    q = (torch.randn(num_tokens, Q_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
+    k = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
+    v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
+    # 1500 wide: more than one 1024-column block of the statistic's loop, the last one ragged
+    stream = (torch.randn(num_tokens, 1500, generator=generator) * 5).to(device, dtype)
+    positions = torch.randint(0, 500, (num_tokens,), generator=generator).to(device)
+    rope = RotaryEmbedding(RopeConfig(theta=10000.0), HEAD_DIM).to(device)(positions, dtype)
+    loc = (torch.randperm(SLOTS, generator=generator)[:num_tokens] + 1).to(device)
+    inverse_rms = torch.rsqrt(stream.float().pow(2).mean(-1) + eps)[:, None, None]
+    q_n, k_n, v_n = ((t.float() * inverse_rms).to(dtype) for t in (q, k, v))
+
+    expected = pool(dtype, store, device)
+    expected.set_kv_buffer(1, loc, rope.rotate(k_n), v_n)
+    ours = pool(dtype, store, device)
+    buffers = ours.get_key_buffer(1), ours.get_value_buffer(1)
+    q_rotated = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, stream, eps)
+
+    scale = float(torch.cat([q_n.flatten(), k_n.flatten()]).abs().max())
+    assert_computed_close(q_rotated, rope.rotate(q_n), scale)
+    assert_computed_close(ours.get_key_buffer(1), expected.get_key_buffer(1), scale)
+    assert_computed_close(ours.get_value_buffer(1), expected.get_value_buffer(1))
+    with pytest.raises(ValueError, match="norm_of must be"):
+        rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, stream[:3], eps)
+
+
 def test_mismatched_shapes_are_refused() -> None:
     q, k = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8)
     cos = torch.zeros(3, 8)

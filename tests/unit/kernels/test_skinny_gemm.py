@@ -48,6 +48,23 @@ def test_skinny_gemm_equals_the_linear_layer(
     assert_computed_close(out, reference(x, weight, b))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 17, MAX_ROWS])
+def test_a_residual_is_added_to_the_sum_before_its_one_rounding(
+    device: torch.device, dtype: torch.dtype, rows: int
+) -> None:
+    requires_triton(device)
+    x, weight, bias = operands(rows, DEPTH, dtype, device, seed=rows + 7)
+    residual = (10 * torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows))).to(
+        device, dtype
+    )
+    out = skinny_gemm(x, weight, bias, config=SMALL_TILE, residual=residual)
+    summed = F.linear(x.float(), weight.float(), bias.float()) + residual.float()
+    assert_computed_close(out, summed.to(dtype), scale=float(summed.abs().max()))
+    with pytest.raises(ValueError, match="the residual must be"):
+        skinny_gemm(x, weight, residual=residual[:, :-1])
+
+
 def test_row_parallel_layers_stream_only_a_decode_steps_rows(device: torch.device) -> None:
     requires_triton(device)
     down = RowParallelLinear(DEPTH, COLS, bias=True, fused_kernels=True).to(device)

@@ -7,6 +7,12 @@ refused: compiled for sm_90 the conversion did not match torch's bit for bit, so
 ``set_kv_buffer``. One program per (token, head): q heads first, then the kv heads, whose
 programs also copy that head's v. The launch turns off FMA contraction, which would otherwise
 fuse a product into the sum and round once where torch rounds twice.
+
+With ``norm_of`` the projection's input was a residual stream whose RMSNorm was folded away
+(its weight into the projection, ``layers.fold_rms_weight``): each program computes the
+token's ``rsqrt(mean(stream²) + eps)`` and scales q, k and v by it first, rounding them as
+the projection's output would have been rounded. That costs each program one read of the
+token's stream (from L2) and saves the norm's launch.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from eagletree.adapters.kernels.triton.row_rms import inverse_rms
 
 # storage dtypes the kernel refuses (``kv_rows`` keeps such pools on ``set_kv_buffer``)
 FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
@@ -27,6 +35,7 @@ def _rope_kv_store_kernel(
     cos_ptr,
     sin_ptr,
     loc_ptr,
+    norm_ptr,
     q_out_ptr,
     k_buf_ptr,
     v_buf_ptr,
@@ -37,6 +46,7 @@ def _rope_kv_store_kernel(
     stride_v_tok,
     stride_v_head,
     stride_rope,
+    stride_norm,
     stride_q_out_tok,
     stride_q_out_head,
     stride_k_buf_slot,
@@ -46,11 +56,18 @@ def _rope_kv_store_kernel(
     num_q_heads,
     half,
     v_dim,
+    norm_width,
+    eps,
     BLOCK_HALF: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    BLOCK_NORM: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
+    scale = 1.0
+    if HAS_NORM:
+        scale = inverse_rms(norm_ptr + token * stride_norm, norm_width, eps, BLOCK_NORM)
     cols = tl.arange(0, BLOCK_HALF)
     mask = cols < half
     rope_row = cos_ptr + token * stride_rope
@@ -67,6 +84,9 @@ def _rope_kv_store_kernel(
         src = k_ptr + token * stride_k_tok + (head - num_q_heads) * stride_k_head
     lo = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
     hi = tl.load(src + half + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        lo = (lo * scale).to(act).to(tl.float32)
+        hi = (hi * scale).to(act).to(tl.float32)
     # x·cos + rotate_half(x)·sin, each product and the sum rounded like torch's bf16/fp16 ops
     out_lo = ((lo * cos_lo).to(act).to(tl.float32) - (hi * sin_lo).to(act).to(tl.float32)).to(act)
     out_hi = ((hi * cos_hi).to(act).to(tl.float32) + (lo * sin_hi).to(act).to(tl.float32)).to(act)
@@ -87,6 +107,8 @@ def _rope_kv_store_kernel(
         v = tl.load(
             v_ptr + token * stride_v_tok + kv_head * stride_v_head + v_cols, mask=v_mask, other=0.0
         )
+        if HAS_NORM:
+            v = (v.to(tl.float32) * scale).to(act)
         v_dst = v_buf_ptr + slot * stride_v_buf_slot + kv_head * stride_v_buf_head
         tl.store(v_dst + v_cols, v.to(tl.float32).to(v_buf_ptr.dtype.element_ty), mask=v_mask)
 
@@ -100,8 +122,11 @@ def rope_kv_store(
     out_cache_loc: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
+    norm_of: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> torch.Tensor:
-    """Rotated q as a new tensor; rotated k and v written to ``*_buffer[out_cache_loc]``.
+    """Rotated q as a new tensor; rotated k and v written to ``*_buffer[out_cache_loc]``;
+    with ``norm_of`` (n, H), q, k and v first scaled by each token's inverse RMS of it.
 
     Slots are trusted (no bounds check; the pool's own writer checks them on the CPU).
     """
@@ -129,6 +154,12 @@ def rope_kv_store(
         raise ValueError("rope_kv_store needs a unit column stride everywhere")
     if cos.stride(0) != sin.stride(0):
         raise ValueError("cos and sin must share their row stride")
+    if norm_of is not None and (norm_of.shape[0] != num_tokens or norm_of.stride(-1) != 1):
+        raise ValueError(
+            f"rope_kv_store: norm_of must be ({num_tokens}, H) with unit column stride, got"
+            f" {tuple(norm_of.shape)} strides {norm_of.stride()}"
+        )
+    norm_width = 0 if norm_of is None else norm_of.shape[1]
     q_out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     if num_tokens == 0:
         return q_out
@@ -146,6 +177,7 @@ def rope_kv_store(
         cos,
         sin,
         out_cache_loc,
+        norm_of if norm_of is not None else q,  # never read without HAS_NORM
         q_out,
         k_buffer,
         v_buffer,
@@ -156,6 +188,7 @@ def rope_kv_store(
         v.stride(0),
         v.stride(1),
         cos.stride(0),
+        norm_of.stride(0) if norm_of is not None else 0,
         q_out.stride(0),
         q_out.stride(1),
         k_buffer.stride(0),
@@ -165,8 +198,12 @@ def rope_kv_store(
         num_q_heads,
         head_dim // 2,
         v_dim,
+        norm_width,
+        eps,
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         BLOCK_V=triton.next_power_of_2(v_dim),
+        HAS_NORM=norm_of is not None,
+        BLOCK_NORM=min(1024, triton.next_power_of_2(max(norm_width, 1))),
         num_warps=1 if head_dim <= 128 else 2,
         enable_fp_fusion=False,  # no FMA: a product and the sum are rounded apart, as in torch
     )

@@ -47,14 +47,17 @@ def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
     bias_ptr,
+    residual_ptr,
     out_ptr,
     rows,
     cols,
     depth,
     stride_x,
     stride_w,
+    stride_residual,
     stride_out,
     HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -81,8 +84,12 @@ def _skinny_gemm_kernel(
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    tile_mask = row_mask[:, None] & col_mask[None, :]
+    if HAS_RESIDUAL:
+        res = residual_ptr + offs_m[:, None].to(tl.int64) * stride_residual + offs_n[None, :]
+        acc += tl.load(res, mask=tile_mask, other=0.0).to(tl.float32)
     out = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & col_mask[None, :])
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
 def skinny_gemm(
@@ -90,8 +97,10 @@ def skinny_gemm(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) -> (rows, N) in x's dtype."""
+    """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) (+ residual (rows, N)) -> (rows, N)
+    in x's dtype; the residual is added to the fp32 sum, so the result is rounded once."""
     if (
         x.dim() != 2
         or weight.dim() != 2
@@ -107,6 +116,11 @@ def skinny_gemm(
         )
     rows, depth = x.shape
     cols = weight.shape[0]
+    if residual is not None and (residual.shape != (rows, cols) or residual.stride(-1) != 1):
+        raise ValueError(
+            f"skinny_gemm: the residual must be ({rows}, {cols}) with unit column stride, got"
+            f" {tuple(residual.shape)} strides {residual.stride()}"
+        )
     config = config or default_config(cols, rows, x.element_size())
     out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     if rows == 0 or cols == 0:
@@ -118,14 +132,17 @@ def skinny_gemm(
         x,
         weight,
         bias if bias is not None else weight,  # never read without HAS_BIAS
+        residual if residual is not None else weight,  # never read without HAS_RESIDUAL
         out,
         rows,
         cols,
         depth,
         x.stride(0),
         weight.stride(0),
+        residual.stride(0) if residual is not None else 0,
         out.stride(0),
         HAS_BIAS=bias is not None,
+        HAS_RESIDUAL=residual is not None,
         DOT_FP32=dot_fp32,
         PRECISION="ieee" if dot_fp32 else None,
         BLOCK_M=block_m,
