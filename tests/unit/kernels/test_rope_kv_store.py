@@ -81,8 +81,8 @@ def test_a_folded_norm_scales_q_k_and_v_by_the_streams_inverse_rms_first(
     q = (torch.randn(num_tokens, Q_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
     k = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
     v = (torch.randn(num_tokens, KV_HEADS, HEAD_DIM, generator=generator) * 40).to(device, dtype)
-    # 1500 wide: more than one 1024-column block of the statistic's loop, the last one ragged
-    stream = (torch.randn(num_tokens, 1500, generator=generator) * 5).to(device, dtype)
+    # 5000 wide: two blocks of the statistic's loop (NORM_BLOCK 4096), the last one ragged
+    stream = (torch.randn(num_tokens, 5000, generator=generator) * 5).to(device, dtype)
     positions = torch.randint(0, 500, (num_tokens,), generator=generator).to(device)
     rope = RotaryEmbedding(RopeConfig(theta=10000.0), HEAD_DIM).to(device)(positions, dtype)
     loc = (torch.randperm(SLOTS, generator=generator)[:num_tokens] + 1).to(device)

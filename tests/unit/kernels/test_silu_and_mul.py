@@ -31,8 +31,8 @@ def test_a_folded_norm_scales_gate_and_up_by_the_streams_inverse_rms(
     requires_triton(device)
     generator = torch.Generator().manual_seed(10)
     gate_up = (3 * torch.randn(5, 3000, generator=generator)).to(device, dtype)
-    # 1500 wide: more than one 1024-column block of the statistic's loop, the last one ragged
-    stream = (7 * torch.randn(5, 1500, generator=generator)).to(device, dtype)
+    # 5000 wide: two blocks of the statistic's loop (NORM_BLOCK 4096), the last one ragged
+    stream = (7 * torch.randn(5, 5000, generator=generator)).to(device, dtype)
     eps = 1e-5
     inverse_rms = torch.rsqrt(stream.float().pow(2).mean(-1, keepdim=True) + eps)
     gate, up = (gate_up.float() * inverse_rms).to(dtype).chunk(2, dim=-1)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.row_rms import inverse_rms
+from eagletree.adapters.kernels.triton.row_rms import NORM_BLOCK, inverse_rms
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def silu_and_mul(
         eps,
         BLOCK=block,
         HAS_NORM=norm_of is not None,
-        BLOCK_NORM=min(1024, triton.next_power_of_2(max(norm_width, 1))),
+        BLOCK_NORM=min(NORM_BLOCK, triton.next_power_of_2(max(norm_width, 1))),
         num_warps=4,
     )
     return out
