@@ -16,6 +16,7 @@ attention backends, runners) and, here, the worker and the engine on top.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from dependency_injector import providers
@@ -73,23 +74,6 @@ def kernel_backend(device: str) -> str:
     return "triton" if torch.device(device).type == "cuda" else "torch"
 
 
-# the providers of the models and pools parts this layer builds on
-_config = PoolProviders.config
-_settings = PoolProviders.settings
-_progress = PoolProviders.progress
-_device = PoolProviders.device
-_tokenizer = PoolProviders.tokenizer
-_speculative = PoolProviders.speculative
-_draft_models = PoolProviders.draft_models
-_worker_name = PoolProviders.worker_name
-_max_running_requests = PoolProviders.max_running_requests
-_max_context_len = PoolProviders.max_context_len
-_slot_allocator = PoolProviders.slot_allocator
-_req_to_token_pool = PoolProviders.req_to_token_pool
-_target_runner = PoolProviders.target_runner
-_draft_runners = PoolProviders.draft_runners
-
-
 class Container(PoolProviders):
     """Providers of one engine; see ``build_engine_container`` and ``build_container``."""
 
@@ -97,7 +81,7 @@ class Container(PoolProviders):
     # a step's fused device functions: one Triton launch each on CUDA, the torch references
     # (domain/) elsewhere
     step_kernels = providers.Selector(
-        providers.Callable(kernel_backend, _config.model.device),
+        providers.Callable(kernel_backend, ModelProviders.config.model.device),
         torch=providers.Object(REFERENCE_KERNELS),
         triton=providers.Singleton(
             StepKernels,
@@ -111,88 +95,92 @@ class Container(PoolProviders):
         ),
     )
     cuda_graphs = providers.Singleton(
-        startup.cuda_graph_decision, _settings, _device.provided.type, _worker_name
+        startup.cuda_graph_decision,
+        ModelProviders.settings,
+        ModelProviders.device.provided.type,
+        ModelProviders.worker_name,
     )
     use_cuda_graphs = cuda_graphs.provided.enabled
     graph_buckets = providers.Callable(
-        startup.cuda_graph_buckets, cuda_graphs, _max_running_requests
+        startup.cuda_graph_buckets, cuda_graphs, ModelProviders.max_running_requests
     )
-    num_steps = _speculative.provided.num_steps
-    topk = _speculative.provided.topk
-    num_draft_tokens = _speculative.provided.num_draft_tokens
-    draft_hidden_size = _draft_models.provided[0].hidden_size
-    use_aux_hidden = providers.Callable(reads_aux_hidden, _config.speculative.algorithm)
+    num_steps = ModelProviders.speculative.provided.num_steps
+    topk = ModelProviders.speculative.provided.topk
+    num_draft_tokens = ModelProviders.speculative.provided.num_draft_tokens
+    draft_hidden_size = ModelProviders.draft_models.provided[0].hidden_size
+    use_aux_hidden = providers.Callable(
+        reads_aux_hidden, ModelProviders.config.speculative.algorithm
+    )
     # the engine keeps one step in flight; the plain worker then keeps its tokens on the device
     overlap = providers.Singleton(
-        startup.overlap_decision, _settings, _device.provided.type, _worker_name
+        startup.overlap_decision,
+        ModelProviders.settings,
+        ModelProviders.device.provided.type,
+        ModelProviders.worker_name,
+    )
+    # a speculative worker over its runners, given the tree's shape and the step functions
+    # (a class-body helper, deleted below: not a provider)
+    _speculative_worker = partial(
+        providers.Singleton,
+        num_steps=num_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        draft_hidden_size=draft_hidden_size,
+        use_aux_hidden=use_aux_hidden,
+        kernels=step_kernels,
     )
     worker = providers.Selector(
-        _worker_name,
+        ModelProviders.worker_name,
         none=providers.Singleton(
             NonSpeculativeWorker,
-            _target_runner,
+            PoolProviders.target_runner,
             kernels=step_kernels,
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             run_ahead=overlap,
         ),
-        eagle_v2=providers.Singleton(
+        eagle_v2=_speculative_worker(
             EagleWorkerV2,
-            _target_runner,
-            _draft_runners.provided[0],
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            draft_hidden_size=draft_hidden_size,
-            use_aux_hidden=use_aux_hidden,
-            kernels=step_kernels,
+            PoolProviders.target_runner,
+            PoolProviders.draft_runners.provided[0],
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
         ),
-        eagle_v1=providers.Singleton(
+        eagle_v1=_speculative_worker(
             EagleWorkerV1,
-            _target_runner,
-            _draft_runners.provided[0],
-            allocator=_slot_allocator,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            draft_hidden_size=draft_hidden_size,
-            use_aux_hidden=use_aux_hidden,
-            kernels=step_kernels,
+            PoolProviders.target_runner,
+            PoolProviders.draft_runners.provided[0],
+            allocator=PoolProviders.slot_allocator,
         ),
-        multi_layer_eagle_v2=providers.Singleton(
+        multi_layer_eagle_v2=_speculative_worker(
             MultiLayerEagleWorkerV2,
-            _target_runner,
-            _draft_runners,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            draft_hidden_size=draft_hidden_size,
-            use_aux_hidden=use_aux_hidden,
-            kernels=step_kernels,
+            PoolProviders.target_runner,
+            PoolProviders.draft_runners,
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
         ),
     )
+    del _speculative_worker
 
     # -- the engine ----------------------------------------------------------------------------
     # the worker with its CUDA graphs captured (after it is built, before the engine runs)
     started_worker = providers.Singleton(
-        startup.with_captured_graphs, worker, use_cuda_graphs, _progress
+        startup.with_captured_graphs, worker, use_cuda_graphs, ModelProviders.progress
     )
     engine = providers.Singleton(
         startup.assemble_engine,
         started_worker,
-        _slot_allocator,
-        _req_to_token_pool,
-        vocab_size=_target_runner.provided.vocab_size,
-        max_context_len=_max_context_len,
-        max_running_requests=_max_running_requests,
-        tokenizer=_tokenizer,
-        eos_token_ids=providers.Callable(startup.eos_token_ids, _config.model.target_path),
+        PoolProviders.slot_allocator,
+        PoolProviders.req_to_token_pool,
+        vocab_size=PoolProviders.target_runner.provided.vocab_size,
+        max_context_len=ModelProviders.max_context_len,
+        max_running_requests=ModelProviders.max_running_requests,
+        tokenizer=ModelProviders.tokenizer,
+        eos_token_ids=providers.Callable(
+            startup.eos_token_ids, ModelProviders.config.model.target_path
+        ),
         overlap=overlap,
-        prefill_step=_config.scheduler.prefill_step,
+        prefill_step=ModelProviders.config.scheduler.prefill_step,
     )
     scheduler = engine.provided.scheduler
 

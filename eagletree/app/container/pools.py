@@ -1,15 +1,13 @@
 """Composition root, pools part: the slot allocator, the request table and the KV pools, the
 attention backends over them, and the model runners (the target's, one per draft head).
 
-``PoolProviders`` extends ``ModelProviders`` (``models.py``). A class body does not see the
-names it inherits, so the models part's providers it builds on are named below (the same
-objects: a container built from the class copies them once, with everything that uses them).
+``PoolProviders`` extends ``ModelProviders`` (``models.py``); ``Container`` extends it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dependency_injector import providers
 
@@ -67,125 +65,120 @@ def build_draft_runners(
     return runners
 
 
-# the models part's providers this part builds on
-_config = ModelProviders.config
-_device = ModelProviders.device
-_dtype = ModelProviders.dtype
-_target_model = ModelProviders.target_model
-_target = ModelProviders.target
-_speculative = ModelProviders.speculative
-_draft_models = ModelProviders.draft_models
-_max_running_requests = ModelProviders.max_running_requests
-_max_context_len = ModelProviders.max_context_len
+def _kv_pool_factory(
+    pool: Callable[..., KVPool], mover: providers.Provider[Any]
+) -> providers.Factory[KVPool]:
+    """Pools of one kind: the shared size, dtype, device, mover and page size; the layer
+    dimensions come with each call (the target's, a draft's)."""
+    memory = ModelProviders.config.memory
+    return providers.Factory(
+        pool,
+        size=memory.max_total_tokens,
+        dtype=ModelProviders.dtype,
+        device=ModelProviders.device,
+        mover=mover,
+        page_size=memory.page_size,
+        debug_checks=memory.debug_checks,
+    )
+
+
+def _latent_target_pool(pool_factory: providers.Factory[KVPool]) -> providers.Singleton[KVPool]:
+    """The target's pool of a latent-attention kind (MLA, DSA), from its description."""
+    target = ModelProviders.target.provided
+    return providers.Singleton(
+        pool_factory,
+        layer_num=target.num_layers,
+        kv_lora_rank=target.kv_lora_rank,
+        qk_rope_head_dim=target.qk_rope_head_dim,
+    )
+
+
+def _attention_backend_factory(
+    backend: Callable[..., AttentionBackend], req_to_token_pool: providers.Provider[Any]
+) -> providers.Factory[AttentionBackend]:
+    """Backends of one kind over the request table, sized for the running requests; the KV
+    pool comes with each call."""
+    return providers.Factory(
+        backend,
+        req_to_token_pool=req_to_token_pool,
+        max_batch_size=ModelProviders.max_running_requests,
+    )
 
 
 class PoolProviders(ModelProviders):
-    """The models part, plus the memory, the attention backends and the runners over them."""
+    """The models part, plus the memory, the attention backends and the runners over them.
+
+    A class body does not see the names it inherits: the models part's providers are named
+    ``ModelProviders.<name>`` (the same objects, which a container built from this class copies
+    once, with everything that uses them)."""
 
     # -- memory --------------------------------------------------------------------------------
     kv_mover = providers.Selector(
-        _config.backend.kv_move,
-        torch=providers.Singleton(TorchRowMover, debug_checks=_config.memory.debug_checks),
-        triton=providers.Singleton(TritonRowMover, debug_checks=_config.memory.debug_checks),
+        ModelProviders.config.backend.kv_move,
+        torch=providers.Singleton(
+            TorchRowMover, debug_checks=ModelProviders.config.memory.debug_checks
+        ),
+        triton=providers.Singleton(
+            TritonRowMover, debug_checks=ModelProviders.config.memory.debug_checks
+        ),
     )
     slot_allocator = providers.Singleton(
         DeviceSlotAllocator,
-        size=_config.memory.max_total_tokens,
-        device=_device,
-        debug_checks=_config.memory.debug_checks,
+        size=ModelProviders.config.memory.max_total_tokens,
+        device=ModelProviders.device,
+        debug_checks=ModelProviders.config.memory.debug_checks,
     )
     req_to_token_pool = providers.Singleton(
         TensorReqToTokenPool,
-        max_requests=providers.Callable(sizing.req_to_token_rows, _max_running_requests),
-        row_width=providers.Callable(
-            sizing.req_to_token_row_width, _max_context_len, _speculative, _config.memory.page_size
+        max_requests=providers.Callable(
+            sizing.req_to_token_rows, ModelProviders.max_running_requests
         ),
-        device=_device,
+        row_width=providers.Callable(
+            sizing.req_to_token_row_width,
+            ModelProviders.max_context_len,
+            ModelProviders.speculative,
+            ModelProviders.config.memory.page_size,
+        ),
+        device=ModelProviders.device,
     )
 
     # KV pools of one kind; the layer dimensions come with the call (the target's, a draft's)
-    mha_kv_pool = providers.Factory(
-        MHAKVPool,
-        size=_config.memory.max_total_tokens,
-        dtype=_dtype,
-        device=_device,
-        mover=kv_mover,
-        page_size=_config.memory.page_size,
-        debug_checks=_config.memory.debug_checks,
-    )
-    mla_kv_pool = providers.Factory(
-        MLAKVPool,
-        size=_config.memory.max_total_tokens,
-        dtype=_dtype,
-        device=_device,
-        mover=kv_mover,
-        page_size=_config.memory.page_size,
-        debug_checks=_config.memory.debug_checks,
-    )
-    dsa_kv_pool = providers.Factory(
-        DSAKVPool,
-        size=_config.memory.max_total_tokens,
-        dtype=_dtype,
-        device=_device,
-        mover=kv_mover,
-        page_size=_config.memory.page_size,
-        debug_checks=_config.memory.debug_checks,
-    )
+    mha_kv_pool = _kv_pool_factory(MHAKVPool, kv_mover)
+    mla_kv_pool = _kv_pool_factory(MLAKVPool, kv_mover)
+    dsa_kv_pool = _kv_pool_factory(DSAKVPool, kv_mover)
     kv_pool = providers.Selector(
-        _target.provided.attention_kind,
+        ModelProviders.target.provided.attention_kind,
         mha=providers.Singleton(
             mha_kv_pool,
-            layer_num=_target.provided.num_layers,
-            kv_heads=_target.provided.num_kv_heads,
-            head_dim=_target.provided.head_dim,
-            v_head_dim=_target.provided.v_head_dim,
+            layer_num=ModelProviders.target.provided.num_layers,
+            kv_heads=ModelProviders.target.provided.num_kv_heads,
+            head_dim=ModelProviders.target.provided.head_dim,
+            v_head_dim=ModelProviders.target.provided.v_head_dim,
         ),
-        mla=providers.Singleton(
-            mla_kv_pool,
-            layer_num=_target.provided.num_layers,
-            kv_lora_rank=_target.provided.kv_lora_rank,
-            qk_rope_head_dim=_target.provided.qk_rope_head_dim,
-        ),
-        dsa=providers.Singleton(
-            dsa_kv_pool,
-            layer_num=_target.provided.num_layers,
-            kv_lora_rank=_target.provided.kv_lora_rank,
-            qk_rope_head_dim=_target.provided.qk_rope_head_dim,
-        ),
+        mla=_latent_target_pool(mla_kv_pool),
+        dsa=_latent_target_pool(dsa_kv_pool),
     )
 
     # -- attention: a backend over a given pool, and the target pool's ------------------------
     attention_backend_over = providers.Selector(
-        _config.backend.attention,
-        torch=providers.Factory(
-            TorchAttentionBackend,
-            req_to_token_pool=req_to_token_pool,
-            max_batch_size=_max_running_requests,
-        ),
-        triton=providers.Factory(
-            TritonAttentionBackend,
-            req_to_token_pool=req_to_token_pool,
-            max_batch_size=_max_running_requests,
-        ),
-        flash=providers.Factory(
-            factories.flash_attention_backend,
-            req_to_token_pool=req_to_token_pool,
-            max_batch_size=_max_running_requests,
-        ),
+        ModelProviders.config.backend.attention,
+        torch=_attention_backend_factory(TorchAttentionBackend, req_to_token_pool),
+        triton=_attention_backend_factory(TritonAttentionBackend, req_to_token_pool),
+        flash=_attention_backend_factory(factories.flash_attention_backend, req_to_token_pool),
     )
     attention_backend = providers.Singleton(attention_backend_over, kv_pool=kv_pool)
 
     # -- runners: the target's, and one per draft head over a KV pool of the head's layout -----
     target_runner = providers.Singleton(
         TargetModelRunner,
-        _target_model,
+        ModelProviders.target_model,
         kv_pool=kv_pool,
         req_to_token_pool=req_to_token_pool,
         attention_backend=attention_backend,
     )
     draft_runners = providers.Singleton(
         build_draft_runners,
-        _draft_models,
+        ModelProviders.draft_models,
         mha_kv_pool=mha_kv_pool.provider,
         mla_kv_pool=mla_kv_pool.provider,
         attention_backend_over=attention_backend_over.provider,
