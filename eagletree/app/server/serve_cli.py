@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     from eagletree.app import distributed
-    from eagletree.app.generate_cli import prepare_settings, with_parallel
+    from eagletree.app.generate_cli import with_parallel
+    from eagletree.app.run_settings import prepare_settings
 
     if not 0 <= args.port <= 65535:
         _note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
