@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app import generate_output
+from eagletree.app.parallel_launch import add_parallel_flags, launch_ranks, with_parallel
 from eagletree.app.prompts import PromptSpec, read_prompts_file, to_prompt_ids
 from eagletree.domain.errors import ConfigurationError
 
@@ -67,21 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--chat", action="store_true", help="wrap each --prompt in the checkpoint's chat template"
     )
-    parser.add_argument(
-        "--tp",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
-        "(under torchrun: the ranks it launched)",
-    )
-    parser.add_argument(
-        "--dp",
-        type=int,
-        default=None,
-        metavar="M",
-        help="data-parallel ranks (parallel.dp_size), each with its own requests and KV pool; "
-        "with --tp N spawns N·M processes",
+    add_parallel_flags(
+        parser, dp_help="ranks (parallel.dp_size), each with its own requests and KV pool"
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -117,10 +105,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             )
         world_size = settings.parallel.tp_size * settings.parallel.dp_size
         if world_size > 1 and not distributed.in_process_group():
-            if not distributed.launched_by_torchrun():
-                return _spawn_ranks(args, world_size, err)
-            # this rank's part inside torchrun's group, which it then leaves
-            return distributed.run_in_launched_group(lambda: _generate(args, settings, out, err))
+            return launch_ranks(
+                run, args, world_size, lambda: _generate(args, settings, out, err), note
+            )
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=err)
         return 1
@@ -182,42 +169,6 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
         print(generate_output.format_timings(index, result), file=err)
     generate_output.print_summary(engine, results, elapsed, err)
     return 0
-
-
-def with_parallel(
-    settings: EngineSettings, tp_size: int | None, dp_size: int | None = None
-) -> EngineSettings:
-    """``settings`` with ``parallel.tp_size`` = ``tp_size`` (``--tp``) and ``parallel.dp_size``
-    = ``dp_size`` (``--dp``), each unchanged for None."""
-    update: dict[str, int] = {}
-    for flag, name, size in (("--tp", "tp_size", tp_size), ("--dp", "dp_size", dp_size)):
-        if size is None:
-            continue
-        if size < 1:
-            raise ValueError(f"{flag} must be >= 1, got {size}")
-        update[name] = size
-    if not update:
-        return settings
-    parallel = settings.parallel.model_copy(update=update)
-    return settings.model_copy(update={"parallel": parallel})
-
-
-def _spawn_ranks(args: argparse.Namespace, world_size: int, err: TextIO) -> int:
-    from eagletree.app import distributed
-
-    try:
-        distributed.spawn_ranks(_generate_rank, world_size, (args,), timeout_s=None)
-    except distributed.RankFailed as failure:
-        print(f"error: {failure}", file=err)
-        return 1
-    return 0
-
-
-def _generate_rank(rank: int, args: argparse.Namespace) -> None:
-    """One spawned rank: the same command inside the group."""
-    status = run(args)
-    if status:
-        raise SystemExit(status)
 
 
 def _check_flags(args: argparse.Namespace, note: Any) -> None:
