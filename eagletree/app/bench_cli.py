@@ -37,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
+from eagletree.app.parallel_launch import add_parallel_flags, launch_ranks
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -121,21 +122,11 @@ def parser() -> argparse.ArgumentParser:
     engine.add_argument("--attention", choices=["torch", "triton", "flash"])
     engine.add_argument("--kv-move", choices=["torch", "triton"])
     engine.add_argument("--cuda-graph", choices=["auto", "on", "off"])
-    engine.add_argument(
-        "--tp",
-        type=int,
+    add_parallel_flags(
+        engine,
         default=1,
-        metavar="N",
-        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
-        "(under torchrun: the ranks it launched)",
-    )
-    engine.add_argument(
-        "--dp",
-        type=int,
-        default=1,
-        metavar="M",
-        help="data-parallel replicas (parallel.dp_size): each batch is spread over M replicas "
-        "stepping in lockstep, bs being the group's total; with --tp N spawns N·M processes",
+        dp_help="replicas (parallel.dp_size): each batch is spread over M replicas stepping in "
+        "lockstep, bs being the group's total",
     )
     engine.add_argument(
         "--overlap",
@@ -218,10 +209,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     from eagletree.app.bench.runs import measure_all
 
     if args.tp * args.dp > 1 and not distributed.in_process_group():
-        if not distributed.launched_by_torchrun():
-            return _spawn_ranks(args, sys.stderr if err is None else err)
-        # this same command again, as a rank of torchrun's group, which it then leaves
-        return distributed.run_in_launched_group(lambda: run(args, out, err))
+        stderr = sys.stderr if err is None else err
+        # under torchrun: this same command again, as a rank of torchrun's group
+        return launch_ranks(
+            run,
+            args,
+            args.tp * args.dp,
+            lambda: run(args, out, err),
+            lambda message: print(message, file=stderr),
+        )
     rank = distributed.group_rank()
     if rank != 0:  # every rank measures; rank 0 reports
         out = err = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
@@ -251,24 +247,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         md, js = write_report(args.out, markdown, data)
         print(f"wrote {md} and {js}", file=err)
     return 0
-
-
-def _spawn_ranks(args: argparse.Namespace, err: TextIO) -> int:
-    from eagletree.app import distributed
-
-    try:
-        distributed.spawn_ranks(_bench_rank, args.tp * args.dp, (args,), timeout_s=None)
-    except distributed.RankFailed as failure:
-        print(f"error: {failure}", file=err)
-        return 1
-    return 0
-
-
-def _bench_rank(rank: int, args: argparse.Namespace) -> None:
-    """One spawned rank: the same run inside the group."""
-    status = run(args)
-    if status:
-        raise SystemExit(status)
 
 
 @contextlib.contextmanager

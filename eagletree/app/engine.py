@@ -117,7 +117,7 @@ class Engine:
         """Load the target checkpoint named by the settings and wire an engine around it
         (``progress`` receives the lines of long start-up work, e.g. CUDA-graph capture).
 
-        The composition root (``app/container.py``) builds engines and so imports this module;
+        The composition root (``app/container/``) builds engines and so imports this module;
         this module imports it only here, when called, so that importing the engine loads no
         adapter and no container.
         """

@@ -16,22 +16,21 @@ device) and waits. Every rank runs the same command on the same prompts; rank 0 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from eagletree.app import generate_output
+from eagletree.app.parallel_launch import add_parallel_flags, launch_ranks, with_parallel
 from eagletree.app.prompts import PromptSpec, read_prompts_file, to_prompt_ids
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.data_parallel import DataParallelEngine
     from eagletree.app.engine import Engine
-    from eagletree.app.engine_reports import GenerationResult, StepReport
     from eagletree.config.settings import EngineSettings
-    from eagletree.domain.request import AcceptanceStats
 
 DEFAULT_PROMPT_IDS = (1, 2, 3, 4)
 DEFAULT_PROMPT_TEXT = "The draft tree"
@@ -69,21 +68,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--chat", action="store_true", help="wrap each --prompt in the checkpoint's chat template"
     )
-    parser.add_argument(
-        "--tp",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
-        "(under torchrun: the ranks it launched)",
-    )
-    parser.add_argument(
-        "--dp",
-        type=int,
-        default=None,
-        metavar="M",
-        help="data-parallel ranks (parallel.dp_size), each with its own requests and KV pool; "
-        "with --tp N spawns N·M processes",
+    add_parallel_flags(
+        parser, dp_help="ranks (parallel.dp_size), each with its own requests and KV pool"
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -100,6 +86,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``eagletree generate``; returns the exit status (0 ok, 1 bad input or settings)."""
     from eagletree.app import distributed  # imported here, as the engine: it pulls in torch
+    from eagletree.app.run_settings import prepare_settings
 
     # resolved at call time, so that a redirected sys.stdout / sys.stderr is honoured
     out = sys.stdout if out is None else out
@@ -118,10 +105,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             )
         world_size = settings.parallel.tp_size * settings.parallel.dp_size
         if world_size > 1 and not distributed.in_process_group():
-            if not distributed.launched_by_torchrun():
-                return _spawn_ranks(args, world_size, err)
-            # this rank's part inside torchrun's group, which it then leaves
-            return distributed.run_in_launched_group(lambda: _generate(args, settings, out, err))
+            return launch_ranks(
+                run, args, world_size, lambda: _generate(args, settings, out, err), note
+            )
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=err)
         return 1
@@ -164,9 +150,11 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
             }
             if args.stream:
                 assert isinstance(engine, Engine)  # refused above with data parallelism
-                results = _stream(engine, prompts, sampling, out, json_lines=args.json)
+                results = generate_output.stream(
+                    engine, prompts, sampling, out, json_lines=args.json
+                )
             else:
-                progress = None if args.no_progress else ProgressLine(err)
+                progress = None if args.no_progress else generate_output.ProgressLine(err)
                 results = engine.generate(prompts, on_step=progress, **sampling)
                 if progress is not None:
                     progress.close()
@@ -176,61 +164,11 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
         return 1
     if not args.stream:
         for index, result in enumerate(results):
-            _print_result(index, result, out, json_lines=args.json)
+            generate_output.print_result(index, result, out, json_lines=args.json)
     for index, result in enumerate(results):
-        print(format_timings(index, result), file=err)
-    _print_summary(engine, results, elapsed, err)
+        print(generate_output.format_timings(index, result), file=err)
+    generate_output.print_summary(engine, results, elapsed, err)
     return 0
-
-
-def with_parallel(
-    settings: EngineSettings, tp_size: int | None, dp_size: int | None = None
-) -> EngineSettings:
-    """``settings`` with ``parallel.tp_size`` = ``tp_size`` (``--tp``) and ``parallel.dp_size``
-    = ``dp_size`` (``--dp``), each unchanged for None."""
-    update: dict[str, int] = {}
-    for flag, name, size in (("--tp", "tp_size", tp_size), ("--dp", "dp_size", dp_size)):
-        if size is None:
-            continue
-        if size < 1:
-            raise ValueError(f"{flag} must be >= 1, got {size}")
-        update[name] = size
-    if not update:
-        return settings
-    parallel = settings.parallel.model_copy(update=update)
-    return settings.model_copy(update={"parallel": parallel})
-
-
-def _spawn_ranks(args: argparse.Namespace, world_size: int, err: TextIO) -> int:
-    from eagletree.app import distributed
-
-    try:
-        distributed.spawn_ranks(_generate_rank, world_size, (args,), timeout_s=None)
-    except distributed.RankFailed as failure:
-        print(f"error: {failure}", file=err)
-        return 1
-    return 0
-
-
-def _generate_rank(rank: int, args: argparse.Namespace) -> None:
-    """One spawned rank: the same command inside the group."""
-    status = run(args)
-    if status:
-        raise SystemExit(status)
-
-
-def prepare_settings(path: str | None, note: Any) -> EngineSettings:
-    """The settings generate and serve run: resolved, the default filled in, threads set."""
-    from eagletree.adapters.models.config import ConfigReader
-    from eagletree.app.platform import set_cpu_threads
-    from eagletree.app.run_settings import load_settings, settings_for_run
-
-    settings = settings_for_run(load_settings(path), note)
-    assert settings.model.target_path is not None  # settings_for_run fills it in
-    if Path(settings.model.target_path).is_dir():
-        hidden = ConfigReader.from_dir(settings.model.target_path).get_int("hidden_size", 0)
-        set_cpu_threads(settings, hidden)
-    return settings
 
 
 def _check_flags(args: argparse.Namespace, note: Any) -> None:
@@ -264,115 +202,6 @@ def _prompt_specs(args: argparse.Namespace, note: Any) -> list[tuple[int, Prompt
     return [(0, PromptSpec(text=DEFAULT_PROMPT_TEXT, fallback_ids=DEFAULT_PROMPT_IDS))]
 
 
-def _stream(
-    engine: Engine,
-    prompts: list[list[int]],
-    sampling: dict[str, Any],
-    out: TextIO,
-    *,
-    json_lines: bool,
-) -> list[GenerationResult]:
-    results: dict[int, GenerationResult] = {}
-    single = len(prompts) == 1
-    for event in engine.stream(prompts, **sampling):
-        if json_lines:
-            payload = {"index": event.index, "token_ids": event.token_ids, "text": event.text}
-            if event.finish_reason is not None:
-                payload["finish_reason"] = event.finish_reason.value
-            print(json.dumps(payload), file=out, flush=True)
-        elif single:
-            piece = event.text if engine.tokenizer is not None else _ids(event.token_ids) + " "
-            out.write(piece)
-            out.flush()
-        elif event.token_ids:
-            text = engine.tokenizer is not None
-            shown = json.dumps(event.text) if text else _ids(event.token_ids)
-            print(f"[{event.index}] + {shown}", file=out, flush=True)
-        if event.result is not None:
-            results[event.index] = event.result
-    if single and not json_lines:
-        print(file=out)
-    return [results[index] for index in range(len(prompts))]
-
-
-def _print_result(index: int, result: GenerationResult, out: TextIO, *, json_lines: bool) -> None:
-    if json_lines:
-        print(json.dumps(result_json(index, result)), file=out)
-        return
-    print(f"[{index}] {_ids(result.output_ids)}  ({result.finish_reason.value})", file=out)
-    if result.text is not None:
-        print(f"[{index}] text: {json.dumps(result.text)}", file=out)
-
-
-def result_json(index: int, result: GenerationResult) -> dict[str, Any]:
-    """A result as plain JSON values (``--json``)."""
-    timings = result.timings
-    payload: dict[str, Any] = {
-        "index": index,
-        "prompt_ids": list(result.prompt_ids),
-        "output_ids": result.output_ids,
-        "text": result.text,
-        "finish_reason": result.finish_reason.value,
-        "timings": {
-            "queue_s": timings.queue_s,
-            "time_to_first_token_s": timings.time_to_first_token_s,
-            "latency_s": timings.latency_s,
-            "decode_tokens_per_s": timings.decode_tokens_per_s,
-        },
-        "num_retractions": result.num_retractions,
-    }
-    if result.acceptance is not None:
-        payload["acceptance"] = {
-            "mean_accept_length": result.acceptance.mean_accept_length,
-            "histogram": list(result.acceptance.histogram),
-        }
-    return payload
-
-
-def format_timings(index: int, result: GenerationResult) -> str:
-    """One line of a request's timings (stderr)."""
-    t = result.timings
-    return (
-        f"[{index}] {len(result.output_ids)} tokens ({result.finish_reason.value}): queued "
-        f"{t.queue_s:.3f} s, first token {t.time_to_first_token_s:.3f} s, total "
-        f"{t.latency_s:.3f} s, {t.decode_tokens_per_s:.1f} tok/s after the first"
-    )
-
-
-def _print_summary(
-    engine: Engine | DataParallelEngine,
-    results: list[GenerationResult],
-    elapsed: float,
-    err: TextIO,
-) -> None:
-    stats = engine.stats
-    num_tokens = sum(len(result.output_ids) for result in results)
-    rate = num_tokens / elapsed if elapsed > 0 else 0.0
-    print(
-        f"generated {num_tokens} tokens for {len(results)} prompt(s) in {elapsed:.2f} s: "
-        f"{rate:.1f} tok/s ({stats.num_steps} steps, {stats.num_prefill_tokens} prompt tokens "
-        f"prefilled, {stats.num_retracted} retracted)",
-        file=err,
-    )
-    if stats.acceptance is not None:
-        print(format_acceptance(stats.acceptance), file=err)
-
-
-def _ids(ids: list[int]) -> str:
-    return " ".join(str(token) for token in ids)
-
-
-def format_acceptance(acceptance: AcceptanceStats) -> str:
-    """One line: the mean acceptance length and the histogram of tokens per verify step."""
-    counts = ", ".join(
-        f"{tokens}: {steps}" for tokens, steps in enumerate(acceptance.histogram) if steps
-    )
-    return (
-        f"speculation: mean acceptance length {acceptance.mean_accept_length:.2f} tokens per "
-        f"verify step over {acceptance.num_steps} steps; histogram (tokens: steps) {counts}"
-    )
-
-
 def parse_ids(text: str) -> list[int]:
     """``"1 2, 3"`` → [1, 2, 3]; ValueError naming the first item that is not an integer."""
     items = text.replace(",", " ").split()
@@ -383,33 +212,3 @@ def parse_ids(text: str) -> list[int]:
         except ValueError:
             raise ValueError(f"token id {item!r} in {text!r} is not an integer") from None
     return ids
-
-
-class ProgressLine:
-    """One self-overwriting status line on a terminal; a line every few seconds otherwise."""
-
-    def __init__(self, stream: TextIO, interval_s: float | None = None) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._interval_s = interval_s if interval_s is not None else (0.1 if self._tty else 2.0)
-        self._last = 0.0
-        self._shown = False
-
-    def __call__(self, report: StepReport) -> None:
-        now = time.perf_counter()
-        if now - self._last < self._interval_s:
-            return
-        self._last = now
-        rate = report.num_generated_tokens / report.elapsed_s if report.elapsed_s > 0 else 0.0
-        line = (
-            f"step {report.step}: {report.num_running} running, {report.num_waiting} waiting, "
-            f"{report.num_finished} done, {report.num_generated_tokens} tokens, {rate:.1f} tok/s"
-        )
-        self._stream.write(f"\r{line}\033[K" if self._tty else f"{line}\n")
-        self._stream.flush()
-        self._shown = True
-
-    def close(self) -> None:
-        if self._tty and self._shown:
-            self._stream.write("\n")
-            self._stream.flush()

@@ -2,7 +2,8 @@
 default filled in, the checkpoints checked and described without loading their weights.
 
 `generate`, `serve`, `config show` and `config validate` all go through ``settings_for_run``,
-so that what `config show` prints is what the others build.
+so that what `config show` prints is what the others build; `generate` and `serve` through
+``prepare_settings``, which also sets the CPU threads for the checkpoint.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from eagletree.app.platform import resolve_platform
+from eagletree.app.platform import resolve_platform, set_cpu_threads
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
@@ -130,3 +131,15 @@ def check_draft_path(settings: EngineSettings) -> None:
             f"of speculative.algorithm = {algorithm!r}"
         )
     ConfigReader.from_dir(draft)
+
+
+def prepare_settings(path: str | None, note: Callable[[str], None]) -> EngineSettings:
+    """The settings generate and serve run: resolved, the default filled in, threads set."""
+    from eagletree.adapters.models.config import ConfigReader
+
+    settings = settings_for_run(load_settings(path), note)
+    assert settings.model.target_path is not None  # settings_for_run fills it in
+    if Path(settings.model.target_path).is_dir():
+        hidden = ConfigReader.from_dir(settings.model.target_path).get_int("hidden_size", 0)
+        set_cpu_threads(settings, hidden)
+    return settings

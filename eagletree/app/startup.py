@@ -2,7 +2,7 @@
 
 Settings checks that need no checkpoint, the checks that need the loaded target, the
 CUDA-graph decision and capture, and the engine's assembly. Nothing here names an adapter;
-``app/container.py`` calls these functions from its providers.
+``app/container/`` calls these functions from its providers.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import gc
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from eagletree.app.parallel_launch import with_parallel
+
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
     from eagletree.app.bench.configs import BenchConfig
@@ -39,11 +41,8 @@ def measure_all(
     used: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
-        sizes = (("tp_size", args.tp), ("dp_size", args.dp))
-        update = {name: size for name, size in sizes if size > 1}
-        if update:
-            parallel = settings.parallel.model_copy(update=update)
-            settings = settings.model_copy(update={"parallel": parallel})
+        tp_size, dp_size = (size if size > 1 else None for size in (args.tp, args.dp))
+        settings = with_parallel(settings, tp_size, dp_size)  # a flag at 1 keeps the file's size
         used[config.name] = settings.model_dump()
         engine, replica, lockstep = _build(settings, err)
         # random weights: an EOS token would end a request at a random step

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from eagletree.app.parallel_launch import add_parallel_flags
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
@@ -39,21 +41,10 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="largest max_tokens a request may ask for (default: %(default)s)",
     )
-    parser.add_argument(
-        "--tp",
-        type=int,
-        default=None,
-        metavar="N",
-        help="tensor-parallel ranks (parallel.tp_size): spawns N processes, one per device "
-        "(under torchrun: the ranks it launched); rank 0 serves HTTP",
-    )
-    parser.add_argument(
-        "--dp",
-        type=int,
-        default=None,
-        metavar="M",
-        help="data-parallel replicas (parallel.dp_size), each with its own requests and KV "
-        "pool; rank 0 places each request on the least loaded one; with --tp N spawns N·M "
-        "processes",
+    add_parallel_flags(
+        parser,
+        tp_help_end="; rank 0 serves HTTP",
+        dp_help="replicas (parallel.dp_size), each with its own requests and KV pool; rank 0 "
+        "places each request on the least loaded one",
     )
     return parser

@@ -15,7 +15,6 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     from eagletree.app import distributed
-    from eagletree.app.generate_cli import prepare_settings, with_parallel
+    from eagletree.app.parallel_launch import launch_ranks, with_parallel
+    from eagletree.app.run_settings import prepare_settings
 
     if not 0 <= args.port <= 65535:
         _note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
@@ -52,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
     world_size = settings.parallel.tp_size * settings.parallel.dp_size
     if world_size == 1 or distributed.in_process_group():  # one process, or a spawned rank
         return _serve(args, settings)
-    if not distributed.launched_by_torchrun():
-        return _spawn_ranks(args, world_size, _note)
     # the ranks leave together once every one is done (rank 0: its loop stopped), so no gloo
     # group outlives its rank's work nor is torn down under a peer still using it
-    return distributed.run_in_launched_group(lambda: _serve(args, settings))
+    return launch_ranks(
+        run, args, world_size, lambda: _serve(args, settings), _note, stop_rank_0_on_signal=True
+    )
 
 
 def _serve(args: argparse.Namespace, settings: EngineSettings) -> int:
@@ -159,26 +159,6 @@ def _note(message: str) -> None:
 
 def _stopping(_number: int, _frame: object) -> None:
     """The handler left after uvicorn's: the server is already shutting down."""
-
-
-def _spawn_ranks(args: argparse.Namespace, world_size: int, note: Callable[[str], None]) -> int:
-    from eagletree.app import distributed
-
-    try:
-        distributed.spawn_ranks(
-            _serve_rank, world_size, (args,), timeout_s=None, stop_rank_0_on_signal=True
-        )
-    except distributed.RankFailed as failure:
-        note(f"error: {failure}")
-        return 1
-    return 0
-
-
-def _serve_rank(rank: int, args: argparse.Namespace) -> None:
-    """One spawned rank: the same command inside the group."""
-    status = run(args)
-    if status:
-        raise SystemExit(status)
 
 
 def _model_name(target_path: str) -> str:
