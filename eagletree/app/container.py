@@ -35,6 +35,7 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import MHALayout
@@ -42,6 +43,7 @@ from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app import distributed, factories, sizing, startup
 from eagletree.app.platform import resolve_platform
+from eagletree.app.step_phases import PhaseAgreement
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
@@ -151,6 +153,20 @@ def tensor_parallel_of(groups: distributed.ParallelGroups) -> TensorParallel:
     return TensorParallel(groups.tp_rank, groups.tp_size, groups.tp_group)
 
 
+def dense_group_of(groups: distributed.ParallelGroups) -> DenseGroup | None:
+    """The data-parallel group this rank's dense layers are sharded over; None when they are
+    not (``parallel.shard_dense_over_dp`` off, or one replica)."""
+    if groups.dense_group is None:
+        return None
+    tp = TensorParallel(groups.dp_rank, groups.dp_size, groups.dense_group)
+    return DenseGroup(tp, count_group=groups.dp_group)
+
+
+def phase_agreement_of(groups: distributed.ParallelGroups) -> PhaseAgreement | None:
+    """How the engine agrees on its steps' phases with a group sharing its dense layers."""
+    return None if groups.dense_group is None else PhaseAgreement(groups.dp_group)
+
+
 def reads_aux_hidden(algorithm: str) -> bool:
     """Whether the draft reads the target's aux hidden states (EAGLE-3 does)."""
     return algorithm == "eagle3"
@@ -172,9 +188,15 @@ class Container(containers.DeclarativeContainer):
     # the groups of this rank: the models are sharded over the tensor-parallel one, the
     # data-parallel engine steps in lockstep over the other (one rank of each by default)
     parallel_groups = providers.Singleton(
-        distributed.parallel_groups, config.parallel.tp_size, config.parallel.dp_size
+        distributed.parallel_groups,
+        config.parallel.tp_size,
+        config.parallel.dp_size,
+        config.parallel.shard_dense_over_dp,
     )
     tensor_parallel = providers.Singleton(tensor_parallel_of, parallel_groups)
+    # with parallel.shard_dense_over_dp: the MLP, embedding and lm_head over the dp group
+    dense_group = providers.Singleton(dense_group_of, parallel_groups)
+    phase_agreement = providers.Singleton(phase_agreement_of, parallel_groups)
     device = providers.Singleton(
         distributed.rank_device,
         config.model.device,
@@ -196,13 +218,14 @@ class Container(containers.DeclarativeContainer):
             config.model.draft_path,
         ),
         tp=tensor_parallel,
+        dense=dense_group,
     )
     target = providers.Singleton(described_target, settings, config.model.target_path, target_model)
     speculative = providers.Singleton(resolve_speculative, settings, target)
     draft_models = providers.Singleton(load_draft_heads, speculative, target_model, dtype)
     tokenizer = providers.Singleton(load_tokenizer, config.model.target_path)
 
-    worker_name = providers.Callable(str, speculative.provided.worker)
+    worker_name = providers.Callable(startup.checked_worker_name, settings, speculative)
     max_running_requests = speculative.provided.max_running_requests
     max_context_len = providers.Callable(
         sizing.max_context_len,
@@ -420,6 +443,7 @@ class Container(containers.DeclarativeContainer):
         eos_token_ids=providers.Callable(startup.eos_token_ids, config.model.target_path),
         overlap=overlap,
         prefill_step=config.scheduler.prefill_step,
+        phases=phase_agreement,
     )
     scheduler = engine.provided.scheduler
 
@@ -438,6 +462,10 @@ def build_engine_container(
     """
     settings = resolve_platform(settings)
     startup.check_engine_settings(settings)
+    if startup.shards_dense_over_dp(settings):  # refused before any group is made
+        assert settings.model.target_path is not None  # checked above
+        architecture = ConfigReader.from_dir(settings.model.target_path).architecture()
+        startup.check_dense_target(settings, architecture)
     container = Container(settings=providers.Object(settings), progress=providers.Object(progress))
     container.config.from_dict(settings.model_dump())
     return container

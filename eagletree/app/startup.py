@@ -21,6 +21,7 @@ from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import PrefillStep
+    from eagletree.app.step_phases import PhaseAgreement
     from eagletree.app.workers.step import Worker
     from eagletree.config.eagle_hook import ResolvedSpeculative, WorkerName
     from eagletree.config.settings import EngineSettings
@@ -30,10 +31,16 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("eagletree.engine")
 
+# what the dense layers' sharding over the data-parallel ranks is built for
+DENSE_SHARDED_TARGETS = ("LlamaForCausalLM",)
+DENSE_SHARDED_WORKERS: frozenset[str] = frozenset({"none", "eagle_v2"})
+DENSE_SHARDED_ALGORITHMS: frozenset[str] = frozenset({"none", "eagle"})
+
 
 def check_engine_settings(settings: EngineSettings) -> None:
-    """What an engine needs before anything is loaded: a target directory (the parallel sizes
-    are checked against the process group when the container builds the groups)."""
+    """What an engine needs before anything is loaded: a target directory, and a combination
+    the dense layers' sharding supports (the parallel sizes are checked against the process
+    group when the container builds the groups)."""
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
@@ -45,6 +52,48 @@ def check_engine_settings(settings: EngineSettings) -> None:
             f"model.target_path = {target_path!r} is not a directory: point it at a checkpoint "
             "(config.json + safetensors), e.g. one written by `eagletree init-random`"
         )
+    check_dense_sharding(settings)
+
+
+def shards_dense_over_dp(settings: EngineSettings) -> bool:
+    """Whether the dense layers are sharded over the data-parallel ranks."""
+    return settings.parallel.shard_dense_over_dp and settings.parallel.dp_size > 1
+
+
+def check_dense_sharding(settings: EngineSettings) -> None:
+    """``parallel.shard_dense_over_dp`` runs with tp_size 1 (the target's architecture is
+    checked by the container, the worker by ``checked_worker_name``)."""
+    if not shards_dense_over_dp(settings):
+        return
+    if settings.parallel.tp_size > 1:
+        raise ConfigurationError(
+            f"parallel.shard_dense_over_dp with parallel.tp_size = {settings.parallel.tp_size}: "
+            "the dense layers are sharded over the data-parallel ranks only with tp_size 1; "
+            "set parallel.tp_size = 1 or parallel.shard_dense_over_dp = false"
+        )
+
+
+def check_dense_target(settings: EngineSettings, architecture: str) -> None:
+    """The target's ``architecture`` (its config.json's) is one whose dense layers shard."""
+    if architecture not in DENSE_SHARDED_TARGETS:
+        raise ConfigurationError(
+            f"parallel.shard_dense_over_dp does not support a {architecture} target (only "
+            f"{', '.join(DENSE_SHARDED_TARGETS)}): set parallel.shard_dense_over_dp = false"
+        )
+
+
+def checked_worker_name(settings: EngineSettings, resolved: ResolvedSpeculative) -> WorkerName:
+    """The resolved worker, refused when the dense layers' sharding does not support it."""
+    if shards_dense_over_dp(settings) and (
+        resolved.worker not in DENSE_SHARDED_WORKERS
+        or resolved.algorithm not in DENSE_SHARDED_ALGORITHMS
+    ):
+        raise ConfigurationError(
+            f"parallel.shard_dense_over_dp does not support the {resolved.worker} worker with "
+            f"speculative.algorithm = {resolved.algorithm!r} (supported: the plain worker and "
+            "eagle_v2 with an EAGLE-1 head): set parallel.shard_dense_over_dp = false"
+        )
+    return resolved.worker
 
 
 def check_context_len(settings: EngineSettings, target: TargetDescription) -> None:
@@ -113,10 +162,12 @@ def assemble_engine(
     tokenizer: Tokenizer | None,
     overlap: bool = False,
     prefill_step: PrefillStep = "with_decode",
+    phases: PhaseAgreement | None = None,
 ) -> Engine:
     """The engine over the built parts, with the checkpoint's tokenizer (None: ids only);
     ``overlap``: it keeps one step in flight (``scheduler.overlap``); ``prefill_step``: where
-    a plan's prefills run (``scheduler.prefill_step``)."""
+    a plan's prefills run (``scheduler.prefill_step``); ``phases``: the agreement of a group
+    sharing its dense layers."""
     engine = Engine(
         worker,
         allocator,
@@ -127,6 +178,7 @@ def assemble_engine(
         eos_token_ids=eos_token_ids,
         overlap=overlap,
         prefill_step=prefill_step,
+        phases=phases,
     )
     engine.tokenizer = tokenizer
     return engine
