@@ -225,7 +225,7 @@ class Container(containers.DeclarativeContainer):
     draft_models = providers.Singleton(load_draft_heads, speculative, target_model, dtype)
     tokenizer = providers.Singleton(load_tokenizer, config.model.target_path)
 
-    worker_name = providers.Callable(startup.checked_worker_name, settings, speculative)
+    worker_name = providers.Callable(str, speculative.provided.worker)
     max_running_requests = speculative.provided.max_running_requests
     max_context_len = providers.Callable(
         sizing.max_context_len,
@@ -462,10 +462,6 @@ def build_engine_container(
     """
     settings = resolve_platform(settings)
     startup.check_engine_settings(settings)
-    if startup.shards_dense_over_dp(settings):  # refused before any group is made
-        assert settings.model.target_path is not None  # checked above
-        architecture = ConfigReader.from_dir(settings.model.target_path).architecture()
-        startup.check_dense_target(settings, architecture)
     container = Container(settings=providers.Object(settings), progress=providers.Object(progress))
     container.config.from_dict(settings.model_dump())
     return container

@@ -31,11 +31,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("eagletree.engine")
 
-# what the dense layers' sharding over the data-parallel ranks is built for
-DENSE_SHARDED_TARGETS = ("LlamaForCausalLM",)
-DENSE_SHARDED_WORKERS: frozenset[str] = frozenset({"none", "eagle_v2"})
-DENSE_SHARDED_ALGORITHMS: frozenset[str] = frozenset({"none", "eagle"})
-
 
 def check_engine_settings(settings: EngineSettings) -> None:
     """What an engine needs before anything is loaded: a target directory, and a combination
@@ -61,8 +56,7 @@ def shards_dense_over_dp(settings: EngineSettings) -> bool:
 
 
 def check_dense_sharding(settings: EngineSettings) -> None:
-    """``parallel.shard_dense_over_dp`` runs with tp_size 1 (the target's architecture is
-    checked by the container, the worker by ``checked_worker_name``)."""
+    """``parallel.shard_dense_over_dp`` runs with tp_size 1: a rank's attention is whole."""
     if not shards_dense_over_dp(settings):
         return
     if settings.parallel.tp_size > 1:
@@ -71,29 +65,6 @@ def check_dense_sharding(settings: EngineSettings) -> None:
             "the dense layers are sharded over the data-parallel ranks only with tp_size 1; "
             "set parallel.tp_size = 1 or parallel.shard_dense_over_dp = false"
         )
-
-
-def check_dense_target(settings: EngineSettings, architecture: str) -> None:
-    """The target's ``architecture`` (its config.json's) is one whose dense layers shard."""
-    if architecture not in DENSE_SHARDED_TARGETS:
-        raise ConfigurationError(
-            f"parallel.shard_dense_over_dp does not support a {architecture} target (only "
-            f"{', '.join(DENSE_SHARDED_TARGETS)}): set parallel.shard_dense_over_dp = false"
-        )
-
-
-def checked_worker_name(settings: EngineSettings, resolved: ResolvedSpeculative) -> WorkerName:
-    """The resolved worker, refused when the dense layers' sharding does not support it."""
-    if shards_dense_over_dp(settings) and (
-        resolved.worker not in DENSE_SHARDED_WORKERS
-        or resolved.algorithm not in DENSE_SHARDED_ALGORITHMS
-    ):
-        raise ConfigurationError(
-            f"parallel.shard_dense_over_dp does not support the {resolved.worker} worker with "
-            f"speculative.algorithm = {resolved.algorithm!r} (supported: the plain worker and "
-            "eagle_v2 with an EAGLE-1 head): set parallel.shard_dense_over_dp = false"
-        )
-    return resolved.worker
 
 
 def check_context_len(settings: EngineSettings, target: TargetDescription) -> None:

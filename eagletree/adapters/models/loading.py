@@ -101,17 +101,12 @@ def load_target(
     dense: DenseGroup | None = None,
 ) -> TargetModel:
     """The target model of an HF checkpoint directory, capturing ``aux_layer_ids`` (EAGLE-3);
-    this rank's shard of it under ``tp``; with ``dense`` (a Llama target only) its embedding,
-    MLPs and lm_head sharded over that data-parallel group."""
+    this rank's shard of it under ``tp``; with ``dense`` its embedding, MLPs and lm_head
+    sharded over that data-parallel group."""
     reader = ConfigReader.from_dir(path)
     architecture = reader.architecture()
     fused = _fused(fused_kernels, device)
     model: TargetModel
-    if dense is not None and architecture != "LlamaForCausalLM":
-        raise reader.error(
-            f"the dense layers of a {architecture} target cannot be sharded over the "
-            "data-parallel group (only LlamaForCausalLM's)"
-        )
     if architecture == "LlamaForCausalLM":
         llama = parse_llama_config(reader)
         model = materialize(
@@ -120,7 +115,7 @@ def load_target(
     elif architecture == "DeepseekV3ForCausalLM":
         mla = parse_mla_config(reader)
         model = materialize(
-            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused, tp), dtype, device
+            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused, tp, dense), dtype, device
         )
     else:
         raise reader.error(

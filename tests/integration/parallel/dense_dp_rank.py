@@ -12,7 +12,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from eagletree.adapters.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from eagletree.adapters.models.layers import PreNormDecoderLayer
+from eagletree.adapters.models.loading import TargetModel
 from eagletree.app.container import build_engine_container
 from eagletree.app.data_parallel import DataParallelEngine
 from eagletree.app.scheduler import SchedulePlan, StepPhases
@@ -20,18 +21,13 @@ from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
 
-def dense_parameter_count(model: LlamaForCausalLM) -> int:
+def dense_parameter_count(model: TargetModel) -> int:
     """Elements of the target's embedding, lm_head (once when tied) and decoder-layer MLPs."""
-    layers = cast("list[LlamaDecoderLayer]", list(model.layers))
+    layers = cast("list[PreNormDecoderLayer]", list(model.layers))
     modules: list[nn.Module] = [model.embed_tokens, model.lm_head]
     modules += [layer.mlp for layer in layers]
     unique = {id(p): p for m in modules for p in m.parameters()}
     return sum(p.numel() for p in unique.values())
-
-
-def target_of(model: object) -> LlamaForCausalLM:
-    assert isinstance(model, LlamaForCausalLM), f"a Llama target, not {type(model).__name__}"
-    return model
 
 
 def run_dense_cases(
@@ -66,7 +62,7 @@ def run_dense_cases(
             outputs = engine.generate(prompts, **sampling)
         results[name] = {
             "outputs": [r.output_ids for r in outputs],
-            "dense_parameters": dense_parameter_count(target_of(container.target_model())),
+            "dense_parameters": dense_parameter_count(container.target_model()),
             "num_steps": engine.engine.stats.num_steps,
             "num_idle_steps": engine.engine.stats.num_idle_steps,
             "phases": phases,

@@ -1,11 +1,11 @@
 """Data-parallel attention with the dense layers sharded over the group, on the CPU: two gloo
 ranks with ``parallel.shard_dense_over_dp``, each holding half of the target's MLP, embedding
 and lm_head and running attention over its own requests, return exactly the single-process
-greedy tokens for the plain and v2-tree (EAGLE-1) workers. The prompts are placed so that the
-ranks' steps differ: the long prompt alone on rank 0 ends at the context length first (rank 0
-then steps idle), and rank 1 admits a waiting request while rank 0 only decodes, so one rank
-runs a prefill phase with zero rows. Unsupported combinations are refused naming the setting.
-One spawn runs every case."""
+greedy tokens for every worker: plain, v2 tree (Llama and MLA targets, EAGLE-1 and EAGLE-3
+heads), v1 tree and multi-layer MTP. The prompts are placed so that the ranks' steps differ:
+the long prompt alone on rank 0 ends at the context length first (rank 0 then steps idle), and
+rank 1 admits a waiting request while rank 0 only decodes, so rank 0 runs a prefill phase with
+zero rows. tp_size > 1 with the setting is refused naming both. One spawn runs every case."""
 
 from __future__ import annotations
 
@@ -20,11 +20,7 @@ from eagletree.adapters.models.loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import Arch, write_random_checkpoint
 from eagletree.app.distributed import spawn_ranks
 from eagletree.domain.errors import ConfigurationError
-from tests.integration.parallel.dense_dp_rank import (
-    dense_parameter_count,
-    run_dense_cases,
-    target_of,
-)
+from tests.integration.parallel.dense_dp_rank import dense_parameter_count, run_dense_cases
 from tests.integration.parallel.test_tensor_parallel import SIZES, TREE
 from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
 
@@ -39,20 +35,27 @@ from eagletree.config.settings import EngineSettings
 PROMPTS = ragged_prompts(SIZES.vocab_size, [60, 58, 3, 4, 5], seed=93)
 MAX_NEW_TOKENS = 12
 GREEDY = {"max_new_tokens": MAX_NEW_TOKENS}
-SPECULATIVE: dict[str, dict[str, Any] | None] = {
-    "plain-llama": None,
-    "v2-tree-llama-eagle": TREE,
+# name: (target architecture, draft kind, speculative settings or None for no speculation)
+CASES: dict[str, tuple[Arch, DraftKind, dict[str, Any] | None]] = {
+    "plain-llama": ("llama", "eagle", None),
+    "v2-tree-llama-eagle": ("llama", "eagle", TREE),
+    "v1-tree-llama-eagle": ("llama", "eagle", {**TREE, "version": "v1"}),
+    "v2-tree-llama-eagle3": ("llama", "eagle3", TREE),
+    "v2-tree-mla-eagle": ("deepseek-mla", "eagle", TREE),
+    "mtp-2-layers-mla": (
+        "deepseek-mla",
+        "mtp",
+        {"num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3},
+    ),
 }
-REFUSED = "v1-tree-llama-eagle"
 SPAWN_TIMEOUT_S = 180.0
 
 
-def dense_options(
-    root: Path, speculative: dict[str, Any] | None, **parallel: Any
-) -> dict[str, Any]:
+def dense_options(root: Path, name: str, **parallel: Any) -> dict[str, Any]:
+    arch, kind, speculative = CASES[name]
     options: dict[str, Any] = {
         "model": {
-            "target_path": str(root / "llama-eagle" / "target"),
+            "target_path": str(root / f"{arch}-{kind}" / "target"),
             "dtype": "float32",
             "device": "cpu",
             "max_context_len": 64,
@@ -61,16 +64,15 @@ def dense_options(
         "parallel": {"shard_dense_over_dp": True, **parallel},
     }
     if speculative is not None:
-        options["model"]["draft_path"] = str(root / "llama-eagle" / "draft")
-        options["speculative"] = {"algorithm": "eagle", **speculative}
+        options["model"]["draft_path"] = str(root / f"{arch}-{kind}" / "draft")
+        options["speculative"] = {"algorithm": kind, **speculative}
     return options
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dense-dp-checkpoints")
-    pairs: list[tuple[Arch, DraftKind]] = [("llama", "eagle"), ("deepseek-mla", "mtp")]
-    for arch, kind in pairs:
+    for arch, kind in {(arch, kind) for arch, kind, _ in CASES.values()}:
         write_random_checkpoint(
             root / f"{arch}-{kind}", arch, kind, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
         )
@@ -81,12 +83,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def dense_results(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """Each rank's results of every case (one spawn of two ranks)."""
     out = tmp_path_factory.mktemp("dense-dp-results")
-    cases = {
-        name: (dense_options(checkpoints, speculative, dp_size=2), GREEDY)
-        for name, speculative in SPECULATIVE.items()
-    }
-    v1 = {**TREE, "version": "v1"}
-    cases[REFUSED] = (dense_options(checkpoints, v1, dp_size=2), GREEDY)
+    cases = {name: (dense_options(checkpoints, name, dp_size=2), GREEDY) for name in CASES}
     spawn_ranks(run_dense_cases, 2, (cases, PROMPTS, str(out)), timeout_s=SPAWN_TIMEOUT_S)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
@@ -94,15 +91,13 @@ def dense_results(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -
 def single_process(checkpoints: Path, name: str) -> tuple[list[list[int]], int]:
     """One process's greedy outputs and dense parameter count (the setting is inert there)."""
     container = build_engine_container(
-        EngineSettings(**dense_options(checkpoints, SPECULATIVE[name], dp_size=1))
+        EngineSettings(**dense_options(checkpoints, name, dp_size=1))
     )
     outputs = container.engine().generate(PROMPTS, max_new_tokens=MAX_NEW_TOKENS)
-    return [r.output_ids for r in outputs], dense_parameter_count(
-        target_of(container.target_model())
-    )
+    return [r.output_ids for r in outputs], dense_parameter_count(container.target_model())
 
 
-@pytest.mark.parametrize("name", list(SPECULATIVE))
+@pytest.mark.parametrize("name", list(CASES))
 def test_sharded_dense_layers_return_the_single_process_tokens_with_half_the_weights(
     name: str, checkpoints: Path, dense_results: list[Any]
 ) -> None:
@@ -115,7 +110,7 @@ def test_sharded_dense_layers_return_the_single_process_tokens_with_half_the_wei
     assert rank1["dense_parameters"] * 2 == full_count
 
 
-@pytest.mark.parametrize("name", list(SPECULATIVE))
+@pytest.mark.parametrize("name", list(CASES))
 def test_every_rank_runs_the_phases_any_rank_runs_one_with_zero_rows(
     name: str, dense_results: list[Any]
 ) -> None:
@@ -132,26 +127,9 @@ def test_every_rank_runs_the_phases_any_rank_runs_one_with_zero_rows(
     assert rank1["num_idle_steps"] == 0
 
 
-def test_an_unsupported_worker_is_refused_at_engine_build_on_every_rank(
-    dense_results: list[Any],
-) -> None:
-    for results in dense_results:
-        refused = results[REFUSED]["refused"]
-        assert refused.startswith("parallel.shard_dense_over_dp does not support the eagle_v1")
-
-
 def test_tensor_parallel_with_sharded_dense_layers_is_refused_naming_both(
     checkpoints: Path,
 ) -> None:
-    options = dense_options(checkpoints, None, dp_size=2, tp_size=2)
+    options = dense_options(checkpoints, "plain-llama", dp_size=2, tp_size=2)
     with pytest.raises(ConfigurationError, match=r"shard_dense_over_dp with parallel\.tp_size = 2"):
-        build_engine_container(EngineSettings(**options))
-
-
-def test_an_mla_target_with_sharded_dense_layers_is_refused_before_any_group(
-    checkpoints: Path,
-) -> None:
-    options = dense_options(checkpoints, None, dp_size=2)
-    options["model"]["target_path"] = str(checkpoints / "deepseek-mla-mtp" / "target")
-    with pytest.raises(ConfigurationError, match=r"not support a DeepseekV3ForCausalLM target"):
         build_engine_container(EngineSettings(**options))
