@@ -1,13 +1,14 @@
 """App: data-parallel engines — each rank owns its requests; the group steps in lockstep.
 
 Every rank of a data-parallel group holds a whole ``Engine`` (scheduler, KV pools, draft state,
-and a full copy of the weights, or its tensor-parallel shard of them) and serves only the
-requests the router placed on it; its attention reads only its own KV pool. The group steps in
-lockstep: before every step one all-reduce of a few counters tells each rank whether any rank
-still has work, and a rank without requests then runs its worker's idle step (bs == 0) through
-every phase. So the group finishes together, and every rank makes the same sequence of
-collectives — the condition a tensor-parallel MLP and lm_head across the group (not built:
-docs/parallel.md) would need.
+and a full copy of the weights, or its tensor-parallel shard of them, or with
+``parallel.shard_dense_over_dp`` 1/dp of the dense layers) and serves only the requests the
+router placed on it; its attention reads only its own KV pool. The group steps in lockstep:
+before every step one all-reduce of a few counters tells each rank whether any rank still has
+work, and a rank without requests then runs its worker's idle step (bs == 0) through every
+phase. So the group finishes together, and every rank makes the same sequence of collectives,
+which the dense layers sharded over the group need (with the phases agreed inside each step:
+``app/step_phases.py``).
 
 The group exchanges host values only (loads, counters, results): it is a gloo group also when
 the models' collectives run on NCCL, so the exchanges never wait on the device.

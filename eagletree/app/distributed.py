@@ -145,7 +145,9 @@ class ParallelGroups:
     """This rank's place in a ``dp_size`` × ``tp_size`` group: global rank
     ``dp_rank · tp_size + tp_rank``. ``tp_group`` (None for one rank) holds the ``tp_size``
     ranks its models are sharded over, ``dp_group`` (None for one) the ``dp_size`` ranks of its
-    tensor-parallel rank across the data-parallel replicas."""
+    tensor-parallel rank across the data-parallel replicas (gloo: host values), and
+    ``dense_group`` the same ranks on the device's backend, for the dense layers sharded over
+    them (None unless asked for)."""
 
     tp_rank: int = 0
     tp_size: int = 1
@@ -153,14 +155,19 @@ class ParallelGroups:
     dp_rank: int = 0
     dp_size: int = 1
     dp_group: dist.ProcessGroup | None = None
+    dense_group: dist.ProcessGroup | None = None
 
 
 def parallel_groups(
-    tp_size: int, dp_size: int, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+    tp_size: int,
+    dp_size: int,
+    dense_over_dp: bool = False,
+    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
 ) -> ParallelGroups:
     """The tensor- and data-parallel groups over the (already joined) default group of
-    ``tp_size · dp_size`` ranks; no group at all for one rank. Every rank must call it (each
-    ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
+    ``tp_size · dp_size`` ranks; no group at all for one rank; with ``dense_over_dp`` (and
+    dp_size > 1) also the data-parallel ranks' device-backend group. Every rank must call it
+    (each ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
     world = tp_size * dp_size
     if world == 1:
         return ParallelGroups()
@@ -177,7 +184,7 @@ def parallel_groups(
             f"but the process group has {world_size}: launch exactly tp_size · dp_size processes"
         )
     dp_rank, tp_rank = divmod(dist.get_rank(), tp_size)
-    tp_group = dp_group = None
+    tp_group = dp_group = dense_group = None
     if tp_size > 1:
         for replica in range(dp_size):
             group = dist.new_group([replica * tp_size + t for t in range(tp_size)], timeout=timeout)
@@ -193,7 +200,12 @@ def parallel_groups(
             )
             if shard == tp_rank:
                 dp_group = group
-    return ParallelGroups(tp_rank, tp_size, tp_group, dp_rank, dp_size, dp_group)
+    for shard in range(tp_size if dense_over_dp and dp_size > 1 else 0):
+        ranks = [replica * tp_size + shard for replica in range(dp_size)]
+        group = dist.new_group(ranks, timeout=timeout)
+        if shard == tp_rank:
+            dense_group = group
+    return ParallelGroups(tp_rank, tp_size, tp_group, dp_rank, dp_size, dp_group, dense_group)
 
 
 def world_size() -> int:

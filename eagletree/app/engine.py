@@ -23,6 +23,7 @@ from eagletree.domain.request import (
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.step_phases import PhaseAgreement
     from eagletree.app.workers.step import Worker
     from eagletree.config.settings import EngineSettings
     from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
@@ -48,6 +49,11 @@ class Engine:
 
     ``prefill_step``: where a plan's prefills run, beside its decode batch (``"with_decode"``)
     or in a step of their own while the running requests wait one step (``"alone"``).
+
+    ``phases``: a data-parallel rank whose dense layers are shared with its group agrees on
+    each launched step's phases with the group (``PhaseAgreement``), so that every rank runs
+    the same forwards; each rank then launches its steps only together with the others
+    (``step(run_idle=True)`` in lockstep).
     """
 
     tokenizer: Tokenizer | None = None
@@ -67,8 +73,10 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool = False,
         prefill_step: PrefillStep = "with_decode",
+        phases: PhaseAgreement | None = None,
     ) -> None:
         self._worker = worker
+        self._phases = phases
         self.overlap = overlap
         self._readback = StepReadback()
         self._in_flight: PendingStep | None = None
@@ -175,6 +183,8 @@ class Engine:
         launched = None
         if not plan.is_empty or run_idle:
             self.stats.num_idle_steps += plan.is_empty
+            if self._phases is not None:
+                plan = dataclasses.replace(plan, group_phases=self._phases.agree(plan))
             if self._in_flight is not None:
                 plan = dataclasses.replace(plan, exact_lengths=False)
                 self.stats.num_steps_ahead += 1

@@ -36,7 +36,8 @@ def resolve_platform(settings: EngineSettings, platform: Platform | None = None)
     """``settings`` with model.device, model.dtype, backend.attention, backend.kv_move and
     backend.cuda_graph concrete: CUDA when visible, else the CPU; bfloat16 on CUDA, float32 on
     the CPU; Triton on CUDA, torch on the CPU; CUDA graphs on for CUDA with Triton attention
-    (and no ``memory.debug_checks``, whose host reads a graph cannot replay)."""
+    (and no ``memory.debug_checks``, whose host reads a graph cannot replay, nor dense layers
+    sharded over the data-parallel ranks, whose row counts are exchanged on the host)."""
     platform = Platform.detect() if platform is None else platform
     model, backend = settings.model, settings.backend
     device = _device(model.device, platform)
@@ -47,8 +48,10 @@ def resolve_platform(settings: EngineSettings, platform: Platform | None = None)
     # auto: on where a graph can be captured (the rest of the rules: config/cuda_graphs.py)
     cuda_graph = backend.cuda_graph
     if cuda_graph == "auto":
+        parallel = settings.parallel
+        dense_over_dp = parallel.shard_dense_over_dp and parallel.dp_size > 1
         capturable = on_cuda and attention == "triton" and not settings.memory.debug_checks
-        cuda_graph = "on" if capturable else "off"
+        cuda_graph = "on" if capturable and not dense_over_dp else "off"
     if not on_cuda:
         triton_hint = (
             "Triton runs on CUDA (on the CPU only under TRITON_INTERPRET=1, for tests): set {} = "

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
@@ -34,6 +34,14 @@ from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
 # where a plan's prefills run: in the step of its decode batch, or in a step of their own
 PrefillStep = Literal["with_decode", "alone"]
 PREFILL_STEPS: tuple[PrefillStep, ...] = get_args(PrefillStep)
+
+
+class StepPhases(NamedTuple):
+    """Which phases a step runs: a prefill of new requests, a decode (or verify) of running
+    ones. A step with neither runs an idle decode."""
+
+    prefill: bool
+    decode: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +58,20 @@ class SchedulePlan:
     # running but not decoded this step, because its prefills run alone: their windows, rows
     # and worker state stay as they are
     paused: list[Request] = field(default_factory=list)
+    # the phases the whole data-parallel group runs when it shares its dense layers (None: this
+    # plan's own): a phase this plan has no request for runs with zero rows
+    group_phases: StepPhases | None = None
 
     @property
     def is_empty(self) -> bool:
         return not (self.prefill or self.decode)
+
+    @property
+    def phases(self) -> StepPhases:
+        """The phases the worker runs: the group's, or this plan's own."""
+        if self.group_phases is not None:
+            return self.group_phases
+        return StepPhases(bool(self.prefill), bool(self.decode))
 
     @property
     def live(self) -> list[Request]:

@@ -21,6 +21,7 @@ from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import PrefillStep
+    from eagletree.app.step_phases import PhaseAgreement
     from eagletree.app.workers.step import Worker
     from eagletree.config.eagle_hook import ResolvedSpeculative, WorkerName
     from eagletree.config.settings import EngineSettings
@@ -32,8 +33,9 @@ _log = logging.getLogger("eagletree.engine")
 
 
 def check_engine_settings(settings: EngineSettings) -> None:
-    """What an engine needs before anything is loaded: a target directory (the parallel sizes
-    are checked against the process group when the container builds the groups)."""
+    """What an engine needs before anything is loaded: a target directory, and a combination
+    the dense layers' sharding supports (the parallel sizes are checked against the process
+    group when the container builds the groups)."""
     target_path = settings.model.target_path
     if target_path is None:
         raise ConfigurationError(
@@ -44,6 +46,24 @@ def check_engine_settings(settings: EngineSettings) -> None:
         raise ConfigurationError(
             f"model.target_path = {target_path!r} is not a directory: point it at a checkpoint "
             "(config.json + safetensors), e.g. one written by `eagletree init-random`"
+        )
+    check_dense_sharding(settings)
+
+
+def shards_dense_over_dp(settings: EngineSettings) -> bool:
+    """Whether the dense layers are sharded over the data-parallel ranks."""
+    return settings.parallel.shard_dense_over_dp and settings.parallel.dp_size > 1
+
+
+def check_dense_sharding(settings: EngineSettings) -> None:
+    """``parallel.shard_dense_over_dp`` runs with tp_size 1: a rank's attention is whole."""
+    if not shards_dense_over_dp(settings):
+        return
+    if settings.parallel.tp_size > 1:
+        raise ConfigurationError(
+            f"parallel.shard_dense_over_dp with parallel.tp_size = {settings.parallel.tp_size}: "
+            "the dense layers are sharded over the data-parallel ranks only with tp_size 1; "
+            "set parallel.tp_size = 1 or parallel.shard_dense_over_dp = false"
         )
 
 
@@ -113,10 +133,12 @@ def assemble_engine(
     tokenizer: Tokenizer | None,
     overlap: bool = False,
     prefill_step: PrefillStep = "with_decode",
+    phases: PhaseAgreement | None = None,
 ) -> Engine:
     """The engine over the built parts, with the checkpoint's tokenizer (None: ids only);
     ``overlap``: it keeps one step in flight (``scheduler.overlap``); ``prefill_step``: where
-    a plan's prefills run (``scheduler.prefill_step``)."""
+    a plan's prefills run (``scheduler.prefill_step``); ``phases``: the agreement of a group
+    sharing its dense layers."""
     engine = Engine(
         worker,
         allocator,
@@ -127,6 +149,7 @@ def assemble_engine(
         eos_token_ids=eos_token_ids,
         overlap=overlap,
         prefill_step=prefill_step,
+        phases=phases,
     )
     engine.tokenizer = tokenizer
     return engine

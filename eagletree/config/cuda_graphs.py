@@ -6,7 +6,8 @@ change; ``"off"`` never captures. What a graph needs: a CUDA device, an attentio
 launches do not depend on host copies of the lengths (Triton: the torch and flash backends size
 their work from ``seq_lens_cpu``), no host checks inside a step (``memory.debug_checks`` off),
 and a worker whose decode step is one device function (the plain, v2 and multi-layer MTP v2
-workers; v1 keeps host books every step).
+workers; v1 keeps host books every step), and no dense layers sharded over the data-parallel
+ranks (their row counts are exchanged on the host per forward).
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def resolve_cuda_graphs(
         problems.append("memory.debug_checks reads device values on the host inside a step")
     if worker not in GRAPH_WORKERS:
         problems.append(f"the {worker} worker runs its decode steps eagerly")
+    if settings.parallel.shard_dense_over_dp and settings.parallel.dp_size > 1:
+        problems.append(
+            "parallel.shard_dense_over_dp exchanges the ranks' row counts on the host in "
+            "every forward"
+        )
     if not problems:
         return ResolvedCudaGraphs(True, None)
     reason = "; ".join(problems)

@@ -155,6 +155,11 @@ class ParallelSettings(_Section):
         description="Data-parallel replicas, each with its own requests and KV pool.",
     )
     tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks.")
+    shard_dense_over_dp: bool = Field(
+        default=False,
+        description="With dp_size > 1: shard the MLP, embedding and lm_head over the "
+        "data-parallel ranks (attention stays per rank).",
+    )
 
 
 class _KeywordSource(PydanticBaseSettingsSource):

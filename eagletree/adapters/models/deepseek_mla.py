@@ -16,6 +16,8 @@ from torch import nn
 
 from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_store
 from eagletree.adapters.models.config import MLAConfig
+from eagletree.adapters.models.dense_group import DenseGroup
+from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
 from eagletree.adapters.models.kv_rows import mla_kv_buffer
 from eagletree.adapters.models.layers import (
     AttentionContext,
@@ -23,7 +25,6 @@ from eagletree.adapters.models.layers import (
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
-    SwiGLU,
     yarn_mscale,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
@@ -38,8 +39,6 @@ from eagletree.adapters.models.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TensorParallel,
-    VocabParallelEmbedding,
-    gathered_lm_head,
 )
 from eagletree.domain.attention_layer import AttentionLayer
 
@@ -161,7 +160,8 @@ class MLAAttention(nn.Module):
 
 
 class MLADecoderLayer(PreNormDecoderLayer):
-    """MLA attention and SwiGLU as a ``PreNormDecoderLayer``."""
+    """MLA attention and SwiGLU as a ``PreNormDecoderLayer``; ``dense``: the MLP sharded over
+    that data-parallel group instead of ``tp``."""
 
     def __init__(
         self,
@@ -169,13 +169,14 @@ class MLADecoderLayer(PreNormDecoderLayer):
         layer_id: int,
         fused_kernels: bool = False,
         tp: TensorParallel = SINGLE,
+        dense: DenseGroup | None = None,
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
         self.self_attn = MLAAttention(config, layer_id, fused_kernels, tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, fused_kernels=fused_kernels, tp=tp)
+        self.mlp = swiglu_over(hidden, config.intermediate_size, False, fused_kernels, tp, dense)
 
 
 def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
@@ -184,7 +185,8 @@ def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
 
 class DeepseekMLAForCausalLM(nn.Module):
     """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head; tensor-parallel
-    over ``tp`` as ``LlamaForCausalLM`` is (attention by heads over a replicated latent)."""
+    over ``tp`` as ``LlamaForCausalLM`` is (attention by heads over a replicated latent), or
+    with ``dense`` its embedding, MLPs and lm_head over that data-parallel group."""
 
     def __init__(
         self,
@@ -192,17 +194,19 @@ class DeepseekMLAForCausalLM(nn.Module):
         aux_layer_ids: Sequence[int] = (),
         fused_kernels: bool = False,
         tp: TensorParallel = SINGLE,
+        dense: DenseGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.tp = tp
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
         self.layers = nn.ModuleList(
-            MLADecoderLayer(config, i, fused_kernels, tp) for i in range(config.num_hidden_layers)
+            MLADecoderLayer(config, i, fused_kernels, tp, dense)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = gathered_lm_head(config.hidden_size, config.vocab_size, tp, fused_kernels)
+        self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
         self.rotary = mla_rotary(config)
         self.tie_weights()
 

@@ -13,6 +13,8 @@ from torch import nn
 
 from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
 from eagletree.adapters.models.config import LlamaConfig
+from eagletree.adapters.models.dense_group import DenseGroup
+from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
 from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import (
     AttentionContext,
@@ -20,7 +22,6 @@ from eagletree.adapters.models.layers import (
     RMSNorm,
     RopeTables,
     RotaryEmbedding,
-    SwiGLU,
     fold_rms_weight,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
@@ -31,13 +32,7 @@ from eagletree.adapters.models.stack import (
     mha_layout,
     run_decoder_stack,
 )
-from eagletree.adapters.models.tensor_parallel import (
-    SINGLE,
-    RowParallelLinear,
-    TensorParallel,
-    VocabParallelEmbedding,
-    gathered_lm_head,
-)
+from eagletree.adapters.models.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
 from eagletree.domain.attention_layer import AttentionLayer
 
 
@@ -141,7 +136,8 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
     """Llama attention and SwiGLU as a ``PreNormDecoderLayer``.
 
     ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
-    goes straight into attention), as SafeAILab's reference and SGLang do.
+    goes straight into attention), as SafeAILab's reference and SGLang do. ``dense``: the MLP
+    is sharded over that data-parallel group instead of ``tp`` (``dense_layers``).
     """
 
     self_attn: LlamaAttention
@@ -153,13 +149,16 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
         skip_input_norm: bool = False,
         fused_kernels: bool = False,
         tp: TensorParallel = SINGLE,
+        dense: DenseGroup | None = None,
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.input_layernorm = None if skip_input_norm else RMSNorm(hidden, eps, fused_kernels)
         self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels, tp=tp)
         self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
+        self.mlp = swiglu_over(
+            hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp, dense
+        )
         self.norms_folded = False
 
     def fold_norms(self) -> None:
@@ -196,7 +195,9 @@ class LlamaForCausalLM(nn.Module):
     """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured).
 
     Tensor-parallel over ``tp``: embedding and lm_head by vocabulary (the logits are gathered,
-    so every rank sees all of them), attention by heads, the MLP by intermediate features."""
+    so every rank sees all of them), attention by heads, the MLP by intermediate features.
+    With ``dense`` (data-parallel attention) the embedding, the MLPs and the lm_head are sharded
+    over that group while attention stays whole on each rank (``tp`` is then the single rank)."""
 
     def __init__(
         self,
@@ -204,18 +205,19 @@ class LlamaForCausalLM(nn.Module):
         aux_layer_ids: Sequence[int] = (),
         fused_kernels: bool = False,
         tp: TensorParallel = SINGLE,
+        dense: DenseGroup | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.tp = tp
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels, tp=tp)
+            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels, tp=tp, dense=dense)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = gathered_lm_head(config.hidden_size, config.vocab_size, tp, fused_kernels)
+        self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
         self.tie_weights()
 

@@ -34,6 +34,7 @@ from eagletree.adapters.models.config import (
     parse_mla_config,
 )
 from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
+from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.eagle import EagleDraft, SharedTargetModules
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.layers import RotaryEmbedding
@@ -97,9 +98,11 @@ def load_target(
     aux_layer_ids: Sequence[int] = (),
     fused_kernels: bool | None = None,
     tp: TensorParallel = SINGLE,
+    dense: DenseGroup | None = None,
 ) -> TargetModel:
     """The target model of an HF checkpoint directory, capturing ``aux_layer_ids`` (EAGLE-3);
-    this rank's shard of it under ``tp``."""
+    this rank's shard of it under ``tp``; with ``dense`` its embedding, MLPs and lm_head
+    sharded over that data-parallel group."""
     reader = ConfigReader.from_dir(path)
     architecture = reader.architecture()
     fused = _fused(fused_kernels, device)
@@ -107,12 +110,12 @@ def load_target(
     if architecture == "LlamaForCausalLM":
         llama = parse_llama_config(reader)
         model = materialize(
-            lambda: LlamaForCausalLM(llama, aux_layer_ids, fused, tp), dtype, device
+            lambda: LlamaForCausalLM(llama, aux_layer_ids, fused, tp, dense), dtype, device
         )
     elif architecture == "DeepseekV3ForCausalLM":
         mla = parse_mla_config(reader)
         model = materialize(
-            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused, tp), dtype, device
+            lambda: DeepseekMLAForCausalLM(mla, aux_layer_ids, fused, tp, dense), dtype, device
         )
     else:
         raise reader.error(

@@ -28,10 +28,11 @@ from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
-from eagletree.app import startup
+from eagletree.app import distributed, startup
 from eagletree.app.container.models import (
     ModelProviders,
     aux_layer_ids,
+    dense_group_of,
     describe_target,
     described_target,
     load_draft_heads,
@@ -39,6 +40,7 @@ from eagletree.app.container.models import (
 )
 from eagletree.app.container.pools import PoolProviders, build_draft_runners
 from eagletree.app.platform import resolve_platform
+from eagletree.app.step_phases import PhaseAgreement
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
@@ -55,10 +57,12 @@ __all__ = [
     "build_container",
     "build_draft_runners",
     "build_engine_container",
+    "dense_group_of",
     "describe_target",
     "described_target",
     "kernel_backend",
     "load_draft_heads",
+    "phase_agreement_of",
     "reads_aux_hidden",
     "tensor_parallel_of",
 ]
@@ -67,6 +71,11 @@ __all__ = [
 def reads_aux_hidden(algorithm: str) -> bool:
     """Whether the draft reads the target's aux hidden states (EAGLE-3 does)."""
     return algorithm == "eagle3"
+
+
+def phase_agreement_of(groups: distributed.ParallelGroups) -> PhaseAgreement | None:
+    """How the engine agrees on its steps' phases with a group sharing its dense layers."""
+    return None if groups.dense_group is None else PhaseAgreement(groups.dp_group)
 
 
 def kernel_backend(device: str) -> str:
@@ -111,6 +120,8 @@ class Container(PoolProviders):
     use_aux_hidden = providers.Callable(
         reads_aux_hidden, ModelProviders.config.speculative.algorithm
     )
+    # the phases of each step agreed with a data-parallel group sharing the dense layers
+    phase_agreement = providers.Singleton(phase_agreement_of, ModelProviders.parallel_groups)
     # the engine keeps one step in flight; the plain worker then keeps its tokens on the device
     overlap = providers.Singleton(
         startup.overlap_decision,
@@ -181,6 +192,7 @@ class Container(PoolProviders):
         ),
         overlap=overlap,
         prefill_step=ModelProviders.config.scheduler.prefill_step,
+        phases=phase_agreement,
     )
     scheduler = engine.provided.scheduler
 

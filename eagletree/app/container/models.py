@@ -17,6 +17,7 @@ import torch
 from dependency_injector import containers, providers
 
 from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.stack import MHALayout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
@@ -89,6 +90,15 @@ def tensor_parallel_of(groups: distributed.ParallelGroups) -> TensorParallel:
     return TensorParallel(groups.tp_rank, groups.tp_size, groups.tp_group)
 
 
+def dense_group_of(groups: distributed.ParallelGroups) -> DenseGroup | None:
+    """The data-parallel group this rank's dense layers are sharded over; None when they are
+    not (``parallel.shard_dense_over_dp`` off, or one replica)."""
+    if groups.dense_group is None:
+        return None
+    tp = TensorParallel(groups.dp_rank, groups.dp_size, groups.dense_group)
+    return DenseGroup(tp, count_group=groups.dp_group)
+
+
 class ModelProviders(containers.DeclarativeContainer):
     """The settings, the rank's groups and device, the models and what they tell the rules."""
 
@@ -100,9 +110,14 @@ class ModelProviders(containers.DeclarativeContainer):
     # the groups of this rank: the models are sharded over the tensor-parallel one, the
     # data-parallel engine steps in lockstep over the other (one rank of each by default)
     parallel_groups = providers.Singleton(
-        distributed.parallel_groups, config.parallel.tp_size, config.parallel.dp_size
+        distributed.parallel_groups,
+        config.parallel.tp_size,
+        config.parallel.dp_size,
+        config.parallel.shard_dense_over_dp,
     )
     tensor_parallel = providers.Singleton(tensor_parallel_of, parallel_groups)
+    # with parallel.shard_dense_over_dp: the MLP, embedding and lm_head over the dp group
+    dense_group = providers.Singleton(dense_group_of, parallel_groups)
     device = providers.Singleton(
         distributed.rank_device,
         config.model.device,
@@ -124,6 +139,7 @@ class ModelProviders(containers.DeclarativeContainer):
             config.model.draft_path,
         ),
         tp=tensor_parallel,
+        dense=dense_group,
     )
     target = providers.Singleton(described_target, settings, config.model.target_path, target_model)
     speculative = providers.Singleton(resolve_speculative, settings, target)

@@ -89,7 +89,8 @@ class NonSpeculativeWorker:
         assert plan.exact_lengths or self._run_ahead, "launched ahead without run_ahead"
         ahead = frozenset() if plan.exact_lengths else self._rows_in_flight
         self._rows_in_flight = frozenset(r.row for r in plan.decode)
-        if not plan.prefill:  # the common step: everything from the decode function (or graph)
+        phases = plan.phases  # the group's, when it shares the dense layers: maybe zero rows
+        if not phases.prefill:  # the common step: everything from the decode function (or graph)
             tokens, ones = self._decode(plan.decode, ahead)
             return StepOutput(plan.decode, tokens, ones, ones, num_forwards=1, num_prefill=0)
         batch, last_rows = self._batches.extend(plan.prefill)
@@ -100,7 +101,7 @@ class NonSpeculativeWorker:
         committed = [r.num_tokens - r.committed_len for r in plan.prefill]
         tokens, emitted = first.unsqueeze(1), torch.ones_like(first)
         num_committed = to_device(torch.tensor(committed), first.device)
-        if plan.decode:
+        if phases.decode:
             decode_tokens, ones = self._decode(plan.decode, ahead)
             tokens = torch.cat([tokens, decode_tokens])
             emitted = torch.cat([emitted, ones])
@@ -110,7 +111,7 @@ class NonSpeculativeWorker:
             tokens=tokens,
             num_emitted=emitted,
             num_committed=num_committed,
-            num_forwards=1 + bool(plan.decode),
+            num_forwards=1 + phases.decode,
             num_prefill=len(plan.prefill),
         )
 

@@ -64,11 +64,13 @@ def speculative_step(
 ) -> StepOutput:
     """Prefill the plan's new requests, then one verify step over its running ones; the rows of
     the two phases joined in that order. A plan with neither runs an idle verify step (bs == 0)
-    through every phase, as a data-parallel rank without requests must."""
+    through every phase, as a data-parallel rank without requests must; a group sharing its
+    dense layers runs the phases it agreed on (``plan.phases``), some maybe with zero rows."""
     parts: list[StepOutput] = []
-    if plan.prefill:
+    phases = plan.phases
+    if phases.prefill:
         parts.append(prefill(plan.prefill))
-    if plan.decode or not plan.prefill:
+    if phases.decode or not phases.prefill:
         parts.append(decode(plan.decode))
     if len(parts) == 1:  # one phase: its tensors as they are (no joining kernels)
         return dataclasses.replace(parts[0], num_prefill=len(plan.prefill), speculative=True)

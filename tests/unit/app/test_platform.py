@@ -44,6 +44,15 @@ def test_debug_checks_keep_auto_graphs_off_and_contradict_graphs_on() -> None:
     assert decided == ResolvedCudaGraphs(True, None)
 
 
+def test_dense_layers_sharded_over_replicas_keep_auto_graphs_off_and_contradict_on() -> None:
+    dense = {"parallel": {"dp_size": 2, "shard_dense_over_dp": True}}
+    assert resolved(ONE_GPU, **dense)[4] == "off"
+    assert resolved(ONE_GPU, parallel={"shard_dense_over_dp": True})[4] == "on"  # one replica
+    on = resolve_platform(EngineSettings(**dense, backend={"cuda_graph": "on"}), ONE_GPU)
+    with pytest.raises(ConfigurationError, match=r"shard_dense_over_dp exchanges the ranks' row"):
+        resolve_cuda_graphs(on, "cuda", "eagle_v2")
+
+
 def test_auto_is_cpu_fp32_torch_without_graphs_without_one() -> None:
     assert resolved(CPU) == ("cpu", "float32", "torch", "torch", "off")
     assert resolved(CPU_INTERPRETED) == ("cpu", "float32", "torch", "torch", "off")
