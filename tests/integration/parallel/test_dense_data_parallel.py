@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch, write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint import Arch
 from eagletree.app.distributed import spawn_ranks
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.parallel.dense_dp_rank import dense_parameter_count, run_dense_cases
-from tests.integration.parallel.test_tensor_parallel import SIZES, TREE
-from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
+from tests.integration.parallel.test_tensor_parallel import SIZES, TREE, write_case_checkpoints
+from tests.integration.spec.harness import ragged_prompts
 
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
@@ -71,12 +70,8 @@ def dense_options(root: Path, name: str, **parallel: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("dense-dp-checkpoints")
-    for arch, kind in {(arch, kind) for arch, kind, _ in CASES.values()}:
-        write_random_checkpoint(
-            root / f"{arch}-{kind}", arch, kind, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
-        )
-    return root
+    pairs = {(arch, kind) for arch, kind, _ in CASES.values()}
+    return write_case_checkpoints(tmp_path_factory.mktemp("dense-dp-checkpoints"), pairs)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ case (the processes' start-up is most of the cost)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,19 @@ def case_options(name: str, root: Path, tp_size: int) -> dict[str, Any]:
     return options
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("tp-checkpoints")
-    for arch, kind in {(arch, kind) for arch, kind, _ in CASES.values()}:
+def write_case_checkpoints(root: Path, pairs: Iterable[tuple[Arch, DraftKind]]) -> Path:
+    """One fp32 random checkpoint of SIZES per (target arch, draft kind), at ``root/arch-kind``."""
+    for arch, kind in pairs:
         write_random_checkpoint(
             root / f"{arch}-{kind}", arch, kind, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
         )
     return root
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pairs = {(arch, kind) for arch, kind, _ in CASES.values()}
+    return write_case_checkpoints(tmp_path_factory.mktemp("tp-checkpoints"), pairs)
 
 
 @pytest.fixture(scope="module")
