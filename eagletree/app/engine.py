@@ -1,4 +1,8 @@
-"""Engine: continuous-batching generation over a worker and the scheduler; `generate`, stats."""
+"""Engine: the continuous-batching step loop over a worker and the scheduler; requests, stats.
+
+``generate`` and ``stream`` run in app/batch_generation.py over ``submit`` and ``step``; the
+prompts' encoding and checks are in app/prompts.py.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +12,26 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from eagletree.app import batch_generation
 from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
+from eagletree.app.prompts import Prompt, check_prompt_ids, encode_prompt
 from eagletree.app.scheduler import PrefillStep, Scheduler
 from eagletree.app.step_readback import PendingStep, StepReadback
-from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.errors import ConfigurationError
-from eagletree.domain.request import (
-    FinishReason,
-    Request,
-    RequestStatus,
-    SamplingParams,
-)
+from eagletree.domain.request import FinishReason, Request, SamplingParams
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.schedule_plan import SchedulePlan
     from eagletree.app.step_phases import PhaseAgreement
+    from eagletree.app.streaming import StreamEvent
     from eagletree.app.workers.step import Worker
     from eagletree.config.settings import EngineSettings
     from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
     from eagletree.ports.model import ModelRunner
     from eagletree.ports.tokenizer import Tokenizer
 
-Prompt = Sequence[int] | str  # token ids, or text for the engine's tokenizer
+__all__ = ["Engine", "Prompt"]  # Prompt lives in app/prompts.py; importers name it here too
 
 
 class Engine:
@@ -144,6 +145,10 @@ class Engine:
     def scheduler(self) -> Scheduler:
         return self._scheduler
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
     # -- requests ------------------------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
@@ -151,7 +156,7 @@ class Engine:
         if self._closed:
             raise RuntimeError("the engine is closed")
         request_id = self._next_request_id
-        self._validate_prompt(request_id, prompt_ids, params.max_new_tokens)
+        self.check_prompt(request_id, prompt_ids, params.max_new_tokens)
         request = Request(request_id, prompt_ids, params, self.max_context_len, self._clock())
         self._scheduler.add(request)
         self._next_request_id += 1
@@ -268,25 +273,9 @@ class Engine:
         ``max_new_tokens``, or the context length. Raises ValueError naming the first bad
         request before anything is queued.
         """
-        requests = self._submit_all(
-            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        return batch_generation.generate(
+            self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, on_step
         )
-        started = self._clock()
-        generated_before = self.stats.num_generated_tokens
-        while any(r.status is not RequestStatus.FINISHED for r in requests):
-            self.step()
-            if on_step is not None:
-                on_step(
-                    StepReport(
-                        step=self.stats.num_steps,
-                        num_running=len(self._scheduler.running),
-                        num_waiting=len(self._scheduler.waiting),
-                        num_generated_tokens=self.stats.num_generated_tokens - generated_before,
-                        num_finished=sum(r.status is RequestStatus.FINISHED for r in requests),
-                        elapsed_s=self._clock() - started,
-                    )
-                )
-        return [self.result_of(r) for r in requests]
 
     def stream(
         self,
@@ -303,22 +292,9 @@ class Engine:
         The last event of a request has ``finish_reason`` and ``result`` set. Closing the
         iterator early aborts the requests still running and frees their slots.
         """
-        requests = self._submit_all(
-            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        return batch_generation.stream(
+            self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
         )
-        watchers = [OutputWatcher(i, r, self.tokenizer) for i, r in enumerate(requests)]
-        try:
-            while not all(w.done for w in watchers):
-                self.step()
-                for watcher in watchers:
-                    event = watcher.poll()
-                    if event is None:
-                        continue
-                    if event.finished:
-                        event = dataclasses.replace(event, result=self.result_of(watcher.request))
-                    yield event
-        finally:
-            self._abort_and_release(requests)
 
     def result_of(self, request: Request) -> GenerationResult:
         """The result of a finished request, with its text when the engine has a tokenizer."""
@@ -329,7 +305,8 @@ class Engine:
 
     def close(self) -> None:
         """Abort every queued or running request and free its slots; later submits fail."""
-        self._abort_and_release([*self._scheduler.running, *self._scheduler.waiting])
+        unfinished = [*self._scheduler.running, *self._scheduler.waiting]
+        batch_generation.abort_and_release(self, unfinished)
         self._retire()  # the step in flight, if any: its tokens are dropped
         self._closed = True
 
@@ -344,81 +321,18 @@ class Engine:
     ) -> None:
         self.close()
 
-    def _abort_and_release(self, requests: Sequence[Request]) -> None:
-        unfinished = [r for r in requests if r.status is not RequestStatus.FINISHED]
-        for request in unfinished:
-            self.abort(request.request_id)
-        while any(r.status is not RequestStatus.FINISHED for r in unfinished):
-            self.step()  # the next schedule releases the aborted requests' rows and slots
-
     def encode(self, prompt: Prompt, index: int = 0) -> list[int]:
         """Token ids of a prompt; text needs the tokenizer (ValueError naming the request)."""
-        if not isinstance(prompt, str):
-            return list(prompt)
-        if self.tokenizer is None:
-            raise ValueError(
-                f"request {index}: the prompt is text but the checkpoint has no tokenizer "
-                "(tokenizer.json or tokenizer.model); give token ids"
-            )
-        return self.tokenizer.encode(prompt)
-
-    def _submit_all(
-        self,
-        prompts: Sequence[Prompt],
-        max_new_tokens: int,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        seed: int | None,
-        stop_token_ids: Collection[int] | None,
-    ) -> list[Request]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if isinstance(prompts, str):
-            raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
-        ids = [self.encode(prompt, index) for index, prompt in enumerate(prompts)]
-        params = [
-            SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=None if seed is None else seed + index,
-                stop_token_ids=frozenset(stop_token_ids or ()),
-            )
-            for index in range(len(ids))
-        ]
-        for index, prompt in enumerate(ids):
-            self._validate_prompt(index, prompt, max_new_tokens)
-        return [self.submit(prompt, p) for prompt, p in zip(ids, params, strict=True)]
+        return encode_prompt(prompt, self.tokenizer, index)
 
     def check_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
         """Raise the ValueError (naming request ``index``) with which ``submit`` would refuse
         the prompt; nothing is queued."""
-        self._validate_prompt(index, prompt, max_new_tokens)
-
-    def _validate_prompt(self, index: int, prompt: Sequence[int], max_new_tokens: int) -> None:
-        if len(prompt) == 0:
-            raise ValueError(f"request {index}: the prompt is empty")
-        if len(prompt) >= self.max_context_len:
-            raise ValueError(
-                f"request {index}: the prompt has {len(prompt)} tokens but the context holds "
-                f"{self.max_context_len} (prompt and output), which leaves no room for output"
-            )
-        for position, token in enumerate(prompt):
-            if isinstance(token, bool) or not isinstance(token, int):
-                raise ValueError(
-                    f"request {index}: token {token!r} at position {position} is not an int"
-                )
-            if not 0 <= token < self.vocab_size:
-                raise ValueError(
-                    f"request {index}: token id {token} at position {position} is outside the "
-                    f"vocabulary [0, {self.vocab_size})"
-                )
-        max_total_len = min(len(prompt) + max_new_tokens, self.max_context_len)
-        problem = self._scheduler.capacity_problem(max_total_len)
-        if problem is not None:
-            raise ValueError(
-                f"request {index}: {problem}; raise memory.max_total_tokens, the context or "
-                "the row width, or lower max_new_tokens"
-            )
+        check_prompt_ids(
+            index,
+            prompt,
+            max_new_tokens,
+            vocab_size=self.vocab_size,
+            max_context_len=self.max_context_len,
+            scheduler=self._scheduler,
+        )

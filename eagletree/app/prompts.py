@@ -1,4 +1,5 @@
-"""Prompts: text, token ids or chat messages as users give them, and their token ids.
+"""Prompts: text, token ids or chat messages as users give them, their token ids, and the checks
+those ids pass before an engine queues them.
 
 A JSONL prompts file holds one object per line: ``{"prompt": TEXT}``, ``{"prompt_ids": [...]}``
 or ``{"messages": [{"role": ..., "content": ...}, ...]}``; blank lines are skipped. Every
@@ -8,15 +9,67 @@ problem names the file and the line.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from eagletree.app.scheduler import Scheduler
     from eagletree.ports.tokenizer import Tokenizer
 
 Message = Mapping[str, str]
+Prompt = Sequence[int] | str  # token ids, or text for the engine's tokenizer
+
+
+def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, index: int = 0) -> list[int]:
+    """Token ids of a prompt; text needs the tokenizer (ValueError naming request ``index``)."""
+    if not isinstance(prompt, str):
+        return list(prompt)
+    if tokenizer is None:
+        raise ValueError(
+            f"request {index}: the prompt is text but the checkpoint has no tokenizer "
+            "(tokenizer.json or tokenizer.model); give token ids"
+        )
+    return tokenizer.encode(prompt)
+
+
+def check_prompt_ids(
+    index: int,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    *,
+    vocab_size: int,
+    max_context_len: int,
+    scheduler: Scheduler,
+) -> None:
+    """Raise a ValueError naming request ``index`` unless the prompt is non-empty ints of the
+    vocabulary that leave room for output in the context, and the scheduler's pools could hold
+    the request alone."""
+    if len(prompt) == 0:
+        raise ValueError(f"request {index}: the prompt is empty")
+    if len(prompt) >= max_context_len:
+        raise ValueError(
+            f"request {index}: the prompt has {len(prompt)} tokens but the context holds "
+            f"{max_context_len} (prompt and output), which leaves no room for output"
+        )
+    for position, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise ValueError(
+                f"request {index}: token {token!r} at position {position} is not an int"
+            )
+        if not 0 <= token < vocab_size:
+            raise ValueError(
+                f"request {index}: token id {token} at position {position} is outside the "
+                f"vocabulary [0, {vocab_size})"
+            )
+    max_total_len = min(len(prompt) + max_new_tokens, max_context_len)
+    problem = scheduler.capacity_problem(max_total_len)
+    if problem is not None:
+        raise ValueError(
+            f"request {index}: {problem}; raise memory.max_total_tokens, the context or "
+            "the row width, or lower max_new_tokens"
+        )
 
 
 @dataclass(frozen=True, slots=True)

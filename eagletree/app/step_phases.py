@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from eagletree.app.scheduler import StepPhases
+from eagletree.app.schedule_plan import StepPhases
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.schedule_plan import SchedulePlan
 
 
 class PhaseAgreement:

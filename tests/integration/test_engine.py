@@ -17,6 +17,7 @@ from eagletree.app.forward_batches import BatchBuilder
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.scheduler import SchedulePlan
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.step import StepOutput
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.batch import ForwardMode
@@ -171,6 +172,31 @@ def test_abort_from_a_progress_callback_ends_the_request_and_frees_its_slots() -
     assert slots_in_use(engine) == 0
     assert reports[-1].num_finished == 3
     assert [r.step for r in reports] == list(range(1, len(reports) + 1))
+
+
+def test_progress_reports_time_the_call_with_the_engines_clock() -> None:
+    runner, allocator = fake_engine_parts(row_width=52)
+    ticks: list[float] = []
+
+    def clock() -> float:  # one tick per reading, so each report's elapsed is a whole count
+        ticks.append(float(len(ticks)))
+        return ticks[-1]
+
+    engine = Engine(
+        NonSpeculativeWorker(runner),
+        allocator,
+        runner.req_to_token_pool,
+        vocab_size=runner.vocab_size,
+        max_context_len=48,
+        max_running_requests=8,
+        clock=clock,
+    )
+    reports: list[StepReport] = []
+    engine.generate(PROMPTS[:2], max_new_tokens=4, on_step=reports.append)
+    elapsed = [report.elapsed_s for report in reports]
+    assert len(elapsed) >= 4 and all(value.is_integer() for value in elapsed)
+    assert elapsed[0] > 0 and elapsed == sorted(set(elapsed))  # strictly increasing
+    assert elapsed[-1] < ticks[-1]  # measured from a reading taken after the submits
 
 
 def test_results_carry_timings_in_order() -> None:

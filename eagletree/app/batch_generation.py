@@ -1,0 +1,126 @@
+"""App: generation for a list of prompts at once over an engine's submit/step loop.
+
+What ``Engine.generate`` and ``Engine.stream`` run: encode and check every prompt before any
+is queued, submit them with their sampling parameters, then step the engine until each has
+finished — reporting progress after every step, or yielding each request's new output. Only
+the engine's public surface is used, so the engine itself stays the step loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Generator, Sequence
+from typing import TYPE_CHECKING
+
+from eagletree.app.engine_reports import GenerationResult, StepReport
+from eagletree.app.streaming import OutputWatcher, StreamEvent
+from eagletree.domain.request import Request, RequestStatus, SamplingParams
+
+if TYPE_CHECKING:
+    from eagletree.app.engine import Engine
+    from eagletree.app.prompts import Prompt
+
+
+def generate(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    stop_token_ids: Collection[int] | None,
+    on_step: Callable[[StepReport], None] | None,
+) -> list[GenerationResult]:
+    """``Engine.generate``: step until every prompt's request finished; results in prompt order."""
+    requests = submit_prompts(
+        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+    )
+    started = engine.clock()
+    generated_before = engine.stats.num_generated_tokens
+    while any(r.status is not RequestStatus.FINISHED for r in requests):
+        engine.step()
+        if on_step is not None:
+            on_step(
+                StepReport(
+                    step=engine.stats.num_steps,
+                    num_running=len(engine.scheduler.running),
+                    num_waiting=len(engine.scheduler.waiting),
+                    num_generated_tokens=engine.stats.num_generated_tokens - generated_before,
+                    num_finished=sum(r.status is RequestStatus.FINISHED for r in requests),
+                    elapsed_s=engine.clock() - started,
+                )
+            )
+    return [engine.result_of(r) for r in requests]
+
+
+def stream(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    stop_token_ids: Collection[int] | None,
+) -> Generator[StreamEvent, None, None]:
+    """``Engine.stream``: each request's new output as steps commit it; nothing is queued
+    before the first ``next``, and closing early aborts and releases what is unfinished."""
+    requests = submit_prompts(
+        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+    )
+    watchers = [OutputWatcher(i, r, engine.tokenizer) for i, r in enumerate(requests)]
+    try:
+        while not all(w.done for w in watchers):
+            engine.step()
+            for watcher in watchers:
+                event = watcher.poll()
+                if event is None:
+                    continue
+                if event.finished:
+                    event = dataclasses.replace(event, result=engine.result_of(watcher.request))
+                yield event
+    finally:
+        abort_and_release(engine, requests)
+
+
+def submit_prompts(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    stop_token_ids: Collection[int] | None,
+) -> list[Request]:
+    """Queue one request per prompt, request i seeded with ``seed + i``; a ValueError naming
+    the first bad prompt leaves the queue as it was."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(prompts, str):
+        raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
+    ids = [engine.encode(prompt, index) for index, prompt in enumerate(prompts)]
+    params = [
+        SamplingParams(
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=None if seed is None else seed + index,
+            stop_token_ids=frozenset(stop_token_ids or ()),
+        )
+        for index in range(len(ids))
+    ]
+    for index, prompt in enumerate(ids):
+        engine.check_prompt(index, prompt, max_new_tokens)
+    return [engine.submit(prompt, p) for prompt, p in zip(ids, params, strict=True)]
+
+
+def abort_and_release(engine: Engine, requests: Sequence[Request]) -> None:
+    """Abort the unfinished ones of ``requests`` and step until their rows and slots are free."""
+    unfinished = [r for r in requests if r.status is not RequestStatus.FINISHED]
+    for request in unfinished:
+        engine.abort(request.request_id)
+    while any(r.status is not RequestStatus.FINISHED for r in unfinished):
+        engine.step()  # the next schedule releases the aborted requests' rows and slots
