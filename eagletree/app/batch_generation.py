@@ -94,27 +94,47 @@ def submit_prompts(
     seed: int | None,
     stop_token_ids: Collection[int] | None,
 ) -> list[Request]:
-    """Queue one request per prompt, request i seeded with ``seed + i``; a ValueError naming
-    the first bad prompt leaves the queue as it was."""
+    """Queue one request per prompt (``checked_requests``)."""
+    checked = checked_requests(
+        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+    )
+    return [engine.submit(ids, params) for ids, params in checked]
+
+
+def checked_requests(
+    engine: Engine,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    seed: int | None,
+    stop_token_ids: Collection[int] | None,
+) -> list[tuple[list[int], SamplingParams]]:
+    """Each prompt's token ids and sampling parameters, request i seeded with ``seed + i``;
+    every prompt is encoded and checked first, so a ValueError naming the first bad one comes
+    before anything is queued."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if isinstance(prompts, str):
         raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
     ids = [engine.encode(prompt, index) for index, prompt in enumerate(prompts)]
-    params = [
-        SamplingParams(
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=None if seed is None else seed + index,
-            stop_token_ids=frozenset(stop_token_ids or ()),
-        )
-        for index in range(len(ids))
-    ]
     for index, prompt in enumerate(ids):
         engine.check_prompt(index, prompt, max_new_tokens)
-    return [engine.submit(prompt, p) for prompt, p in zip(ids, params, strict=True)]
+    return [
+        (
+            prompt,
+            SamplingParams(
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=None if seed is None else seed + index,
+                stop_token_ids=frozenset(stop_token_ids or ()),
+            ),
+        )
+        for index, prompt in enumerate(ids)
+    ]
 
 
 def abort_and_release(engine: Engine, requests: Sequence[Request]) -> None:

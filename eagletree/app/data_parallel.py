@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 
+from eagletree.app.batch_generation import checked_requests
 from eagletree.app.data_parallel_router import load_of, route_by_load
 from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
-from eagletree.domain.request import RequestStatus, SamplingParams
+from eagletree.domain.request import RequestStatus
 
 if TYPE_CHECKING:
     from eagletree.app.distributed import ParallelGroups
@@ -88,26 +89,12 @@ class DataParallelEngine:
         whichever rank it runs, as in one process. A result's ``request_id`` is its id in the
         engine of the rank that ran it.
         """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if isinstance(prompts, str):
-            raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
-        ids = [self.engine.encode(prompt, index) for index, prompt in enumerate(prompts)]
-        for index, prompt in enumerate(ids):
-            self.engine.check_prompt(index, prompt, max_new_tokens)
-        placement = route_by_load([len(prompt) for prompt in ids], self._loads())
+        checked = checked_requests(
+            self.engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        )
+        placement = route_by_load([len(ids) for ids, _ in checked], self._loads())
         mine = {
-            index: self.engine.submit(
-                ids[index],
-                SamplingParams(
-                    max_new_tokens=max_new_tokens,
-                    temperature=temperature,
-                    top_k=top_k,
-                    top_p=top_p,
-                    seed=None if seed is None else seed + index,
-                    stop_token_ids=frozenset(stop_token_ids or ()),
-                ),
-            )
+            index: self.engine.submit(*checked[index])
             for index, rank in enumerate(placement)
             if rank == self.rank
         }
@@ -132,7 +119,7 @@ class DataParallelEngine:
         for rank_results, _ in gathered:
             results.update(rank_results)
         self.stats = _merged([rank_stats for _, rank_stats in gathered], into=self.stats)
-        return [results[index] for index in range(len(ids))]
+        return [results[index] for index in range(len(checked))]
 
     def _loads(self) -> list[int]:
         """Every rank's tokens now (its running and waiting requests), by rank."""
