@@ -9,11 +9,9 @@ the engine's next step.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -21,6 +19,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from eagletree.app.server.engine_loop import EngineLoop
+from eagletree.app.server.openai_choices import (
+    Choice,
+    choices_usage,
+    chunk_base,
+    full_body,
+    sse_chunk,
+    sse_line,
+)
 from eagletree.app.server.protocol import (
     BadRequest,
     ChatBody,
@@ -30,7 +36,6 @@ from eagletree.app.server.protocol import (
     new_id,
     now,
     openai_finish_reason,
-    usage,
 )
 from eagletree.app.streaming import StreamEvent
 from eagletree.domain.request import SamplingParams
@@ -40,20 +45,6 @@ DISCONNECT_POLL_S = 0.25
 
 class _Unauthorized(Exception):
     """A /v1 request without the server's API key."""
-
-
-@dataclass(slots=True)
-class _Choice:
-    """One prompt of an HTTP request, as the engine runs it."""
-
-    index: int
-    prompt_ids: list[int]
-    stops: StopStrings
-    request_id: int | None = None
-    text: str = ""
-    num_tokens: int = 0
-    finish_reason: str | None = None
-    deltas: list[str] = field(default_factory=list)
 
 
 def create_app(
@@ -107,7 +98,7 @@ def create_app(
         if body.echo:
             raise BadRequest("echo is not supported", "echo")
         choices = [
-            _Choice(i, _encode(prompt, i), StopStrings(body.stop_strings))
+            Choice(i, _encode(prompt, i), StopStrings(body.stop_strings))
             for i, prompt in enumerate(body.prompts())
         ]
         return await _serve(request, body, choices, body.max_tokens or 16, chat=False)
@@ -122,7 +113,7 @@ def create_app(
             ids = tokenizer.apply_chat_template(messages)
         except ValueError as error:
             raise BadRequest(str(error), "messages") from None
-        choices = [_Choice(0, ids, StopStrings(body.stop_strings))]
+        choices = [Choice(0, ids, StopStrings(body.stop_strings))]
         max_tokens = body.max_completion_tokens or body.max_tokens or min(256, max_tokens_limit)
         return await _serve(request, body, choices, max_tokens, chat=True)
 
@@ -150,7 +141,7 @@ def create_app(
     async def _serve(
         request: Request,
         body: CompletionBody | ChatBody,
-        choices: list[_Choice],
+        choices: list[Choice],
         max_tokens: int,
         *,
         chat: bool,
@@ -172,10 +163,10 @@ def create_app(
             await _collect(request, choices, events)
         finally:
             _abort_unfinished(choices)
-        return JSONResponse(_full_body(choices, meta, chat=chat))
+        return JSONResponse(full_body(choices, meta, chat=chat))
 
     async def _submit(
-        choices: list[_Choice],
+        choices: list[Choice],
         params: SamplingParams,
         events: asyncio.Queue[tuple[int, StreamEvent | BaseException]],
         param: str,
@@ -198,7 +189,7 @@ def create_app(
                     message = f"prompt {choice.index}: {message}"
                 raise BadRequest(message, param) from None
 
-    def _apply(choice: _Choice, event: StreamEvent) -> str:
+    def _apply(choice: Choice, event: StreamEvent) -> str:
         """Fold an event into its choice; the text it adds (cut at a stop string)."""
         choice.num_tokens += len(event.token_ids)
         text = choice.stops.push(event.text, final=event.finished)
@@ -212,11 +203,11 @@ def create_app(
             choice.request_id = None
         return text
 
-    def _abort(choice: _Choice) -> None:
+    def _abort(choice: Choice) -> None:
         if choice.request_id is not None:
             loop.abort(choice.request_id)
 
-    def _abort_unfinished(choices: list[_Choice]) -> None:
+    def _abort_unfinished(choices: list[Choice]) -> None:
         for choice in choices:
             _abort(choice)
             choice.request_id = None
@@ -231,7 +222,7 @@ def create_app(
 
     async def _collect(
         request: Request,
-        choices: list[_Choice],
+        choices: list[Choice],
         events: asyncio.Queue[tuple[int, StreamEvent | BaseException]],
     ) -> None:
         pending = {choice.index for choice in choices}
@@ -250,7 +241,7 @@ def create_app(
                 pending.discard(index)
 
     async def _sse(
-        choices: list[_Choice],
+        choices: list[Choice],
         events: asyncio.Queue[tuple[int, StreamEvent | BaseException]],
         meta: dict[str, Any],
         *,
@@ -260,7 +251,7 @@ def create_app(
         pending = {choice.index for choice in choices}
         try:
             if chat:
-                yield _chunk(meta, 0, {"role": "assistant", "content": ""}, None, chat=True)
+                yield sse_chunk(meta, 0, {"role": "assistant", "content": ""}, None, chat=True)
             while pending:
                 index, event = await _next(events)
                 choice = choices[index]
@@ -272,59 +263,16 @@ def create_app(
                     continue  # a stop string ended it; the engine's last event adds nothing
                 if text:
                     delta = {"content": text} if chat else text
-                    yield _chunk(meta, index, delta, None, chat=chat)
+                    yield sse_chunk(meta, index, delta, None, chat=chat)
                 if choice.finish_reason is not None:
-                    yield _chunk(meta, index, {} if chat else "", choice.finish_reason, chat=chat)
+                    yield sse_chunk(
+                        meta, index, {} if chat else "", choice.finish_reason, chat=chat
+                    )
             if include_usage:
-                total = _usage(choices)
-                yield _sse_line({**_chunk_base(meta, chat), "choices": [], "usage": total})
+                total = choices_usage(choices)
+                yield sse_line({**chunk_base(meta, chat), "choices": [], "usage": total})
             yield "data: [DONE]\n\n"
         finally:
             _abort_unfinished(choices)
 
-    def _chunk_base(meta: dict[str, Any], chat: bool) -> dict[str, Any]:
-        return {**meta, "object": "chat.completion.chunk" if chat else "text_completion"}
-
-    def _chunk(
-        meta: dict[str, Any], index: int, delta: Any, finish: str | None, *, chat: bool
-    ) -> str:
-        choice: dict[str, Any] = {"index": index, "finish_reason": finish}
-        if chat:
-            choice["delta"] = delta
-        else:
-            choice["text"] = delta
-            choice["logprobs"] = None
-        return _sse_line({**_chunk_base(meta, chat), "choices": [choice]})
-
-    def _usage(choices: list[_Choice]) -> dict[str, int]:
-        return usage(sum(len(c.prompt_ids) for c in choices), sum(c.num_tokens for c in choices))
-
-    def _full_body(choices: list[_Choice], meta: dict[str, Any], *, chat: bool) -> dict[str, Any]:
-        if chat:
-            body_choices: list[dict[str, Any]] = [
-                {
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
-                }
-                for c in choices
-            ]
-            kind = "chat.completion"
-        else:
-            body_choices = [
-                {
-                    "index": c.index,
-                    "text": c.text,
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-                for c in choices
-            ]
-            kind = "text_completion"
-        return {**meta, "object": kind, "choices": body_choices, "usage": _usage(choices)}
-
     return app
-
-
-def _sse_line(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
