@@ -26,9 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.forward_batches import BatchBuilder
 from eagletree.app.sampler import sample_next_tokens, sampling_inputs
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_extender import shift_left
@@ -36,7 +35,7 @@ from eagletree.app.workers.draft_state import DecodeWindow
 from eagletree.app.workers.mtp_chain import MtpLayerChain
 from eagletree.app.workers.mtp_extend import fixed_extend_batch, ragged_extend_batch
 from eagletree.app.workers.mtp_state import MtpStateStore
-from eagletree.app.workers.step import StepOutput, speculative_step
+from eagletree.app.workers.step import StepOutput, prefill_output, speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.verifier import TreeVerifier, Verification
@@ -178,15 +177,7 @@ class MultiLayerEagleWorkerV2:
         )
         self._state.own(requests)
         self._steps.buffers.set_lengths(requests)
-        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
-        return StepOutput(
-            requests=requests,
-            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.tokens_per_step - 1)),
-            num_emitted=torch.ones_like(next_tokens),
-            num_committed=to_device(committed, next_tokens.device),
-            num_forwards=1 + self.num_steps,
-            num_prefill=len(requests),
-        )
+        return prefill_output(requests, next_tokens, self.tokens_per_step, 1 + self.num_steps)
 
     # -- decode ----------------------------------------------------------------------------------
 
