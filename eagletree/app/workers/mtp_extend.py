@@ -1,9 +1,14 @@
-"""The multi-layer MTP worker's ragged draft-extend: for steps where a request is too short.
+"""The multi-layer MTP worker's draft-extend batches: the fixed-width one and the ragged one.
 
 After a verify, MTP layer 0 re-extends ``f_b = min(S − 1, L_b)`` rows before each request's
 committed length L_b and its N verify rows. While every request has ``L_b >= S − 1`` every
-request has the same ``S − 1 + N`` rows and the worker runs a fixed-width DRAFT_EXTEND (which a
-CUDA graph can replay); a step with a shorter request builds this EXTEND, sized on the host.
+request has the same ``S − 1 + N`` rows and the worker runs a fixed-width DRAFT_EXTEND
+(``fixed_extend_batch``: device work only, which a CUDA graph can replay); a step with a shorter
+request builds an EXTEND sized on the host (``ragged_extend_batch``).
+
+Every row's input is the token after its position and the target's hidden state at it; each
+builder returns (batch, target hidden states (num_tokens, H), bonus rows (bs,)), the bonus row
+of request b being its row at its last committed position after the verify.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.forward_batches import to_device
-from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
@@ -35,6 +40,51 @@ def front_tokens(request: Request, front: int) -> list[int]:
     return [token_at(request, base + r + 1) for r in range(front)]
 
 
+def fixed_extend_batch(
+    window: DecodeWindow,
+    front_tokens: torch.Tensor,
+    state: DraftInput,
+    predict: torch.Tensor,
+    verification: Verification,
+    req_to_token: torch.Tensor,
+    *,
+    num_steps: int,
+    hidden_size: int,
+) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
+    """Layer 0's DRAFT_EXTEND over ``S − 1 + N`` rows per request from ``L − S + 1``.
+
+    Request b's rows: the S − 1 kept positions (``front_tokens`` (bs, S − 1) int64, the token
+    after each; hidden = the kept target states), then its N verify nodes (``predict``
+    (bs, N) int64; hidden = the verify's); past a path the rows are unused.
+    """
+    keep, n = num_steps - 1, predict.shape[1]
+    width = keep + n
+    bs = window.batch_size
+    tokens = torch.cat([front_tokens, predict.clamp(min=0)], dim=1).reshape(bs * width)
+    kept = state.hidden_states.view(bs, keep, hidden_size)
+    verify_hidden = verification.hidden_states.view(bs, n, hidden_size).to(kept.dtype)
+    hidden = torch.cat([kept, verify_hidden], dim=1).reshape(bs * width, hidden_size)
+    # padding rows have no committed tokens: clamp keeps their positions at 0..width − 1
+    start = (window.seq_lens - keep).clamp(min=0)  # (bs,)
+    positions = start.unsqueeze(1) + torch.arange(width, device=start.device)
+    rows = window.req_pool_indices
+    start_cpu = None if window.seq_lens_cpu is None else window.seq_lens_cpu - keep
+    batch = ForwardBatch(
+        mode=ForwardMode.DRAFT_EXTEND,
+        input_ids=tokens,
+        positions=positions.reshape(bs * width),
+        seq_lens=start,
+        req_pool_indices=rows,
+        out_cache_loc=req_to_token[rows.unsqueeze(1), positions].reshape(-1).to(torch.int64),
+        seq_lens_cpu=start_cpu,
+        seq_lens_sum=None if start_cpu is None else int(start_cpu.sum()),
+        spec=DraftExtendSpec(num_tokens_per_request=width),
+    )
+    block_start = torch.arange(bs, dtype=torch.int64, device=start.device) * width
+    last_rows = block_start + keep + verification.result.accept_length.to(torch.int64)
+    return batch, hidden, last_rows
+
+
 def ragged_extend_batch(
     requests: list[Request],
     window: DecodeWindow,
@@ -46,12 +96,11 @@ def ragged_extend_batch(
     num_draft_tokens: int,
     hidden_size: int,
 ) -> tuple[ForwardBatch, torch.Tensor, torch.Tensor]:
-    """Layer 0's EXTEND after a verify → (batch, target hidden states, bonus rows (bs,)).
+    """Layer 0's EXTEND over ``f_b + N`` rows of request b from ``L_b − f_b``.
 
     Request b's rows: ``f_b`` rows before L_b (their tokens are on the host, their target
     hidden states kept from earlier steps), then its N verify rows (tokens = predict, the token
-    after each node; hidden = the verify's). Every row's input is the token after its position
-    and the target's hidden state at it.
+    after each node; hidden = the verify's).
     """
     n, keep = num_draft_tokens, num_steps - 1
     device = window.seq_lens.device

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.nn.functional as F
+
+from eagletree.app.forward_batches import to_device
 
 if TYPE_CHECKING:
     from eagletree.app.scheduler import SchedulePlan
@@ -55,6 +58,23 @@ class Worker(Protocol):
     def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...
+
+
+def prefill_output(
+    requests: list[Request], next_tokens: torch.Tensor, tokens_per_step: int, num_forwards: int
+) -> StepOutput:
+    """What a speculative worker's prefill of ``requests`` produced: each request's first token
+    ``next_tokens`` (bs,) int64, padded to ``tokens_per_step`` columns, one emitted and the
+    whole fill committed."""
+    committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+    return StepOutput(
+        requests=requests,
+        tokens=F.pad(next_tokens.unsqueeze(1), (0, tokens_per_step - 1)),
+        num_emitted=torch.ones_like(next_tokens),
+        num_committed=to_device(committed, next_tokens.device),
+        num_forwards=num_forwards,
+        num_prefill=len(requests),
+    )
 
 
 def speculative_step(

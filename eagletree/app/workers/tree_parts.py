@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
-import torch.nn.functional as F
-
-from eagletree.app.forward_batches import BatchBuilder, to_device
+from eagletree.app.forward_batches import BatchBuilder
 from eagletree.app.sampler import sample_next_tokens
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.step import StepOutput, prefill_output
 from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.app.workers.verifier import TreeVerifier
 
@@ -85,12 +82,4 @@ def prefill_tree_requests(
     out = target.forward(batch, last_rows)
     next_tokens = sample_next_tokens(out.logits, requests, parts.kernels)  # (bs,) int64
     parts.state.scatter(requests, parts.extender.extend_prefill(batch, last_rows, next_tokens, out))
-    committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
-    return StepOutput(
-        requests=requests,
-        tokens=F.pad(next_tokens.unsqueeze(1), (0, tokens_per_step - 1)),
-        num_emitted=torch.ones_like(next_tokens),
-        num_committed=to_device(committed, next_tokens.device),
-        num_forwards=2,
-        num_prefill=len(requests),
-    )
+    return prefill_output(requests, next_tokens, tokens_per_step, num_forwards=2)
