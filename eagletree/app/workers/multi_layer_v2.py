@@ -4,7 +4,7 @@ MTP layer i predicts the token ``i + 2`` places ahead (``mtp_chain``), so a chai
 needs no draft forward before verify: the draft-extend after each verify runs layer 0, 1, …,
 S−1 over the same rows and the row of the bonus token yields draft i + 1 in layer i. Step i
 always runs runner i, over runner i's own KV pool, req_to_token pool and attention backend
-(upstream bug PR #22954: every step used the first runner's token pool).
+(a step that read the first runner's token pool would attend over another layer's slots).
 
 Boundary rows: at the end of a draft-extend, layer i's last i rows read drafted tokens, not
 true ones. Upstream keeps that KV. Here every draft-extend starts ``min(S − 1, L)`` rows before
