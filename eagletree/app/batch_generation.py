@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eagletree.app.engine_reports import GenerationResult, StepReport
@@ -21,21 +22,38 @@ if TYPE_CHECKING:
     from eagletree.app.prompts import Prompt
 
 
+@dataclass(frozen=True, slots=True)
+class PromptBatch:
+    """The prompts of one ``generate`` / ``stream`` call and the sampling they share."""
+
+    prompts: Sequence[Prompt]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop_token_ids: Collection[int] | None = None
+
+    def sampling(self, index: int) -> SamplingParams:
+        """Prompt ``index``'s parameters: with ``seed``, its own seed ``seed + index``, so its
+        output does not depend on the other prompts of the call."""
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=None if self.seed is None else self.seed + index,
+            stop_token_ids=frozenset(self.stop_token_ids or ()),
+        )
+
+
 def generate(
     engine: Engine,
-    prompts: Sequence[Prompt],
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int | None,
-    stop_token_ids: Collection[int] | None,
+    batch: PromptBatch,
     on_step: Callable[[StepReport], None] | None,
 ) -> list[GenerationResult]:
     """``Engine.generate``: step until every prompt's request finished; results in prompt order."""
-    requests = submit_prompts(
-        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
-    )
+    requests = submit_prompts(engine, batch)
     started = engine.clock()
     generated_before = engine.stats.num_generated_tokens
     while any(r.status is not RequestStatus.FINISHED for r in requests):
@@ -56,19 +74,11 @@ def generate(
 
 def stream(
     engine: Engine,
-    prompts: Sequence[Prompt],
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int | None,
-    stop_token_ids: Collection[int] | None,
+    batch: PromptBatch,
 ) -> Generator[StreamEvent, None, None]:
     """``Engine.stream``: each request's new output as steps commit it; nothing is queued
     before the first ``next``, and closing early aborts and releases what is unfinished."""
-    requests = submit_prompts(
-        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
-    )
+    requests = submit_prompts(engine, batch)
     watchers = [OutputWatcher(i, r, engine.tokenizer) for i, r in enumerate(requests)]
     try:
         while not all(w.done for w in watchers):
@@ -86,55 +96,27 @@ def stream(
 
 def submit_prompts(
     engine: Engine,
-    prompts: Sequence[Prompt],
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int | None,
-    stop_token_ids: Collection[int] | None,
+    batch: PromptBatch,
 ) -> list[Request]:
     """Queue one request per prompt (``checked_requests``)."""
-    checked = checked_requests(
-        engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
-    )
-    return [engine.submit(ids, params) for ids, params in checked]
+    return [engine.submit(ids, params) for ids, params in checked_requests(engine, batch)]
 
 
 def checked_requests(
     engine: Engine,
-    prompts: Sequence[Prompt],
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    seed: int | None,
-    stop_token_ids: Collection[int] | None,
+    batch: PromptBatch,
 ) -> list[tuple[list[int], SamplingParams]]:
     """Each prompt's token ids and sampling parameters, request i seeded with ``seed + i``;
     every prompt is encoded and checked first, so a ValueError naming the first bad one comes
     before anything is queued."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if isinstance(prompts, str):
+    if batch.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {batch.max_new_tokens}")
+    if isinstance(batch.prompts, str):
         raise ValueError("prompts is one text: pass a list of prompts, e.g. [text]")
-    ids = [engine.encode(prompt, index) for index, prompt in enumerate(prompts)]
+    ids = [engine.encode(prompt, index) for index, prompt in enumerate(batch.prompts)]
     for index, prompt in enumerate(ids):
-        engine.check_prompt(index, prompt, max_new_tokens)
-    return [
-        (
-            prompt,
-            SamplingParams(
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                top_k=top_k,
-                top_p=top_p,
-                seed=None if seed is None else seed + index,
-                stop_token_ids=frozenset(stop_token_ids or ()),
-            ),
-        )
-        for index, prompt in enumerate(ids)
-    ]
+        engine.check_prompt(index, prompt, batch.max_new_tokens)
+    return [(prompt, batch.sampling(index)) for index, prompt in enumerate(ids)]
 
 
 def abort_and_release(engine: Engine, requests: Sequence[Request]) -> None:

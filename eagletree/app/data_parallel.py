@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.distributed as dist
 
-from eagletree.app.batch_generation import checked_requests
+from eagletree.app.batch_generation import PromptBatch, checked_requests
 from eagletree.app.data_parallel_router import load_of, route_by_load
 from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
 from eagletree.domain.request import RequestStatus
@@ -89,9 +89,10 @@ class DataParallelEngine:
         whichever rank it runs, as in one process. A result's ``request_id`` is its id in the
         engine of the rank that ran it.
         """
-        checked = checked_requests(
-            self.engine, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        batch = PromptBatch(
+            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
         )
+        checked = checked_requests(self.engine, batch)
         placement = route_by_load([len(ids) for ids, _ in checked], self._loads())
         mine = {
             index: self.engine.submit(*checked[index])

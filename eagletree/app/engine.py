@@ -273,9 +273,10 @@ class Engine:
         ``max_new_tokens``, or the context length. Raises ValueError naming the first bad
         request before anything is queued.
         """
-        return batch_generation.generate(
-            self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids, on_step
+        batch = batch_generation.PromptBatch(
+            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
         )
+        return batch_generation.generate(self, batch, on_step)
 
     def stream(
         self,
@@ -292,9 +293,10 @@ class Engine:
         The last event of a request has ``finish_reason`` and ``result`` set. Closing the
         iterator early aborts the requests still running and frees their slots.
         """
-        return batch_generation.stream(
-            self, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
+        batch = batch_generation.PromptBatch(
+            prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_token_ids
         )
+        return batch_generation.stream(self, batch)
 
     def result_of(self, request: Request) -> GenerationResult:
         """The result of a finished request, with its text when the engine has a tokenizer."""
