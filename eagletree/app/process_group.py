@@ -11,21 +11,47 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (for a spawned group's rendezvous)."""
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a rendezvous or a server that
+    binds it seconds later. Picked below the kernel's range of ephemeral ports where that range
+    is known (Linux), so that no outgoing connection made meanwhile — the group's own gloo
+    pairs, for one — can be given it first; elsewhere any port the kernel hands out."""
+    low = ephemeral_port_range()[0]
+    if low > 10_000:
+        picker = random.SystemRandom()
+        for _ in range(64):
+            port = picker.randrange(10_000, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+        any_port: int = probe.getsockname()[1]
+        return any_port
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections; (0, 0) where it is not known."""
+    try:
+        low, high = Path(EPHEMERAL_RANGE_FILE).read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 0, 0
 
 
 def join_process_group(

@@ -10,7 +10,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from eagletree import Engine
+from eagletree.app.process_group import free_port
 from eagletree.app.run_settings import load_settings, settings_for_run
 
 # The serve extra and the openai client are absent on the GPU machine: collect nothing there.
@@ -68,13 +68,6 @@ class Server:
             if time.monotonic() > deadline:
                 pytest.fail(f"timed out waiting for {condition}; metrics {metrics}")
             time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port
 
 
 @pytest.fixture(scope="session")
