@@ -15,7 +15,7 @@ from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext, RotaryEmbedding
-from eagletree.adapters.models.llama import LlamaDecoderLayer
+from eagletree.adapters.models.llama import LlamaDecoderLayer, fold_layer_norms
 from eagletree.adapters.models.stack import MHALayout, mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
@@ -84,10 +84,7 @@ class EagleDraft(nn.Module):
         return out
 
     def fold_norms(self) -> None:
-        """Each layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
-        for layer in self.layers:
-            if isinstance(layer, LlamaDecoderLayer):
-                layer.fold_norms()
+        fold_layer_norms(self.layers)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype)."""

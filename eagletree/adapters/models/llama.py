@@ -87,9 +87,7 @@ class LlamaAttention(nn.Module):
         q, k, v = self._heads(x)
         buffers = mha_kv_buffers(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
         if buffers is not None and not rope.interleaved:
-            q = rope_kv_store(q, k, v, rope.cos, rope.sin, ctx.batch.out_cache_loc, *buffers)
-            # k, v are ignored with save_kv=False: the backend reads every key from the pool
-            o = ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
+            o = self._attend_stored(q, k, v, rope, ctx, buffers)
         else:
             q, k = rope.rotate(q), rope.rotate(k)
             # o: (num_tokens, num_q_heads * head_dim)
@@ -97,29 +95,48 @@ class LlamaAttention(nn.Module):
         out: torch.Tensor = self.o_proj(o)
         return out
 
-    def runs_on_stream(self, num_tokens: int, rope: RopeTables, ctx: AttentionContext) -> bool:
-        """Whether ``on_stream`` can run: RoPE fused with the KV store, o_proj streamed."""
-        return (
-            not rope.interleaved
-            and self.o_proj.adds_residual(num_tokens)
-            and mha_kv_buffers(ctx.kv_pool, self.layer.layer_id) is not None
-        )
+    def stream_buffers(
+        self, num_tokens: int, rope: RopeTables, ctx: AttentionContext
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool's K and V buffers ``on_stream`` stores into, or None where it cannot run
+        (no fused RoPE store for this pool or layout, o_proj not streamed on one rank)."""
+        if rope.interleaved or not self.o_proj.adds_residual(num_tokens):
+            return None
+        return mha_kv_buffers(ctx.kv_pool, self.layer.layer_id)
 
     def on_stream(
-        self, stream: torch.Tensor, rope: RopeTables, ctx: AttentionContext, eps: float | None
+        self,
+        stream: torch.Tensor,
+        rope: RopeTables,
+        ctx: AttentionContext,
+        buffers: tuple[torch.Tensor, torch.Tensor],
+        eps: float | None,
     ) -> torch.Tensor:
         """``stream + self(norm(stream))`` where the norm's weight is folded into ``qkv_proj``
         (``eps`` None: no norm, as on an EAGLE head's first layer): the RoPE kernel applies
         the norm's statistic to q, k and v, and o_proj's kernel adds the stream."""
         # stream: (num_tokens, hidden) -> (num_tokens, hidden)
         q, k, v = self._heads(stream)
-        buffers = mha_kv_buffers(ctx.kv_pool, self.layer.layer_id)
-        assert buffers is not None, "on_stream runs only where runs_on_stream said so"
         norm_of = None if eps is None else stream
-        loc = ctx.batch.out_cache_loc
-        q = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, eps or 0.0)
-        o = ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
+        o = self._attend_stored(q, k, v, rope, ctx, buffers, norm_of, eps or 0.0)
         return self.o_proj.product(o, residual=stream)
+
+    def _attend_stored(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rope: RopeTables,
+        ctx: AttentionContext,
+        buffers: tuple[torch.Tensor, torch.Tensor],
+        norm_of: torch.Tensor | None = None,
+        eps: float = 0.0,
+    ) -> torch.Tensor:
+        # q (n, Hq, D), k, v (n, Hk, D) -> o (n, Hq·D): RoPE and the KV store in one kernel
+        loc = ctx.batch.out_cache_loc
+        q = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, eps)
+        # k, v are ignored with save_kv=False: the backend reads every key from the pool
+        return ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
 
     def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # x: (num_tokens, width) -> q (n, Hq, D), k, v (n, Hk, D): strided views of one GEMM
@@ -183,12 +200,20 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
         # itself with no residual beside it, which the next layer reads as a first layer would.
         num_tokens = h.shape[0]
         folded = self.norms_folded and self.mlp.runs_on_stream(num_tokens)
-        if not (folded and self.self_attn.runs_on_stream(num_tokens, rope, ctx)):
+        buffers = self.self_attn.stream_buffers(num_tokens, rope, ctx) if folded else None
+        if buffers is None:
             return super().forward(h, residual, rope, ctx)
         stream = h if residual is None else residual + h
         eps = None if self.input_layernorm is None else self.input_layernorm.eps
-        stream = self.self_attn.on_stream(stream, rope, ctx, eps)
+        stream = self.self_attn.on_stream(stream, rope, ctx, buffers, eps)
         return self.mlp.on_stream(stream, self.post_attention_layernorm.eps), None
+
+
+def fold_layer_norms(layers: nn.ModuleList) -> None:
+    """Each Llama layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
+    for layer in layers:
+        if isinstance(layer, LlamaDecoderLayer):
+            layer.fold_norms()
 
 
 class LlamaForCausalLM(nn.Module):
@@ -238,10 +263,7 @@ class LlamaForCausalLM(nn.Module):
         return mha_layout(self.config, self.config.num_hidden_layers, self.tp)
 
     def fold_norms(self) -> None:
-        """Each layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
-        for layer in self.layers:
-            if isinstance(layer, LlamaDecoderLayer):
-                layer.fold_norms()
+        fold_layer_norms(self.layers)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

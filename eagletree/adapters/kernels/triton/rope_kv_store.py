@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.row_rms import NORM_BLOCK, inverse_rms
+from eagletree.adapters.kernels.triton.row_rms import inverse_rms, norm_block
 
 # storage dtypes the kernel refuses (``kv_rows`` keeps such pools on ``set_kv_buffer``)
 FP8_DTYPES = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
@@ -203,7 +203,7 @@ def rope_kv_store(
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         BLOCK_V=triton.next_power_of_2(v_dim),
         HAS_NORM=norm_of is not None,
-        BLOCK_NORM=min(NORM_BLOCK, triton.next_power_of_2(max(norm_width, 1))),
+        BLOCK_NORM=norm_block(norm_width),
         # the stream's statistic is one L2 round trip for 4 warps, a serial loop for one
         num_warps=4 if norm_of is not None else 1 if head_dim <= 128 else 2,
         enable_fp_fusion=False,  # no FMA: a product and the sum are rounded apart, as in torch

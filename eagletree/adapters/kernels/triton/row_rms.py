@@ -11,6 +11,12 @@ import triton.language as tl
 NORM_BLOCK = 4096
 
 
+def norm_block(width: int) -> int:
+    """``inverse_rms``'s BLOCK for rows ``width`` wide (1 when there is no row to read)."""
+    block: int = triton.next_power_of_2(max(width, 1))
+    return min(NORM_BLOCK, block)
+
+
 @triton.jit
 def inverse_rms(row_ptr, width, eps, BLOCK: tl.constexpr):
     # row_ptr: the row's first element (unit column stride) -> a scalar fp32

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.row_rms import NORM_BLOCK, inverse_rms
+from eagletree.adapters.kernels.triton.row_rms import inverse_rms, norm_block
 
 
 @triton.jit
@@ -83,7 +83,7 @@ def silu_and_mul(
         eps,
         BLOCK=block,
         HAS_NORM=norm_of is not None,
-        BLOCK_NORM=min(NORM_BLOCK, triton.next_power_of_2(max(norm_width, 1))),
+        BLOCK_NORM=norm_block(norm_width),
         num_warps=4,
     )
     return out
