@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from eagletree.app.bench.device_gaps import DeviceGaps, device_gaps
 from eagletree.app.bench.lockstep import ALONE, Lockstep
 from eagletree.app.engine import Engine
 from eagletree.domain.errors import EagleTreeError
@@ -47,6 +48,7 @@ class ProfileCounts:
     wall_ms_per_step: float  # under the profiler, so slower than the timed steps
     # CUDA: the kernels that took the most device time, (name, launches/step, ms/step)
     top_kernels: tuple[tuple[str, float, float], ...] = ()
+    gaps: DeviceGaps | None = None  # CUDA: where the device sat idle between its activities
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +201,15 @@ def profile_decode(
         None if device_ms is None else device_ms / num_steps,
         1000.0 * wall_s / num_steps,
         top_kernels(events, num_steps) if cuda else (),
+        device_gaps(device_spans(events), num_steps) if cuda else None,
     )
+
+
+def device_spans(events: Iterable[Any]) -> list[tuple[float, float, str]]:
+    """(start µs, end µs, name) of every device activity among profiler events."""
+    return [
+        (e.time_range.start, e.time_range.end, e.name) for e in events if _is_device_activity(e)
+    ]
 
 
 def top_kernels(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagletree.app.bench.device_gaps import SHORT_GAP_US, DeviceGaps
+
 
 @dataclass(frozen=True, slots=True)
 class BenchRow:
@@ -33,6 +35,7 @@ class BenchRow:
     profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
     # (kernel, launches/step, ms/step) of the costliest kernels (CUDA; JSON and --breakdown)
     top_kernels: tuple[tuple[str, float, float], ...] = ()
+    gaps: DeviceGaps | None = None  # idle device time inside the profiled steps (CUDA)
     # the timed window (JSON only): its steps and the tokens all requests generated in it
     num_steps: int | None = None
     num_tokens: int | None = None
@@ -140,6 +143,8 @@ def render_markdown(
         lines += ["| kernel | launches/step | ms/step |", "|---|---|---|"]
         for name, calls, ms in r.top_kernels:
             lines.append(f"| `{name}` | {calls:.0f} | {ms:.3f} |")
+        if r.gaps is not None:
+            lines += ["", _gaps_line(r.gaps)]
     return "\n".join(lines) + "\n"
 
 
@@ -196,6 +201,17 @@ def write_report(path: Path, markdown: str, data: Mapping[str, Any]) -> tuple[Pa
     md.write_text(markdown)
     js.write_text(json.dumps(data, indent=2) + "\n")
     return md, js
+
+
+def _gaps_line(gaps: DeviceGaps) -> str:
+    """One sentence: the profiled step's idle device time, between kernels and waiting."""
+    after = ", ".join(f"`{name}` {ms:.3f} ms" for name, ms in gaps.waits_after)
+    return (
+        f"Device idle per profiled step: {gaps.between_kernels_ms:.3f} ms in"
+        f" {gaps.between_kernels:.0f} gaps of ≤ {SHORT_GAP_US:g} µs between activities,"
+        f" {gaps.host_wait_ms:.3f} ms in {gaps.host_waits:.1f} longer waits"
+        + (f" (after {after})." if after else ".")
+    )
 
 
 def _number(value: float) -> str:

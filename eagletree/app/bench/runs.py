@@ -157,6 +157,7 @@ def _row(config: str, m: DecodeMeasurement) -> BenchRow:
         device_ms_per_step=None if profile is None else profile.device_ms_per_step,
         profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
         top_kernels=() if profile is None else profile.top_kernels,
+        gaps=None if profile is None else profile.gaps,
         num_steps=m.num_steps,
         num_tokens=m.num_tokens,
         replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),

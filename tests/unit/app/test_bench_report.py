@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from eagletree.app.bench.device_gaps import DeviceGaps
 from eagletree.app.bench.progress import ProgressBar
 from eagletree.app.bench.report import (
     BenchRow,
@@ -115,3 +116,14 @@ def test_the_breakdown_lists_each_row_s_costliest_kernels_only_when_asked() -> N
     assert "Costliest kernels of `plain` at bs 1:" in text
     assert "| `gemm_kernel` | 385 | 4.500 |" in text.splitlines()
     assert "| `merge` | 32 | 0.020 |" in text.splitlines()
+
+
+def test_the_breakdown_says_where_the_device_sat_idle() -> None:
+    gaps = DeviceGaps(0.412, 600.0, 0.105, 3.0, (("Memcpy DtoH", 0.06), ("k", 0.02)))
+    row = BenchRow("plain", 1, 200.0, 5.0, 1.0, 600, 4.5, top_kernels=(("k", 600, 4.5),),
+                   gaps=gaps)  # fmt: skip
+    text = render_markdown("h", [row], breakdown=True)
+    (line,) = [line for line in text.splitlines() if line.startswith("Device idle")]
+    assert "0.412 ms in 600 gaps" in line and "0.105 ms in 3.0 longer waits" in line
+    assert "`Memcpy DtoH` 0.060 ms, `k` 0.020 ms" in line
+    assert "Device idle" not in render_markdown("h", [row])  # only with the breakdown
