@@ -1,7 +1,8 @@
 """Engine: the continuous-batching step loop over a worker and the scheduler; requests, stats.
 
-``generate`` and ``stream`` run in app/batch_generation.py over ``submit`` and ``step``; the
-prompts' encoding and checks are in app/prompts.py.
+``generate`` and ``stream`` run in app/batch_generation.py over ``submit`` and ``step``; a read
+step's tokens reach its requests in app/step_commit.py; the prompts' encoding and checks are in
+app/prompts.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from eagletree.app import batch_generation
 from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
 from eagletree.app.prompts import Prompt, check_prompt_ids, encode_prompt
 from eagletree.app.scheduler import PrefillStep, Scheduler
+from eagletree.app.step_commit import commit_step, count_step
 from eagletree.app.step_readback import PendingStep, StepReadback
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.errors import ConfigurationError
-from eagletree.domain.request import FinishReason, Request, SamplingParams
+from eagletree.domain.request import Request, SamplingParams
 
 if TYPE_CHECKING:
     from eagletree.app.schedule_plan import SchedulePlan
@@ -200,7 +202,7 @@ class Engine:
         if not self.overlap:
             finished += self._retire()
         finished = plan.released + finished
-        self._count(plan, finished, started)
+        count_step(self.stats, plan, finished, started, self._clock)
         return finished
 
     def _can_run_ahead(self) -> bool:
@@ -218,38 +220,8 @@ class Engine:
         """Read the step in flight (if any), commit its tokens, release what finished."""
         pending, self._in_flight = self._in_flight, None
         if pending is not None:
-            self._commit(pending)
+            commit_step(pending, self.eos_token_ids, self._clock, self.stats)
         return self._scheduler.release_finished()
-
-    def _commit(self, pending: PendingStep) -> None:
-        """Append the step's tokens, apply EOS / stop / length; drop those of requests that
-        finished since it was launched (it ran ahead of their last token)."""
-        output = pending.output
-        rows = pending.rows()
-        now = self._clock()
-        for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
-            *tokens, num_emitted, num_committed = row
-            if request.finish_reason is not None:  # finished, aborted or released meanwhile
-                continue
-            if index < output.num_prefill:  # its KV was committed at launch
-                num_committed = 0
-            elif output.speculative:
-                request.emitted_per_step.append(num_emitted)
-            kept = request.append_tokens(tokens[:num_emitted], self.eos_token_ids, now)
-            self.stats.num_generated_tokens += kept
-            # a path cut at EOS or max_new_tokens commits no KV past the request's last token
-            request.commit(min(num_committed, request.num_tokens - request.committed_len))
-        self.stats.num_forwards += output.num_forwards
-
-    def _count(self, plan: SchedulePlan, finished: list[Request], started: float) -> None:
-        self.stats.num_steps += 1
-        self.stats.num_prefill_only_steps += bool(plan.prefill) and not plan.decode
-        self.stats.num_retracted += len(plan.retracted)
-        self.stats.num_finished += len(finished)
-        self.stats.num_aborted += sum(r.finish_reason is FinishReason.ABORT for r in finished)
-        for request in finished:
-            self.stats.emitted_per_step.extend(request.emitted_per_step)
-        self.stats.busy_s += self._clock() - started
 
     # -- generate ------------------------------------------------------------------------------
 

@@ -1,4 +1,7 @@
-"""Per-request state: tokens, lengths of the KV window, sampling parameters, finish and stats.
+"""Domain: per-request state — tokens, lengths of the KV window, life cycle, finish, coins.
+
+The request's ``SamplingParams`` are in domain/sampling_params.py, the ``AcceptanceStats`` of its
+verify steps in domain/acceptance_stats.py (both importable from here too).
 
 Lengths (page_size 1), all host-side Python ints:
 
@@ -21,7 +24,20 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from eagletree.domain.acceptance_stats import AcceptanceStats
+from eagletree.domain.sampling_params import SamplingParams
+
+# SamplingParams and AcceptanceStats live in their own modules; importers name them here too
+__all__ = [
+    "AcceptanceStats",
+    "FinishReason",
+    "Request",
+    "RequestStatus",
+    "RequestTimes",
+    "SamplingParams",
+]
 
 
 class FinishReason(enum.Enum):
@@ -35,37 +51,6 @@ class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How one request samples and when it stops.
-
-    ``temperature`` 0 is greedy (argmax); ``top_k`` None keeps every token; ``top_p`` None keeps
-    the whole distribution; ``seed`` seeds the request's own coin generator, so its samples do
-    not depend on which other requests share its batches (None: a fresh random seed).
-    """
-
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop_token_ids: frozenset[int] = frozenset()
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {self.top_k}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass(slots=True)
@@ -312,23 +297,3 @@ class Request:
             f"committed={self.committed_len}, allocated={self.allocated_len}, "
             f"finish={self.finish_reason})"
         )
-
-
-@dataclass(frozen=True, slots=True)
-class AcceptanceStats:
-    """Tokens emitted per speculative verify step: histogram[i] = steps that emitted i tokens."""
-
-    num_steps: int
-    num_emitted: int
-    histogram: tuple[int, ...] = field(default=())
-
-    @property
-    def mean_accept_length(self) -> float:
-        return self.num_emitted / self.num_steps if self.num_steps else 0.0
-
-    @staticmethod
-    def from_counts(emitted_per_step: Sequence[int]) -> AcceptanceStats:
-        histogram = [0] * (max(emitted_per_step, default=-1) + 1)
-        for emitted in emitted_per_step:
-            histogram[emitted] += 1
-        return AcceptanceStats(len(emitted_per_step), sum(emitted_per_step), tuple(histogram))

@@ -1,7 +1,7 @@
 """Triton: the per-block steps of pool attention — row loads, one online-softmax step, tree bits.
 
-Device functions inlined into ``pool_attention._pool_attention_kernel``. Scores are fp32 and in
-log2 units (``exp2`` is the fast exponential); a logit cap works on natural units first.
+Device functions inlined into ``pool_attention_kernel._pool_attention_kernel``. Scores are fp32
+and in log2 units (``exp2`` is the fast exponential); a logit cap works on natural units first.
 """
 
 from __future__ import annotations
