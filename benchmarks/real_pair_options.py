@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
     add("--fresh-contexts", type=int, default=1024, help="one-step acceptance contexts (0: none)")
     add("--prompt-len", type=int, default=64)
     add("--eval-new-tokens", type=int, default=64,
-        help="greedy continuation per prompt (a small target loops more, the longer it runs)")  # fmt: skip
+        help="greedy tokens per prompt (a small target loops more the longer it runs)")  # fmt: skip
     add("--depths", type=int, nargs="+", default=[3, 5, 7])
     add("--tree-sizes", type=int, nargs="+", default=[8, 16, 32, 64])
     add("--tree-topks", type=int, nargs="+", default=[4, 8])

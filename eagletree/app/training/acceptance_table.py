@@ -80,6 +80,7 @@ class HeadTable:
     fresh: list[AcceptanceRow] = field(default_factory=list)
     sampled: list[AcceptanceRow] = field(default_factory=list)
     not_measured: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)  # per part of the measurement
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +89,7 @@ class HeadTable:
             "fresh_contexts": [row.as_dict() for row in self.fresh],
             "sampled": [row.as_dict() for row in self.sampled],
             "not_measured": self.not_measured,
+            "seconds": self.seconds,
         }
 
     def headline_shapes(self) -> list[TreeShape]:
@@ -147,6 +149,7 @@ def measure_head(
             table.not_measured.append(f"greedy {shape.label}")
             continue
         table.greedy += continuations(shape, 0.0)
+    table.seconds["greedy"] = time.perf_counter() - started
     headline = table.headline_shapes()
     for shape in headline:
         if time.perf_counter() > deadline or not inputs.contexts:
@@ -163,11 +166,13 @@ def measure_head(
                 inputs.backend,
             )
         )
+    table.seconds["fresh contexts"] = time.perf_counter() - started - table.seconds["greedy"]
     for shape in headline:
         if time.perf_counter() > deadline:
             table.not_measured.append(f"T=1 {shape.label}")
             continue
         table.sampled += continuations(shape, 1.0)
+    table.seconds["T=1"] = time.perf_counter() - started - sum(table.seconds.values())
     return table
 
 
