@@ -64,6 +64,10 @@ FP8_ROWS = (1, 4, 16, 64, 128, 256)
 
 
 def configs(quick: bool, fp8: bool = False) -> list[SkinnyConfig]:
+    if quick and fp8:  # the bf16 sweep's winners' neighbourhood, and twice the K step
+        return [
+            SkinnyConfig(*c) for c in itertools.product((32, 64), (256, 512, 1024), (4,), (3, 4))
+        ]
     blocks_n = (16, 32, 64)
     blocks_k = (128, 256, 512, 1024) if fp8 else (128, 256, 512)
     warps = (4,) if quick else (4, 8)
@@ -194,7 +198,9 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shapes = SMOKE if args.smoke else EAGLE3_HEAD_8B if args.fp8 else LLAMA_8B
-    rows_list = (1, 8) if args.smoke else FP8_ROWS if args.fp8 else ROWS
+    rows_list: tuple[int, ...] = (1, 8) if args.smoke else ROWS
+    if args.fp8 and not args.smoke:
+        rows_list = FP8_ROWS[::2] if args.quick else FP8_ROWS
     cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick, args.fp8)
     if args.fp8:
         lines = [
