@@ -11,13 +11,8 @@ the calls in it; "TB/s" counts the weight, input and output bytes once. Each Tri
 output is checked against ``F.linear`` first (bf16 tolerance); a config that does not fit the
 shared memory is skipped. Times are printed, never asserted.
 
-``--fp8`` times the kernel on FP8 weights (``quantize_rows``) against cuBLAS on the bf16
-weights they replace, at the shapes of an EAGLE-3 head for Llama-3.1-8B (its q/k/v read an
-8192-wide input, its lm_head a 32k draft vocabulary) and up to 256 rows (a tree step's draft
-rows at bs 32 and more), with the default tile's time beside the best.
-
-    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick] [--fp8]
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke [--fp8]
+    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick]
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from eagletree.adapters.kernels.triton.skinny_gemm import SkinnyConfig, skinny_gemm
-from eagletree.adapters.models.streamed_linear import dequantize_rows, quantize_rows
 
 
 class Shape(NamedTuple):
@@ -51,25 +45,13 @@ LLAMA_8B = (
     Shape("down", 14336, 4096, 16),
     Shape("lm_head", 4096, 128256, 4),
 )
-EAGLE3_HEAD_8B = (
-    Shape("qkv", 8192, 6144, 32),
-    Shape("o", 4096, 4096, 32),
-    Shape("gate_up", 4096, 28672, 16),
-    Shape("down", 14336, 4096, 16),
-    Shape("lm_head", 4096, 32000, 16),
-)
 SMOKE = (Shape("qkv", 64, 96, 2), Shape("o", 64, 64, 2))
 ROWS = (1, 4, 8, 16, 32, 64)
-FP8_ROWS = (1, 4, 16, 64, 128, 256)
 
 
-def configs(quick: bool, fp8: bool = False) -> list[SkinnyConfig]:
-    if quick and fp8:  # the bf16 sweep's winners' neighbourhood, and twice the K step
-        return [
-            SkinnyConfig(*c) for c in itertools.product((32, 64), (256, 512, 1024), (4,), (3, 4))
-        ]
+def configs(quick: bool) -> list[SkinnyConfig]:
     blocks_n = (16, 32, 64)
-    blocks_k = (128, 256, 512, 1024) if fp8 else (128, 256, 512)
+    blocks_k = (128, 256, 512)
     warps = (4,) if quick else (4, 8)
     stages = (3, 4) if quick else (3, 4, 5)
     return [SkinnyConfig(*c) for c in itertools.product(blocks_n, blocks_k, warps, stages)]
@@ -95,9 +77,7 @@ def replay_us(calls: list[Callable[[], object]], device: torch.device) -> float:
     return float(ms) * 1e3 / len(calls)
 
 
-def measure(
-    shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.device, fp8: bool = False
-) -> str:
+def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.device) -> str:
     gen = torch.Generator().manual_seed(rows)
     dtype = torch.bfloat16
     weights = [
@@ -107,8 +87,6 @@ def measure(
     x = torch.randn(rows, shape.k, generator=gen).to(dtype).to(device)
     reference = F.linear(x.float(), weights[0].float())
     moved = (shape.n * shape.k + rows * (shape.k + shape.n)) * 2
-    if fp8:
-        return _measure_fp8(shape, rows, cfgs, device, weights, x, moved)
 
     def tbps(us: float) -> float:
         return moved / (us * 1e-6) / 1e12
@@ -144,80 +122,25 @@ def measure(
     )
 
 
-def _measure_fp8(
-    shape: Shape,
-    rows: int,
-    cfgs: list[SkinnyConfig],
-    device: torch.device,
-    weights: list[torch.Tensor],
-    x: torch.Tensor,
-    bf16_bytes: int,
-) -> str:
-    """cuBLAS on the bf16 weights, the kernel on their FP8 rows (best tile and default)."""
-    quantized = [quantize_rows(w) for w in weights]
-    reference = F.linear(x.float(), dequantize_rows(*quantized[0], torch.float32))
-    fp8_bytes = shape.n * shape.k + 4 * shape.n + rows * (shape.k + shape.n) * 2
-    cublas = replay_us([partial(F.linear, x, w) for w in weights], device)
-
-    def run(cfg: SkinnyConfig | None) -> float:
-        out = skinny_gemm(x, quantized[0][0], config=cfg, weight_scale=quantized[0][1])
-        error = (out.float() - reference).abs().max().item()
-        if error > 0.05 * reference.abs().max().item() + 1e-2:
-            raise AssertionError(f"{shape.name} rows {rows} {cfg}: max error {error}")
-        calls: list[Callable[[], object]] = [
-            partial(skinny_gemm, x, q, config=cfg, weight_scale=s) for q, s in quantized
-        ]
-        return replay_us(calls, device)
-
-    best: tuple[float, SkinnyConfig] | None = None
-    for cfg in cfgs:
-        try:
-            us = run(cfg)
-        except OutOfResources:
-            continue
-        if best is None or us < best[0]:
-            best = (us, cfg)
-    assert best is not None, "no Triton config ran"
-    default_us = run(None)
-    fp8_us, cfg = best
-    return (
-        f"| {shape.name} {shape.k}→{shape.n} | {rows} |"
-        f" {cublas:.1f} ({bf16_bytes / cublas / 1e6:.2f}) |"
-        f" {fp8_us:.1f} ({fp8_bytes / fp8_us / 1e6:.2f}) |"
-        f" n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} |"
-        f" {default_us:.1f} | {cublas / default_us:.2f} |"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=None, help="markdown file for the table")
     parser.add_argument("--quick", action="store_true", help="fewer Triton configs")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
-    parser.add_argument("--fp8", action="store_true", help="FP8 weights, an EAGLE-3 head's shapes")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    shapes = SMOKE if args.smoke else EAGLE3_HEAD_8B if args.fp8 else LLAMA_8B
-    rows_list: tuple[int, ...] = (1, 8) if args.smoke else ROWS
-    if args.fp8 and not args.smoke:
-        rows_list = FP8_ROWS[::2] if args.quick else FP8_ROWS
-    cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick, args.fp8)
-    if args.fp8:
-        lines = [
-            "| GEMM | rows | cuBLAS bf16 µs (TB/s) | FP8 kernel best µs (TB/s) | best config |"
-            " FP8 default µs | cuBLAS bf16 ÷ FP8 default |",
-            "|---|---|---|---|---|---|---|",
-        ]
-    else:
-        lines = [
-            "| GEMM | rows | cuBLAS µs (TB/s) | cuBLASLt µs (TB/s) | Triton best µs (TB/s) |"
-            " best config | cuBLAS ÷ Triton |",
-            "|---|---|---|---|---|---|---|",
-        ]
+    shapes = SMOKE if args.smoke else LLAMA_8B
+    rows_list = (1, 8) if args.smoke else ROWS
+    cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick)
+    lines = [
+        "| GEMM | rows | cuBLAS µs (TB/s) | cuBLASLt µs (TB/s) | Triton best µs (TB/s) |"
+        " best config | cuBLAS ÷ Triton |",
+        "|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(lines), flush=True)
     for shape in shapes:
         for rows in rows_list:
-            line = measure(shape, rows, cfgs, device, args.fp8)
+            line = measure(shape, rows, cfgs, device)
             lines.append(line)
             print(line, flush=True)
     if args.out:

@@ -140,12 +140,6 @@ def parser() -> argparse.ArgumentParser:
         help="scheduler.prefill_step: prefills beside the decode batch or in a step of their own; "
         "with --arrivals several values are measured one after the other on the same engine",
     )
-    engine.add_argument(
-        "--draft-quantization",
-        choices=["none", "fp8"],
-        help="speculative.draft_quantization: fp8 stores the EAGLE / EAGLE-3 head's linear layers "
-        "as e4m3 with a scale per output row",
-    )
     p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
     return p
 
@@ -279,8 +273,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
         f"{f'arrival every {args.arrivals} steps x {args.num_arrivals}, ' if args.arrivals else ''}"
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
-        f"draft {plan.draft_kind}{' (fp8)' if base.speculative.draft_quantization == 'fp8' else ''}"
-        f", prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
+        f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {
         "title": title,

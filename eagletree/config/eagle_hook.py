@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from eagletree.config.settings import DraftQuantizationName, EngineSettings
+from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
@@ -52,7 +52,6 @@ class ResolvedSpeculative:
     topk: int
     num_draft_tokens: int
     draft_path: str | None
-    draft_quantization: DraftQuantizationName
     max_running_requests: int
     fallback_reason: str | None
     warnings: tuple[str, ...]
@@ -95,8 +94,6 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         ]
         if spec.version != "auto":
             ignored.append("speculative.version")
-        if spec.draft_quantization != "none":
-            ignored.append("speculative.draft_quantization")
         if ignored:
             warn(
                 f"speculative.algorithm is 'none', so {', '.join(ignored)} "
@@ -109,7 +106,6 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
             topk=1,
             num_draft_tokens=1,
             draft_path=None,
-            draft_quantization="none",
             max_running_requests=max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS,
             fallback_reason=None,
             warnings=tuple(warnings),
@@ -117,12 +113,6 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         )
 
     draft_path = _draft_path(settings, target, algorithm, warn)
-    if algorithm == "mtp" and spec.draft_quantization != "none":
-        raise ConfigurationError(
-            f"speculative.draft_quantization = {spec.draft_quantization!r} applies to EAGLE and"
-            " EAGLE-3 heads; MTP layers keep model.dtype: set speculative.draft_quantization"
-            " = 'none'"
-        )
     num_steps, topk, num_draft_tokens = _parameters(settings, target)
 
     if topk == 1 and num_draft_tokens != num_steps + 1:
@@ -166,7 +156,6 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         topk=topk,
         num_draft_tokens=num_draft_tokens,
         draft_path=draft_path,
-        draft_quantization=spec.draft_quantization,
         max_running_requests=max_running_requests,
         fallback_reason=fallback_reason,
         warnings=tuple(warnings),

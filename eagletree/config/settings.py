@@ -42,7 +42,6 @@ KVMoveName = Literal["auto", "torch", "triton"]
 CudaGraphName = Literal["auto", "on", "off"]
 OverlapName = Literal["auto", "on", "off"]
 PrefillStepName = Literal["with_decode", "alone"]
-DraftQuantizationName = Literal["none", "fp8"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -106,12 +105,6 @@ class SpeculativeSettings(_Section):
     )
     version: VersionName = Field(
         default="auto", description="Worker generation; auto picks v2 unless it cannot run."
-    )
-    draft_quantization: DraftQuantizationName = Field(
-        default="none",
-        description="EAGLE / EAGLE-3 head weights: none (model.dtype) or fp8 (e4m3, a scale per"
-        " output row: half the bytes per draft step; the target stays exact, so output does"
-        " not change, only acceptance may).",
     )
 
 

@@ -17,7 +17,6 @@ from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext, RotaryEmbedding
 from eagletree.adapters.models.llama import LlamaDecoderLayer, fold_layer_norms
 from eagletree.adapters.models.stack import MHALayout, mha_layout
-from eagletree.adapters.models.streamed_linear import PlainLinear
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
 
@@ -46,7 +45,7 @@ class EagleDraft(nn.Module):
         self.config = config
         self.shared = shared
         self.tp = tp
-        self.fc = PlainLinear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
                 config, i, skip_input_norm=(i == 0), fused_kernels=fused_kernels, tp=tp

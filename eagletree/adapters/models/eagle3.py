@@ -24,7 +24,6 @@ from eagletree.adapters.models.layers import (
 )
 from eagletree.adapters.models.llama import LlamaAttention
 from eagletree.adapters.models.stack import MHALayout, mha_layout
-from eagletree.adapters.models.streamed_linear import PlainLinear
 from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 
 
@@ -83,7 +82,7 @@ class Eagle3Draft(nn.Module):
         self.shared = shared
         self.tp = tp
         self.draft_vocab_size = draft_vocab_size
-        self.fc = PlainLinear(3 * target_hidden_size, config.hidden_size, bias=False)
+        self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
         self.midlayer = Eagle3MidLayer(config, fused_kernels, tp)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         # replicated under tensor parallelism: a ColumnParallelLinear of one block

@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import torch
+from torch import nn
 
-from eagletree.adapters.models.streamed_linear import PlainLinear
 from eagletree.adapters.models.tensor_parallel import SINGLE, CheckpointShard, TensorParallel
 
 
-class MergedLinear(PlainLinear):
+class MergedLinear(nn.Linear):
     """``parts``: (checkpoint module name, output rows of the full model) in output order."""
 
     def __init__(

@@ -14,7 +14,8 @@ of the lm_head's logits. The reduced result is the same on every rank (a collect
 value to all), so the replicated parts that follow compute the same bits everywhere.
 
 With ``fused_kernels`` the column- and row-parallel layers multiply the few rows of a decode
-step with the weight-stream kernel (``StreamedLinear``); larger inputs go to cuBLAS.
+step with the weight-stream kernel (``skinny_gemm``: one pass over the weight, no split-K
+reduction); larger inputs go to cuBLAS.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from eagletree.adapters.models.streamed_linear import StreamedLinear
+from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS, skinny_gemm
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -108,6 +109,30 @@ class TensorParallel:
 
 
 SINGLE = TensorParallel()
+
+
+class StreamedLinear(nn.Linear):
+    """``nn.Linear`` whose product takes the weight-stream kernel for a decode step's rows."""
+
+    fused_kernels: bool
+
+    def streams(self, x: torch.Tensor) -> bool:
+        """Whether ``product(x)`` runs the weight-stream kernel."""
+        return self.streams_rows(x.shape[0]) and x.dim() == 2 and x.stride(-1) == 1
+
+    def streams_rows(self, rows: int) -> bool:
+        return self.fused_kernels and rows <= MAX_ROWS
+
+    def product(
+        self, x: torch.Tensor, with_bias: bool = True, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ weight.T`` (+ bias) (+ ``residual``, added inside the weight-stream kernel)."""
+        # x: (num_tokens, in), residual: (num_tokens, out) -> (num_tokens, out)
+        bias = self.bias if with_bias else None
+        if self.streams(x):
+            return skinny_gemm(x, self.weight, bias, residual=residual)
+        y = nn.functional.linear(x, self.weight, bias)
+        return y if residual is None else y + residual
 
 
 class ColumnParallelLinear(StreamedLinear):

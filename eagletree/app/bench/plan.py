@@ -112,12 +112,6 @@ def plan_run(
             "model": base.model.model_copy(update=model_update),
             "memory": base.memory.model_copy(update=memory_update),
             "backend": backend.model_copy(update=backend_update),
-            "speculative": base.speculative.model_copy(
-                update={
-                    "draft_quantization": args.draft_quantization
-                    or base.speculative.draft_quantization
-                }
-            ),
             "scheduler": base.scheduler.model_copy(
                 update={
                     "overlap": args.overlap or base.scheduler.overlap,
@@ -148,6 +142,5 @@ def settings_for(plan: BenchPlan, config: BenchConfig) -> EngineSettings:
             eagle_topk=config.topk,
             num_draft_tokens=config.num_draft_tokens,
             version=plan.base.speculative.version,
-            draft_quantization=plan.base.speculative.draft_quantization,
         )
     return plan.base.model_copy(update={"speculative": speculative})

@@ -18,14 +18,8 @@ from dependency_injector import containers, providers
 
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.dense_group import DenseGroup
-from eagletree.adapters.models.loading import (
-    default_fused_kernels,
-    eagle3_aux_layer_ids,
-    load_draft,
-    load_target,
-)
+from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.stack import MHALayout
-from eagletree.adapters.models.streamed_linear import quantize_fp8
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app import distributed, factories, sizing, startup
@@ -86,12 +80,7 @@ def load_draft_heads(
     startup.check_topk(resolved, target.config.vocab_size)
     assert resolved.draft_path is not None  # resolve_speculative names one when enabled
     kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
-    drafts = load_draft(resolved.draft_path, kind, target, dtype)
-    if resolved.draft_quantization == "fp8":
-        device = target.embed_tokens.weight.device
-        for draft in drafts:
-            quantize_fp8(draft, default_fused_kernels(device))
-    return drafts
+    return load_draft(resolved.draft_path, kind, target, dtype)
 
 
 def tensor_parallel_of(groups: distributed.ParallelGroups) -> TensorParallel:

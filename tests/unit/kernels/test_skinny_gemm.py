@@ -10,13 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eagletree.adapters.kernels.triton.skinny_gemm import (
-    FP8_MAX_ROWS,
-    MAX_ROWS,
-    SkinnyConfig,
-    skinny_gemm,
-)
-from eagletree.adapters.models.streamed_linear import dequantize_rows, quantize_rows
+from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS, SkinnyConfig, skinny_gemm
 from eagletree.adapters.models.tensor_parallel import RowParallelLinear
 from tests.conftest import requires_cuda, requires_triton
 from tests.unit.kernels.tolerances import assert_computed_close
@@ -93,42 +87,6 @@ def test_inputs_it_cannot_stream_are_refused() -> None:
         skinny_gemm(torch.zeros(16, 2).t(), weight)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 17, MAX_ROWS, MAX_ROWS + 1, 3 * MAX_ROWS - 5, 0])
-@pytest.mark.parametrize("with_extras", [False, True])
-def test_an_fp8_weight_is_widened_per_tile_and_its_row_scales_multiply_the_sum(
-    device: torch.device, dtype: torch.dtype, rows: int, with_extras: bool
-) -> None:
-    requires_triton(device)
-    x, weight, bias = operands(rows, DEPTH, dtype, device, seed=rows + 3)
-    quantized, scale = quantize_rows(
-        weight * torch.linspace(0.1, 10.0, COLS, device=device)[:, None]
-    )
-    residual = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows)).to(
-        device, dtype
-    )
-    b, r = (bias, residual) if with_extras else (None, None)
-    out = skinny_gemm(x, quantized, b, config=SMALL_TILE, residual=r, weight_scale=scale)
-    # the widened weight is exact in fp32 (e4m3 has 3 mantissa bits), so the product is too
-    summed = F.linear(x.float(), dequantize_rows(quantized, scale, torch.float32))
-    if with_extras:
-        summed = summed + bias.float() + residual.float()
-    magnitude = float(summed.abs().max()) if rows else 0.0
-    assert_computed_close(out, summed.to(dtype), scale=magnitude)
-
-
-def test_fp8_weights_are_refused_without_their_scales_and_past_their_row_limit() -> None:
-    quantized, scale = quantize_rows(torch.randn(8, 16))
-    with pytest.raises(ValueError, match="needs weight_scale"):
-        skinny_gemm(torch.zeros(2, 16), quantized)
-    with pytest.raises(ValueError, match="needs weight_scale"):
-        skinny_gemm(torch.zeros(2, 16), quantized.float(), weight_scale=scale)
-    with pytest.raises(ValueError, match="needs weight_scale"):
-        skinny_gemm(torch.zeros(2, 16), quantized, weight_scale=scale[:-1])
-    with pytest.raises(ValueError, match=f"rows ≤ {FP8_MAX_ROWS}"):
-        skinny_gemm(torch.zeros(FP8_MAX_ROWS + 1, 16), quantized, weight_scale=scale)
-
-
 SUM_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-6}
 LLAMA_8B = [(4096, 4096), (14336, 4096), (4096, 128256)]  # o_proj, down_proj, lm_head (K, N)
 
@@ -149,24 +107,3 @@ def test_the_default_tiles_fit_the_gpu_at_every_row_count_of_a_decode_bucket(
         # magnitudes (an output near zero keeps it), plus the output's rounding
         magnitude = F.linear(x.float().abs(), weight.float().abs())
         assert (error <= SUM_TOLERANCE[dtype] * magnitude).all()
-
-
-DRAFT_8B = [(4096, 4096), (14336, 4096), (4096, 28672), (8192, 6144), (4096, 32000)]
-
-
-@requires_cuda
-@pytest.mark.gpu
-@pytest.mark.parametrize(("depth", "cols"), DRAFT_8B)
-def test_fp8_weights_of_a_draft_layer_at_every_row_count_of_a_tree_step(
-    depth: int, cols: int
-) -> None:
-    generator = torch.Generator().manual_seed(cols + 1)
-    weight, scale = quantize_rows(torch.randn(cols, depth, generator=generator) / depth**0.5)
-    weight, scale = weight.cuda(), scale.cuda()
-    widened = dequantize_rows(weight, scale, torch.float32)
-    for rows in (1, 4, 8, 32, 64, 128, 256):
-        x = torch.randn(rows, depth, generator=generator).to("cuda", torch.bfloat16)
-        out = skinny_gemm(x, weight, weight_scale=scale).float()
-        error = (out - F.linear(x.float(), widened)).abs()
-        magnitude = F.linear(x.float().abs(), widened.abs())
-        assert (error <= SUM_TOLERANCE[torch.bfloat16] * magnitude).all()

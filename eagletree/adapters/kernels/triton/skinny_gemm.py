@@ -9,12 +9,6 @@ narrow ``BLOCK_N`` gives enough programs to cover every SM.
 
 Accumulation is fp32 over ``BLOCK_K`` chunks; the order of the sum differs from cuBLAS's, so
 results agree with ``torch.nn.functional.linear`` to a stated tolerance, not bit for bit.
-
-An FP8 (e4m3) weight with one fp32 scale per output row halves the bytes: each tile is widened
-to the activations' dtype after its load and the row scales multiply the fp32 sum once. Nothing
-else can multiply such a weight without first writing a widened copy, so for FP8 the kernel
-also takes up to ``FP8_MAX_ROWS`` rows, ``MAX_ROWS`` per program (each row block reads the
-weight again: at 256 rows as many bytes as one bf16 pass).
 """
 
 from __future__ import annotations
@@ -34,7 +28,6 @@ class SkinnyConfig(NamedTuple):
 
 
 MAX_ROWS = 64  # above this the GEMM is no longer a weight stream; cuBLAS's tiles win
-FP8_MAX_ROWS = 4 * MAX_ROWS  # FP8 weights: row blocks of MAX_ROWS, each a pass over the weight
 
 
 def default_config(cols: int, rows: int, element_size: int = 2) -> SkinnyConfig:
@@ -53,7 +46,6 @@ def default_config(cols: int, rows: int, element_size: int = 2) -> SkinnyConfig:
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
-    scale_ptr,
     bias_ptr,
     residual_ptr,
     out_ptr,
@@ -64,7 +56,6 @@ def _skinny_gemm_kernel(
     stride_w,
     stride_residual,
     stride_out,
-    HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -74,7 +65,7 @@ def _skinny_gemm_kernel(
     BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     row_mask = offs_m < rows
@@ -90,11 +81,7 @@ def _skinny_gemm_kernel(
         if DOT_FP32:  # the interpreter's bf16 dot is wrong; fp32 inputs want exact products
             x = x.to(tl.float32)
             w = w.to(tl.float32)
-        elif HAS_SCALE:  # an FP8 tile, widened to the activations' dtype for the dot
-            w = w.to(x.dtype)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
-    if HAS_SCALE:
-        acc *= tl.load(scale_ptr + offs_n, mask=col_mask, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     tile_mask = row_mask[:, None] & col_mask[None, :]
@@ -111,55 +98,39 @@ def skinny_gemm(
     bias: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     residual: torch.Tensor | None = None,
-    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) (+ residual (rows, N)) -> (rows, N)
-    in x's dtype; the residual is added to the fp32 sum, so the result is rounded once. An
-    FP8 ``weight`` comes with ``weight_scale`` (N,) fp32, its rows' scales, and takes up to
-    ``FP8_MAX_ROWS`` rows."""
-    fp8 = weight_scale is not None
-    max_rows = FP8_MAX_ROWS if fp8 else MAX_ROWS
+    in x's dtype; the residual is added to the fp32 sum, so the result is rounded once."""
     if (
         x.dim() != 2
         or weight.dim() != 2
         or x.shape[1] != weight.shape[1]
         or x.stride(-1) != 1
         or weight.stride(-1) != 1
-        or x.shape[0] > max_rows
+        or x.shape[0] > MAX_ROWS
     ):
         raise ValueError(
-            f"skinny_gemm needs x (rows ≤ {max_rows}, K) and weight (N, K), both with unit"
+            f"skinny_gemm needs x (rows ≤ {MAX_ROWS}, K) and weight (N, K), both with unit"
             f" column stride; got x {tuple(x.shape)} strides"
             f" {x.stride()}, weight {tuple(weight.shape)} strides {weight.stride()}"
         )
     rows, depth = x.shape
     cols = weight.shape[0]
-    if fp8 != (weight.dtype == torch.float8_e4m3fn) or (
-        weight_scale is not None
-        and (weight_scale.shape != (cols,) or weight_scale.dtype != torch.float32)
-    ):
-        raise ValueError(
-            "skinny_gemm: an FP8 (float8_e4m3fn) weight needs weight_scale, fp32 of shape"
-            f" ({cols},), and only it; got weight {weight.dtype}, weight_scale"
-            f" {None if weight_scale is None else (weight_scale.dtype, tuple(weight_scale.shape))}"
-        )
     if residual is not None and (residual.shape != (rows, cols) or residual.stride(-1) != 1):
         raise ValueError(
             f"skinny_gemm: the residual must be ({rows}, {cols}) with unit column stride, got"
             f" {tuple(residual.shape)} strides {residual.stride()}"
         )
-    block_rows = min(rows, MAX_ROWS)
-    config = config or default_config(cols, block_rows, x.element_size())
+    config = config or default_config(cols, rows, x.element_size())
     out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     if rows == 0 or cols == 0:
         return out
     dot_fp32 = x.device.type == "cpu" or x.dtype == torch.float32
-    block_m = max(16, triton.next_power_of_2(block_rows))  # tl.dot's smallest tile is 16 rows
-    grid = (triton.cdiv(cols, config.block_n), triton.cdiv(rows, block_m))
+    block_m = max(16, triton.next_power_of_2(rows))  # tl.dot's smallest tile is 16 rows
+    grid = (triton.cdiv(cols, config.block_n),)
     _skinny_gemm_kernel[grid](
         x,
         weight,
-        weight_scale if weight_scale is not None else weight,  # never read without HAS_SCALE
         bias if bias is not None else weight,  # never read without HAS_BIAS
         residual if residual is not None else weight,  # never read without HAS_RESIDUAL
         out,
@@ -170,7 +141,6 @@ def skinny_gemm(
         weight.stride(0),
         residual.stride(0) if residual is not None else 0,
         out.stride(0),
-        HAS_SCALE=fp8,
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
         DOT_FP32=dot_fp32,
