@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
     runs.add_argument(
         "--breakdown", action="store_true", help="print each row's costliest kernels (CUDA)"
     )
+    runs.add_argument(
+        "--trace",
+        type=Path,
+        metavar="DIR",
+        help="write each row's profiled steps as a Chrome trace, DIR/<config>-bs<N>.json",
+    )
     runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
     runs.add_argument(
         "--arrivals",

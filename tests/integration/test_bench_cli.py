@@ -35,7 +35,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run over plain and a tree at bs 1 and 2: its exit status, streams and JSON."""
     tmp_path = tmp_path_factory.mktemp("bench")
     out, err = io.StringIO(), io.StringIO()  # capsys is per test: capture by hand
-    argv = tiny_run(tmp_path, "--configs", "tree:S2,k2,N3", "--batch-sizes", "1", "2")
+    argv = tiny_run(tmp_path, "--configs", "tree:S2,k2,N3", "--batch-sizes", "1", "2",
+                    "--trace", str(tmp_path / "traces"))  # fmt: skip
     with (
         pytest.MonkeyPatch.context() as patch,
         contextlib.redirect_stdout(out),
@@ -51,7 +52,16 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "json": data,
         "md": (tmp_path / "run.md").read_text(),
         "checkpoint": tmp_path / "checkpoint",
+        "traces": tmp_path / "traces",
     }
+
+
+def test_trace_writes_each_rows_profiled_steps_as_a_chrome_trace(report: dict[str, Any]) -> None:
+    expected = {f"{config}-bs{bs}.json" for config in ("plain", "tree-S2-k2-N3") for bs in (1, 2)}
+    assert {p.name for p in report["traces"].iterdir()} == expected
+    for path in report["traces"].iterdir():
+        events = json.loads(path.read_text())["traceEvents"]
+        assert any(str(e.get("name", "")).startswith("aten::") for e in events), path
 
 
 def test_bench_measures_every_configuration_at_every_batch_size(report: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -84,6 +85,7 @@ def measure_decode(
     on_tokens: Callable[[int], None] = lambda done: None,
     max_new_tokens: int | None = None,
     lockstep: Lockstep = ALONE,
+    trace: Path | None = None,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
@@ -94,15 +96,17 @@ def measure_decode(
     With a data-parallel ``lockstep`` ``prompts`` are this replica's share of the batch (maybe
     none); the replicas step together and the measurement is the group's: its batch, its
     tokens, its slowest replica's seconds, the window ending when its slowest request has
-    ``new_tokens``. The profile is this replica's."""
+    ``new_tokens``. The profile is this replica's; ``trace`` names a Chrome trace file for
+    it (the profiled steps' host and device timelines)."""
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
     requests = [engine.submit(prompt, SamplingParams(max_new_tokens=budget)) for prompt in prompts]
     try:
         measurement = _measure(
-            engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep
-        )
+            engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep,
+            trace,
+        )  # fmt: skip
     except MeasurementError:  # raised on every replica together: they drain together too
         release_requests(engine, requests, lockstep)
         raise
@@ -123,6 +127,7 @@ def _measure(
     cuda: bool,
     on_tokens: Callable[[int], None],
     lockstep: Lockstep,
+    trace: Path | None,
 ) -> DecodeMeasurement:
     step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
     retracted_before = engine.stats.num_retracted
@@ -165,7 +170,9 @@ def _measure(
     batches = lockstep.per_replica(len(requests))
     seconds = -lockstep.minimum([-seconds])[0]  # the slowest replica's window
     tokens_per_step = emitted_sum / emitted_count if emitted_count else num_tokens / steps_run
-    counts = profile_decode(engine, profile_steps, cuda, lockstep) if profile_steps > 0 else None
+    counts = None
+    if profile_steps > 0:
+        counts = profile_decode(engine, profile_steps, cuda, lockstep, trace)
     problem = running_problem(engine, requests, retracted_before, "the profiled steps")
     if not lockstep.minimum([problem is None])[0]:
         raise MeasurementError(lockstep.first_problem(problem))
@@ -182,9 +189,14 @@ def release_requests(engine: Engine, requests: Sequence[Request], lockstep: Lock
 
 
 def profile_decode(
-    engine: Engine, num_steps: int, cuda: bool, lockstep: Lockstep = ALONE
+    engine: Engine,
+    num_steps: int,
+    cuda: bool,
+    lockstep: Lockstep = ALONE,
+    trace: Path | None = None,
 ) -> ProfileCounts:
-    """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched."""
+    """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched;
+    ``trace``: also write the profile as a Chrome trace there."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as profiler:
         synchronize(cuda)
@@ -193,6 +205,9 @@ def profile_decode(
             lockstep.step(engine)
         synchronize(cuda)
         wall_s = time.perf_counter() - started
+    if trace is not None:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(trace))
     events = profiler.events()
     launches, device_ms = count_launches(events, cuda)
     return ProfileCounts(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app.parallel_launch import with_parallel
@@ -64,6 +65,7 @@ def measure_all(
                 cuda=plan.cuda,
                 on_tokens=bar.update,
                 lockstep=lockstep,
+                trace=_trace_path(args.trace, config.name, bs) if replica == 0 else None,
             )
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
             rows.append(_row(config.name, m))
@@ -72,6 +74,14 @@ def measure_all(
         del engine
         _release_memory(plan.cuda)
     return with_break_even(rows), arrival_rows, hf_rows, used
+
+
+def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:
+    """``DIR/<config>-bs<N>.json`` for a row's Chrome trace, or None without ``--trace``."""
+    if directory is None:
+        return None
+    name = "-".join(config.replace(",", " ").split())
+    return directory / f"{name}-bs{batch_size}.json"
 
 
 def _measure_arrivals(
