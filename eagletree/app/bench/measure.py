@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from eagletree.app.bench.device_gaps import DeviceGaps, device_gaps
 from eagletree.app.bench.lockstep import ALONE, Lockstep
 from eagletree.app.engine import Engine
 from eagletree.domain.errors import EagleTreeError
 from eagletree.domain.request import Request, RequestStatus, SamplingParams
+
+PROFILE_WARMUP_STEPS = 1  # run under the profiler before the recorded ones, unrecorded
 
 
 class MeasurementError(EagleTreeError, RuntimeError):
@@ -33,8 +35,10 @@ class MeasurementError(EagleTreeError, RuntimeError):
 def token_budget(
     new_tokens: int, warmup_steps: int, profile_steps: int, max_tokens_per_step: int
 ) -> int:
-    """``max_new_tokens`` of each measured request: enough that none finishes while measured."""
-    return new_tokens + (warmup_steps + profile_steps + 2) * max_tokens_per_step
+    """``max_new_tokens`` of each measured request: enough that none finishes while measured
+    (the profile runs one unrecorded step before its ``profile_steps``)."""
+    profiled = profile_steps + PROFILE_WARMUP_STEPS if profile_steps > 0 else 0
+    return new_tokens + (warmup_steps + profiled + 2) * max_tokens_per_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,14 +200,22 @@ def profile_decode(
     trace: Path | None = None,
 ) -> ProfileCounts:
     """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched;
-    ``trace``: also write the profile as a Chrome trace there."""
+    ``trace``: also write the profile as a Chrome trace there. One step before them runs
+    under the profiler unrecorded, so the recorded steps start with the device still busy, as
+    in steady decoding (after a synchronisation the first step's host work would count as
+    device idle time)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as profiler:
-        synchronize(cuda)
-        started = time.perf_counter()
-        for _ in range(num_steps):
+    recorded = schedule(wait=0, warmup=PROFILE_WARMUP_STEPS, active=num_steps, repeat=1)
+    with profile(activities=activities, schedule=recorded) as profiler:
+        for _ in range(PROFILE_WARMUP_STEPS):
             lockstep.step(engine)
-        synchronize(cuda)
+            profiler.step()
+        started = time.perf_counter()
+        for i in range(num_steps):
+            lockstep.step(engine)
+            if i == num_steps - 1:
+                synchronize(cuda)  # the recorded steps' kernels end inside the window
+            profiler.step()
         wall_s = time.perf_counter() - started
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)

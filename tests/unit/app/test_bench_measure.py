@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import pytest
+import torch
 from torch._C._autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from eagletree.app.bench.measure import (
+    PROFILE_WARMUP_STEPS,
     DecodeMeasurement,
     MeasurementError,
     count_launches,
@@ -25,6 +27,9 @@ from eagletree.domain.request import FinishReason, Request, RequestStatus, Sampl
 @dataclass
 class _Stats:
     num_retracted: int = 0
+
+
+OPS_PER_DECODE_STEP = 2  # aten::ones and aten::add_, which ScriptedEngine.step runs
 
 
 class ScriptedEngine:
@@ -54,6 +59,7 @@ class ScriptedEngine:
             waiting[0].output_ids.append(0)
             return []
         self.num_decode_steps += 1
+        torch.ones(1).add_(self.num_decode_steps)  # OPS_PER_DECODE_STEP top-level aten ops
         for request in self.requests:
             if request.status is RequestStatus.RUNNING:
                 request.output_ids.extend([1] * self.accept)
@@ -102,9 +108,11 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     assert m.tokens_per_step == accept
     assert progress == [accept * (i + 1) for i in range(timed_steps)]
     assert m.seconds > 0 and m.tokens_per_s == pytest.approx(m.num_tokens / m.seconds)
-    # 3 prefill steps, 2 warm-up, the timed ones, 1 profiled; everything aborted afterwards
-    assert engine.num_steps == 3 + 2 + timed_steps + 1
+    # 3 prefill steps, 2 warm-up, the timed ones, the profiler's unrecorded one and 1 profiled;
+    # everything aborted afterwards
+    assert engine.num_steps == 3 + 2 + timed_steps + PROFILE_WARMUP_STEPS + 1
     assert m.profile is not None and m.profile.num_steps == 1
+    assert m.profile.launches_per_step == OPS_PER_DECODE_STEP  # the unrecorded step is not in it
     assert m.profile.device_ms_per_step is None  # no device on the CPU
     assert not engine.has_work()
     budget = token_budget(7, 2, 1, 4)
