@@ -93,13 +93,21 @@ def _shared(target: TargetModel) -> SharedTargetModules:
     return SharedTargetModules(target.embed_tokens, target.lm_head)
 
 
+def _llama_head_config(
+    path: str | Path, kind: str, allowed: tuple[str, ...], target: TargetModel
+) -> tuple[ConfigReader, LlamaConfig]:
+    """An EAGLE-family head's config and its reader, once its architecture and sizes fit."""
+    reader = ConfigReader.from_dir(path)
+    _check_architecture(reader, kind, allowed)
+    config = parse_llama_config(reader)
+    _check_compatible(reader, config.hidden_size, config.vocab_size, target)
+    return reader, config
+
+
 def load_eagle_draft(
     path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
 ) -> EagleDraft:
-    reader = ConfigReader.from_dir(path)
-    _check_architecture(reader, "EAGLE", EAGLE_ARCHITECTURES)
-    config = parse_llama_config(reader)
-    _check_compatible(reader, config.hidden_size, config.vocab_size, target)
+    _, config = _llama_head_config(path, "EAGLE", EAGLE_ARCHITECTURES, target)
     files = TensorFiles(path)
     fc_bias = any(strip_model_prefix(name) == "fc.bias" for name in files.names())
     device = target.embed_tokens.weight.device
@@ -121,10 +129,7 @@ def load_eagle_draft(
 def load_eagle3_draft(
     path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
 ) -> Eagle3Draft:
-    reader = ConfigReader.from_dir(path)
-    _check_architecture(reader, "EAGLE-3", EAGLE3_ARCHITECTURES)
-    config = parse_llama_config(reader)
-    _check_compatible(reader, config.hidden_size, config.vocab_size, target)
+    reader, config = _llama_head_config(path, "EAGLE-3", EAGLE3_ARCHITECTURES, target)
     draft_vocab = reader.get_int("draft_vocab_size", config.vocab_size)
     target_hidden = reader.get_int("target_hidden_size", target.hidden_size)
     if target_hidden != target.hidden_size:
