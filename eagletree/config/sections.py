@@ -1,0 +1,135 @@
+"""Settings: the sections of EngineSettings, one frozen pydantic model each.
+
+``settings.EngineSettings`` composes them and reads them from files and EAGLETREE_* variables;
+their names are importable from ``settings`` too.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+DTypeName = Literal["auto", "bfloat16", "float16", "float32"]
+AlgorithmName = Literal["none", "eagle", "eagle3", "mtp", "nextn"]
+VersionName = Literal["auto", "v1", "v2"]
+AttentionBackendName = Literal["auto", "torch", "triton", "flash"]
+KVMoveName = Literal["auto", "torch", "triton"]
+CudaGraphName = Literal["auto", "on", "off"]
+OverlapName = Literal["auto", "on", "off"]
+PrefillStepName = Literal["with_decode", "alone"]
+# "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
+
+
+class _Section(BaseModel):
+    # extra="forbid": a misspelt key is an error that lists the known ones, never ignored.
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bools_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1; a boolean where a number belongs is a mistake, not a size.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _is_numeric(field.annotation):
+            raise ValueError("a number is expected, not a boolean")
+        return value
+
+
+def _is_numeric(annotation: Any) -> bool:
+    if annotation in (int, float):
+        return True
+    return any(arg in (int, float) for arg in typing.get_args(annotation))
+
+
+class ModelSettings(_Section):
+    target_path: str | None = Field(
+        default=None, description="Target checkpoint directory (config.json + safetensors)."
+    )
+    draft_path: str | None = Field(
+        default=None,
+        description="Draft checkpoint directory; for algorithm mtp it defaults to target_path.",
+    )
+    dtype: DTypeName = Field(
+        default="auto",
+        description="Weight and KV cache dtype; auto: bfloat16 on CUDA, else float32.",
+    )
+    device: str = Field(
+        default="auto",
+        pattern=DEVICE_PATTERN,
+        description='"auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N".',
+    )
+    max_context_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="Longest request (prompt + output); unset: the target's position limit.",
+    )
+
+
+class SpeculativeSettings(_Section):
+    algorithm: AlgorithmName = Field(
+        default="none", description="Draft algorithm; nextn is an alias of eagle."
+    )
+    num_steps: int | None = Field(default=None, ge=1, description="Draft depth S.")
+    eagle_topk: int | None = Field(default=None, ge=1, description="Beam width k per draft step.")
+    num_draft_tokens: int | None = Field(
+        default=None, ge=2, description="Tree size N including the root."
+    )
+    version: VersionName = Field(
+        default="auto", description="Worker generation; auto picks v2 unless it cannot run."
+    )
+
+
+class MemorySettings(_Section):
+    page_size: int = Field(default=1, ge=1, description="Tokens per KV page.")
+    max_total_tokens: int = Field(
+        default=65_536, gt=0, description="KV slots in the shared token pool."
+    )
+    max_running_requests: int | None = Field(
+        default=None, ge=1, description="Concurrent requests; unset: 48."
+    )
+    debug_checks: bool = Field(
+        default=False,
+        description="Check slot ranges, frees and moves on accelerators too (synchronises).",
+    )
+
+
+class BackendSettings(_Section):
+    attention: AttentionBackendName = Field(
+        default="auto", description="Attention backend; auto: triton on CUDA, torch on the CPU."
+    )
+    kv_move: KVMoveName = Field(
+        default="auto", description="KV row move implementation; auto: as backend.attention."
+    )
+    cuda_graph: CudaGraphName = Field(
+        default="auto",
+        description="Capture decode steps in CUDA graphs; auto: on for CUDA devices, else off.",
+    )
+
+
+class SchedulerSettings(_Section):
+    overlap: OverlapName = Field(
+        default="auto",
+        description="Launch step i + 1 before reading step i's tokens; auto: on for the v2 "
+        "and plain workers on CUDA, else off.",
+    )
+    prefill_step: PrefillStepName = Field(
+        default="with_decode",
+        description="Run a plan's prefills in the step of its decode batch (with_decode) or "
+        "in a step of their own while the running requests wait one step (alone).",
+    )
+
+
+class ParallelSettings(_Section):
+    dp_size: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel replicas, each with its own requests and KV pool.",
+    )
+    tp_size: int = Field(default=1, ge=1, description="Tensor-parallel ranks.")
+    shard_dense_over_dp: bool = Field(
+        default=False,
+        description="With dp_size > 1: shard the MLP, embedding and lm_head over the "
+        "data-parallel ranks (attention stays per rank).",
+    )
