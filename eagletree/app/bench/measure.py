@@ -203,7 +203,7 @@ def profile_decode(
     ``trace``: also write the profile as a Chrome trace there. One step before them runs
     under the profiler unrecorded, so the recorded steps start with the device still busy, as
     in steady decoding (after a synchronisation the first step's host work would count as
-    device idle time)."""
+    device idle time); what that step runs on the device inside the window is not counted."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     recorded = schedule(wait=0, warmup=PROFILE_WARMUP_STEPS, active=num_steps, repeat=1)
     with profile(activities=activities, schedule=recorded) as profiler:
@@ -220,7 +220,7 @@ def profile_decode(
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(trace))
-    events = profiler.events()
+    events = launched_in_window(profiler.events())
     launches, device_ms = count_launches(events, cuda)
     return ProfileCounts(
         num_steps,
@@ -230,6 +230,19 @@ def profile_decode(
         top_kernels(events, num_steps) if cuda else (),
         device_gaps(device_spans(events), num_steps) if cuda else None,
     )
+
+
+def launched_in_window(events: Sequence[Any]) -> list[Any]:
+    """``events`` without the device activities that a step launched before the recording.
+
+    With the host one step ahead, the device still runs the unrecorded step when recording
+    starts, and the profiler records what of it executes from then on. Such an activity's
+    launch (the runtime or driver call sharing its correlation id) is not among the recorded
+    host events, so it is dropped. A profile without launch calls (the CPU) is kept whole."""
+    launched = {e.id for e in events if _is_launch_call(e)}
+    if not launched:
+        return list(events)
+    return [e for e in events if not _is_device_activity(e) or e.id in launched]
 
 
 def device_spans(events: Iterable[Any]) -> list[tuple[float, float, str]]:
@@ -268,6 +281,14 @@ def _is_device_activity(event: Any) -> bool:
     if event.device_type.name != "CUDA" or getattr(event, "is_user_annotation", False):
         return False
     return "annotation" not in str(getattr(event, "activity_type", "")).lower()
+
+
+def _is_launch_call(event: Any) -> bool:
+    """A CUDA runtime or driver call (``cudaLaunchKernel``, ``cudaGraphLaunch``,
+    ``cuLaunchKernel``, ``cudaMemcpyAsync``, …): the host side of device activities, which
+    share its correlation id."""
+    name: str = getattr(event, "name", "")
+    return event.device_type.name == "CPU" and name.startswith("cu") and event.id > 0
 
 
 def _is_top_level_aten(event: object) -> bool:

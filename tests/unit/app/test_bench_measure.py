@@ -16,6 +16,7 @@ from eagletree.app.bench.measure import (
     DecodeMeasurement,
     MeasurementError,
     count_launches,
+    launched_in_window,
     measure_decode,
     token_budget,
     top_kernels,
@@ -133,9 +134,10 @@ def _event(
     device: DeviceType = DeviceType.CPU,
     activity: str | None = None,
     parent: FunctionEvent | None = None,
+    correlation: int = 0,
 ) -> FunctionEvent:
     event = FunctionEvent(  # type: ignore[no-untyped-call]  # torch leaves it untyped
-        id=0,
+        id=correlation,
         name=name,
         thread=0,
         start_us=start_us,
@@ -178,3 +180,29 @@ def test_the_costliest_kernels_are_grouped_by_name_and_counted_per_step() -> Non
     assert [name for name, _, _ in ranked] == ["gemm_kernel", "softmax"]
     assert ranked[0][1:] == pytest.approx((1.0, 5.0 / 1000))
     assert ranked[1][1:] == pytest.approx((0.5, 1.5 / 1000))
+
+
+def test_what_the_step_before_the_window_runs_on_the_device_is_not_counted() -> None:
+    """With the host one step ahead, the unrecorded step's graph is still running when the
+    recording starts: its kernels are recorded, but not the calls that launched them."""
+    events = [
+        _event("tail_of_the_step_before", 0, 5, DeviceType.CUDA, "kernel", correlation=7),
+        _event("aten::copy_", 1, 2),
+        _event("cudaMemcpyAsync", 1, 2, correlation=8),
+        _event("cudaGraphLaunch", 2, 3, correlation=9),
+        _event("Memcpy HtoD", 5, 6, DeviceType.CUDA, "gpu_memcpy", correlation=8),
+        _event("gemm_kernel", 6, 10, DeviceType.CUDA, "kernel", correlation=9),
+        _event("rmsnorm", 10, 11, DeviceType.CUDA, "kernel", correlation=9),
+    ]
+    kept = launched_in_window(events)
+    assert [e.name for e in kept if e.device_type is DeviceType.CUDA] == [
+        "Memcpy HtoD",
+        "gemm_kernel",
+        "rmsnorm",
+    ]
+    assert len(kept) == len(events) - 1  # the host events stay
+    launches, device_ms = count_launches(kept, cuda=True)
+    assert launches == 3 and device_ms == pytest.approx(6 / 1000)
+    # without any launch call (a CPU profile) nothing is dropped
+    cpu_only = [_event("aten::mm", 0, 1), _event("aten::add", 1, 2)]
+    assert launched_in_window(cpu_only) == cpu_only
