@@ -84,6 +84,13 @@ def parser() -> argparse.ArgumentParser:
         choices=DRAFT_KINDS,
         help="draft head kind; default: the settings file's algorithm, else eagle",
     )
+    source.add_argument(
+        "--token-map",
+        type=Path,
+        metavar="FILE",
+        help="speculative.token_map: the EAGLE head proposes from these target ids only "
+        "(.pt tensor or .json list)",
+    )
     runs = p.add_argument_group("what to measure")
     runs.add_argument(
         "--configs",
@@ -188,6 +195,8 @@ def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
     if args.target is not None and args.preset is not None:
         p.error("give --preset or --target, not both")
+    if args.token_map is not None and args.draft not in (None, "eagle"):
+        p.error(f"--token-map restricts an EAGLE head, not --draft {args.draft}")
     if args.draft_dir is not None and args.target is None:
         p.error("--draft-dir needs --target")
     if args.checkpoint_dir is not None and args.target is not None:
@@ -279,7 +288,9 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
         f"{f'arrival every {args.arrivals} steps x {args.num_arrivals}, ' if args.arrivals else ''}"
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
-        f"draft {plan.draft_kind}, prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
+        f"draft {plan.draft_kind}"
+        f"{f' (token map {args.token_map})' if args.token_map is not None else ''}, "
+        f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {
         "title": title,
@@ -291,6 +302,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         "date": date,
         "target": str(plan.target),
         "draft": None if plan.draft is None else str(plan.draft),
+        "token_map": base.speculative.token_map,
     }
 
 

@@ -86,6 +86,17 @@ def check_topk(resolved: ResolvedSpeculative, vocab_size: int) -> None:
         )
 
 
+def check_draft_topk(resolved: ResolvedSpeculative, draft_vocab_sizes: Collection[int]) -> None:
+    """Nor more than a draft proposes from (an EAGLE-3 draft vocabulary, a token map)."""
+    for size in draft_vocab_sizes:
+        if resolved.topk > size:
+            source = "speculative.token_map" if resolved.token_map else "its draft vocabulary"
+            raise ConfigurationError(
+                f"speculative.eagle_topk = {resolved.topk} exceeds the {size} tokens the draft "
+                f"proposes from ({source}): lower speculative.eagle_topk"
+            )
+
+
 def cuda_graph_decision(
     settings: EngineSettings, device_type: str, worker: WorkerName
 ) -> ResolvedCudaGraphs:

@@ -56,6 +56,7 @@ class ResolvedSpeculative:
     fallback_reason: str | None
     warnings: tuple[str, ...]
     worker: WorkerName
+    token_map: str | None = None  # the EAGLE head's token-map file, if it proposes from one
 
     @property
     def enabled(self) -> bool:
@@ -90,7 +91,9 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
 
     if algorithm == "none":
         ignored = [
-            f"speculative.{name}" for name in _PARAMETER_FIELDS if getattr(spec, name) is not None
+            f"speculative.{name}"
+            for name in (*_PARAMETER_FIELDS, "token_map")
+            if getattr(spec, name) is not None
         ]
         if spec.version != "auto":
             ignored.append("speculative.version")
@@ -113,6 +116,12 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         )
 
     draft_path = _draft_path(settings, target, algorithm, warn)
+    if spec.token_map is not None and algorithm != "eagle":
+        raise ConfigurationError(
+            f"speculative.token_map = {spec.token_map!r} restricts an EAGLE head's proposals, "
+            f"but speculative.algorithm is {algorithm!r} (an EAGLE-3 head carries its own draft "
+            "vocabulary, MTP layers propose from the whole one): unset speculative.token_map"
+        )
     num_steps, topk, num_draft_tokens = _parameters(settings, target)
 
     if topk == 1 and num_draft_tokens != num_steps + 1:
@@ -160,6 +169,7 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         fallback_reason=fallback_reason,
         warnings=tuple(warnings),
         worker=worker,
+        token_map=spec.token_map,
     )
 
 

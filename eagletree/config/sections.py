@@ -79,6 +79,11 @@ class SpeculativeSettings(_Section):
     version: VersionName = Field(
         default="auto", description="Worker generation; auto picks v2 unless it cannot run."
     )
+    token_map: str | None = Field(
+        default=None,
+        description="EAGLE only: a file of the target token ids the head proposes from (.pt "
+        "tensor, as FR-Spec publishes them, or .json list); its lm_head keeps those rows.",
+    )
 
 
 class MemorySettings(_Section):

@@ -118,7 +118,7 @@ class EngineSettings(BaseSettings):
             raise SettingsError(f"settings file {path}: {error}") from None
 
 
-PATH_FIELDS = (("model", "target_path"), ("model", "draft_path"))
+PATH_FIELDS = (("model", "target_path"), ("model", "draft_path"), ("speculative", "token_map"))
 
 
 def read_settings_file(path: str | Path) -> dict[str, Any]:

@@ -18,8 +18,16 @@ class ModelOutput:
     what an EAGLE draft consumes, as in the EAGLE reference and SGLang; for a draft model, its
     own output hidden state fed to the next draft step. ``aux_hidden_states``: (num_tokens,
     n·H) the concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
+    ``token_ids``: (V,) int64, the target token id of each logits column where a draft
+    proposes from part of the target vocabulary (an EAGLE-3 draft vocabulary, an EAGLE token
+    map); None when column i is token i.
     """
 
     logits: torch.Tensor
     hidden_states: torch.Tensor
     aux_hidden_states: torch.Tensor | None = None
+    token_ids: torch.Tensor | None = None
+
+    def target_tokens(self, columns: torch.Tensor) -> torch.Tensor:
+        """The target token ids of logits ``columns`` (any shape, int64), e.g. a top-k's."""
+        return columns if self.token_ids is None else self.token_ids[columns]

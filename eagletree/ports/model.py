@@ -47,7 +47,9 @@ class DraftRunner(Protocol):
     ``forward(batch, hidden_states, logits_rows)``: token i of the batch is paired with
     ``hidden_states[i]`` — the target's hidden state (aux hidden states for EAGLE-3) at the
     previous position, or the draft's own output hidden state on later draft steps. Logits are
-    over the target vocabulary (EAGLE-3 drafts map their draft vocabulary through ``d2t``).
+    over the draft's vocabulary: where that is part of the target's (an EAGLE-3 draft
+    vocabulary, an EAGLE token map), ``ModelOutput.token_ids`` maps each column to its target
+    token, so a top-k runs over the draft's columns only.
     """
 
     @property

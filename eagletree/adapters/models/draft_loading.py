@@ -105,8 +105,13 @@ def _llama_head_config(
 
 
 def load_eagle_draft(
-    path: str | Path, target: TargetModel, dtype: torch.dtype, fused_kernels: bool | None = None
+    path: str | Path,
+    target: TargetModel,
+    dtype: torch.dtype,
+    fused_kernels: bool | None = None,
+    token_map: torch.Tensor | None = None,
 ) -> EagleDraft:
+    """``token_map``: (n,) distinct target ids the head proposes from (``read_token_map``)."""
     _, config = _llama_head_config(path, "EAGLE", EAGLE_ARCHITECTURES, target)
     files = TensorFiles(path)
     fc_bias = any(strip_model_prefix(name) == "fc.bias" for name in files.names())
@@ -123,6 +128,8 @@ def load_eagle_draft(
     fill_module(draft, files, rename, "EAGLE head")
     if fused:
         draft.fold_norms()
+    if token_map is not None:
+        draft.restrict_vocabulary(token_map)
     return draft
 
 
@@ -238,9 +245,13 @@ def load_draft(
     target: TargetModel,
     dtype: torch.dtype,
     fused_kernels: bool | None = None,
+    token_map: torch.Tensor | None = None,
 ) -> list[DraftModel]:
+    """``token_map`` (EAGLE heads only): the target ids the head proposes from."""
+    if token_map is not None and kind != "eagle":
+        raise ConfigurationError(f"a token map restricts EAGLE heads, not {kind} drafts")
     if kind == "eagle":
-        return [load_eagle_draft(path, target, dtype, fused_kernels)]
+        return [load_eagle_draft(path, target, dtype, fused_kernels, token_map)]
     if kind == "eagle3":
         return [load_eagle3_draft(path, target, dtype, fused_kernels)]
     return list(load_mtp_layers(path, target, dtype, fused_kernels))

@@ -3,7 +3,10 @@
 Shape of SafeAILab's ``cnets.Model`` (and SGLang's ``LlamaForCausalLMEagle``): the fc output goes
 into the first decoder layer without an input norm, the last layer's output (residual stream, no
 final norm) is both the next draft step's hidden state and the input of the target's lm_head.
-The embedding and the lm_head are the target's, shared and not owned.
+The embedding and the lm_head are the target's, shared and not owned — unless a token map
+(FR-Spec's hot tokens, SGLang's ``--speculative-token-map``) restricts the head to part of the
+vocabulary: it then owns a copy of the target's lm_head rows for those tokens, and its logits'
+columns are named by ``token_ids``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext, RotaryEmbedding
 from eagletree.adapters.models.llama import LlamaDecoderLayer, fold_layer_norms
 from eagletree.adapters.models.stack import MHALayout, mha_layout
-from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
+from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 
 
 class SharedTargetModules(NamedTuple):
@@ -32,6 +35,8 @@ class EagleDraft(nn.Module):
     """EAGLE-1: ``hidden_states`` are the target's final-normed features (H) or this head's own
     output from the previous draft step. Tensor-parallel over the target's ``tp``: the decoder
     layers are sharded as the target's are, the small ``fc`` is replicated."""
+
+    mapped_ids: torch.Tensor | None
 
     def __init__(
         self,
@@ -53,6 +58,10 @@ class EagleDraft(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.fused_kernels = fused_kernels
+        # set by restrict_vocabulary: the lm_head rows of the mapped tokens, and their ids
+        self.mapped_lm_head: ColumnParallelLinear | None = None
+        self.register_buffer("mapped_ids", None, persistent=False)
 
     @property
     def vocab_size(self) -> int:
@@ -86,7 +95,31 @@ class EagleDraft(nn.Module):
     def fold_norms(self) -> None:
         fold_layer_norms(self.layers)
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """The target id of each logits column under a token map; None without one."""
+        return self.mapped_ids
+
+    def restrict_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Propose only ``token_ids`` (distinct target ids): the head's logits become those
+        tokens' rows of the target's lm_head, copied once (gathered from every rank when the
+        target's lm_head is sharded by vocabulary) and replicated, as an EAGLE-3 head's are."""
+        # token_ids: (V_mapped,) int64
+        weight = self.shared.lm_head.weight  # (V / W, H) on this rank
+        tp: TensorParallel = getattr(self.shared.lm_head, "tp", SINGLE)
+        with torch.no_grad():
+            rows = tp.all_gather_last(weight.t()).t() if tp.is_parallel else weight  # (V, H)
+            ids = token_ids.to(device=weight.device, dtype=torch.int64)
+            head = ColumnParallelLinear(
+                self.hidden_size, ids.numel(), False, fused_kernels=self.fused_kernels
+            ).to(device=weight.device, dtype=weight.dtype)
+            head.weight.copy_(rows.index_select(0, ids))
+        self.mapped_lm_head = head
+        self.mapped_ids = ids
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype)."""
-        logits: torch.Tensor = self.shared.lm_head(hidden)
+        """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype),
+        or (rows, V_mapped) through the mapped tokens' rows."""
+        head = self.shared.lm_head if self.mapped_lm_head is None else self.mapped_lm_head
+        logits: torch.Tensor = head(hidden)
         return logits

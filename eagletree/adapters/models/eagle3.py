@@ -2,9 +2,9 @@
 
 ``fc`` fuses the target's three captured hidden states (3·H_target -> H); the midlayer's q/k/v
 read ``[input_layernorm(embed); hidden_norm(hidden)]`` (2·H); its own ``norm`` and ``lm_head``
-produce logits over a draft vocabulary, which are scattered to target token ids
-(``target = draft + d2t[draft]``) with −inf on every target id outside the draft vocabulary, so
-that callers always see target-vocabulary logits. The embedding is the target's.
+produce logits over a draft vocabulary, whose columns ``token_ids`` maps to target token ids
+(``target = draft + d2t[draft]``): a draft step's top-k runs over the draft vocabulary and maps
+its picks. The embedding is the target's.
 """
 
 from __future__ import annotations
@@ -130,9 +130,13 @@ class Eagle3Draft(nn.Module):
         out: torch.Tensor = self.midlayer(embeds, h, rope, ctx)
         return out
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """Draft id -> target id; None where the draft vocabulary is the target's."""
+        return None if self.draft_vocab_size == self.config.vocab_size else self.draft_to_target
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) -> (rows, V_target) in the model's dtype: draft logits at their target ids,
-        −inf elsewhere."""
-        draft_logits: torch.Tensor = self.lm_head(self.norm(hidden))
-        logits = draft_logits.new_full((hidden.shape[0], self.config.vocab_size), float("-inf"))
-        return logits.index_copy_(1, self.draft_to_target, draft_logits)
+        """(rows, H) -> (rows, V_draft) in the model's dtype; ``token_ids`` names the columns
+        (no 128k-wide row of −inf is written for the draft's 32k)."""
+        logits: torch.Tensor = self.lm_head(self.norm(hidden))
+        return logits

@@ -94,6 +94,11 @@ class MTPLayer(nn.Module):
         out, _ = self.shared_head.norm.add(h, residual)
         return out
 
+    @property
+    def token_ids(self) -> None:
+        """The logits are over the whole target vocabulary."""
+        return None
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, H) normed MTP output -> (rows, V) logits through the target's lm_head."""
         logits: torch.Tensor = self.shared.lm_head(hidden)

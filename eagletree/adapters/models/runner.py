@@ -64,6 +64,11 @@ class DraftNetwork(Protocol):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """(V_draft,) the target id of each ``compute_logits`` column; None: the target's."""
+        ...
+
 
 def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
     """Raise ValueError naming every pool dimension that differs from what the model writes."""
@@ -135,7 +140,7 @@ class TargetModelRunner:
 
 class DraftModelRunner:
     """Runs one draft head; output ``hidden_states`` are what its next draft step consumes and
-    logits are over the target vocabulary."""
+    logits are over the draft's vocabulary, whose target ids the output's ``token_ids`` give."""
 
     def __init__(
         self,
@@ -190,4 +195,4 @@ class DraftModelRunner:
         ctx = AttentionContext(self._attention_backend, batch, self._kv_pool)
         hidden = self._model(batch.input_ids, batch.positions, hidden_states, ctx)
         logits = self._model.compute_logits(_logit_rows(hidden, logits_rows))
-        return ModelOutput(logits=logits, hidden_states=hidden)
+        return ModelOutput(logits=logits, hidden_states=hidden, token_ids=self._model.token_ids)

@@ -42,6 +42,9 @@ def plan_run(
     """Settings and checkpoint for ``args`` (as ``bench_cli.parser()`` makes them); writes the
     preset's checkpoint first when it is missing."""
     base = EngineSettings.from_file(args.settings) if args.settings else EngineSettings()
+    if args.token_map is not None:
+        speculative = base.speculative.model_copy(update={"token_map": str(args.token_map)})
+        base = base.model_copy(update={"speculative": speculative})
     device = args.device or (base.model.device if args.settings else None)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = torch.device(device).type == "cuda"
@@ -142,5 +145,6 @@ def settings_for(plan: BenchPlan, config: BenchConfig) -> EngineSettings:
             eagle_topk=config.topk,
             num_draft_tokens=config.num_draft_tokens,
             version=plan.base.speculative.version,
+            token_map=plan.base.speculative.token_map,
         )
     return plan.base.model_copy(update={"speculative": speculative})

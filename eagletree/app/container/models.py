@@ -21,11 +21,13 @@ from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.stack import MHALayout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
+from eagletree.adapters.models.token_map import read_token_map
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app import distributed, factories, sizing, startup
 from eagletree.config.eagle_hook import resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
+from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
@@ -76,11 +78,23 @@ def aux_layer_ids(algorithm: str, target_path: str, draft_path: str | None) -> t
 def load_draft_heads(
     resolved: ResolvedSpeculative, target: TargetModel, dtype: torch.dtype
 ) -> list[DraftModel]:
-    """The draft head(s) of ``resolved.draft_path``: one for EAGLE / EAGLE-3, one per MTP layer."""
-    startup.check_topk(resolved, target.config.vocab_size)
+    """The draft head(s) of ``resolved.draft_path``: one for EAGLE / EAGLE-3, one per MTP layer;
+    an EAGLE head restricted to ``resolved.token_map``'s tokens when one is set."""
+    vocab_size = target.config.vocab_size
+    startup.check_topk(resolved, vocab_size)
     assert resolved.draft_path is not None  # resolve_speculative names one when enabled
     kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
-    return load_draft(resolved.draft_path, kind, target, dtype)
+    token_map = None
+    if resolved.token_map is not None:
+        try:
+            token_map = read_token_map(resolved.token_map, vocab_size)
+        except ConfigurationError as error:
+            raise ConfigurationError(f"speculative.token_map: {error}") from None
+    drafts = load_draft(resolved.draft_path, kind, target, dtype, token_map=token_map)
+    startup.check_draft_topk(
+        resolved, [vocab_size if d.token_ids is None else d.token_ids.numel() for d in drafts]
+    )
+    return drafts
 
 
 def tensor_parallel_of(groups: distributed.ParallelGroups) -> TensorParallel:

@@ -94,7 +94,8 @@ class TreeDrafter:
                 self._branch_batch(window, beam, own_slots, ancestors, step - 1),
                 beam.hidden_states,
             )
-            topk_p, topk_index = self._top_k(out.logits, k)  # (bs·k, k) each
+            topk_p, columns = self._top_k(out.logits, k)  # (bs·k, k) each
+            topk_index = out.target_tokens(columns)
             beam, ancestors = self._beam_step(
                 step, topk_p, topk_index, out.hidden_states, beam.scores, ancestors, own_slots, k
             )

@@ -111,15 +111,18 @@ def test_every_written_tensor_loads_back_exactly_and_the_models_run(
     hidden = out.aux_hidden_states if draft == "eagle3" else out.hidden_states
     assert hidden is not None
     draft_out = runner.forward(Requests(memory, 2).extend(prompts), hidden)
-    assert draft_out.logits.shape == (6, SIZES.vocab_size)
     assert draft_out.hidden_states.shape == (6, SIZES.hidden_size)
-    finite = torch.isfinite(draft_out.logits)
+    assert torch.isfinite(draft_out.logits).all()
     if isinstance(head, Eagle3Draft):
-        # outside the draft vocabulary: -inf; inside: the head's logits
-        assert torch.equal(finite.sum(-1), torch.full((6,), SIZES.draft_vocab_size))
-        assert finite[:, head.draft_to_target].all()
+        # logits over the draft vocabulary, each column named by its target id
+        assert draft_out.logits.shape == (6, SIZES.draft_vocab_size)
+        assert draft_out.token_ids is not None
+        assert torch.equal(draft_out.token_ids, head.draft_to_target)
+        columns = torch.arange(SIZES.draft_vocab_size)
+        assert torch.equal(draft_out.target_tokens(columns), columns + head.d2t)
     else:
-        assert finite.all()
+        assert draft_out.logits.shape == (6, SIZES.vocab_size)
+        assert draft_out.token_ids is None
 
 
 def test_eagle3_capture_layers_come_from_the_draft_config(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from eagletree.adapters.models.eagle import EagleDraft
 from eagletree.adapters.models.loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
 from eagletree.app.distributed import spawn_ranks
@@ -26,6 +27,7 @@ from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
+from eagletree.app.container import build_engine_container
 from eagletree.config.settings import EngineSettings
 
 SIZES = ModelSizes(
@@ -50,6 +52,7 @@ CASES: dict[str, tuple[Arch, DraftKind, dict[str, Any] | None]] = {
     "v2-tree-llama-eagle-sampled": ("llama", "eagle", TREE),
     "v2-tree-llama-eagle": ("llama", "eagle", TREE),
     "v2-tree-llama-eagle3": ("llama", "eagle3", TREE),
+    "v2-tree-llama-eagle-token-map": ("llama", "eagle", {**TREE, "token_map": "token-map.json"}),
     "v2-tree-mla-eagle": ("deepseek-mla", "eagle", TREE),
     "mtp-2-layers-mla": (
         "deepseek-mla",
@@ -80,6 +83,8 @@ def case_options(name: str, root: Path, tp_size: int) -> dict[str, Any]:
     if speculative is not None:
         options["model"]["draft_path"] = str(draft)
         options["speculative"] = {"algorithm": kind, **speculative}
+        if "token_map" in speculative:
+            options["speculative"]["token_map"] = str(root / speculative["token_map"])
     return options
 
 
@@ -89,6 +94,9 @@ def write_case_checkpoints(root: Path, pairs: Iterable[tuple[Arch, DraftKind]]) 
         write_random_checkpoint(
             root / f"{arch}-{kind}", arch, kind, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
         )
+    # a token map whose ids come from both ranks' halves of the vocabulary, shuffled
+    ids = torch.randperm(SIZES.vocab_size, generator=torch.Generator().manual_seed(8))[:40]
+    (root / "token-map.json").write_text(json.dumps(ids.tolist()))
     return root
 
 
@@ -135,3 +143,16 @@ def test_each_rank_holds_half_of_the_vocabulary_and_of_the_kv_heads(
         assert len(draft_layouts) == (0 if speculative is None else 2 if kind == "mtp" else 1)
         for layout in draft_layouts:  # EAGLE heads are Llama layers; MTP layers the target's
             assert layout[1] == (latent_or_heads if kind == "mtp" else SIZES.num_kv_heads // 2)
+
+
+def test_a_token_mapped_head_holds_the_single_process_lm_head_rows_on_every_rank(
+    checkpoints: Path, tp_results: list[Any]
+) -> None:
+    """The mapped rows come from both ranks' vocabulary blocks: each rank gathers them whole."""
+    name = "v2-tree-llama-eagle-token-map"
+    container = build_engine_container(EngineSettings(**case_options(name, checkpoints, tp_size=1)))
+    (head,) = container.draft_models()
+    assert isinstance(head, EagleDraft) and head.mapped_lm_head is not None
+    expected = head.mapped_lm_head.weight.tolist()
+    for results in tp_results:
+        assert results[name]["mapped_lm_head"] == expected

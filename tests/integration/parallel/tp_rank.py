@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from eagletree.adapters.models.eagle import EagleDraft
 from eagletree.app.container import build_engine_container
 from eagletree.config.settings import EngineSettings
 
@@ -37,6 +38,11 @@ def run_cases(
             if "draft_path" in options["model"]
             else [],
         }
+        token_map = options.get("speculative", {}).get("token_map")
+        if token_map is not None:  # an EAGLE head restricted to the map's rows
+            head = container.draft_models()[0]
+            assert isinstance(head, EagleDraft) and head.mapped_lm_head is not None
+            results[name]["mapped_lm_head"] = head.mapped_lm_head.weight.tolist()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
 
 

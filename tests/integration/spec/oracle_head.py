@@ -84,6 +84,10 @@ class OracleHead:
         hidden[:, 1] = proposals.to(hidden.dtype).to(hidden.device)
         return hidden
 
+    @property
+    def token_ids(self) -> None:
+        return None  # the oracle's logits are over the whole target vocabulary
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: (rows, H) marked by __call__ → (rows, V)
         vocab, k = self.vocab_size, self._topk
