@@ -1,8 +1,8 @@
 """Engine: the continuous-batching step loop over a worker and the scheduler; requests, stats.
 
-``generate`` and ``stream`` run in app/batch_generation.py over ``submit`` and ``step``; a read
-step's tokens reach its requests in app/step_commit.py; the prompts' encoding and checks are in
-app/prompts.py.
+``generate`` and ``stream`` run in app/batch_generation.py over ``submit`` and ``step``; a
+scheduled plan's step is launched and read back in app/step_pipeline.py; the prompts' encoding
+and checks are in app/prompts.py.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from eagletree.app import batch_generation
 from eagletree.app.engine_reports import EngineStats, GenerationResult, StepReport
 from eagletree.app.prompts import Prompt, check_prompt_ids, encode_prompt
 from eagletree.app.scheduler import PrefillStep, Scheduler
-from eagletree.app.step_commit import commit_step, count_step
-from eagletree.app.step_readback import PendingStep, StepReadback
+from eagletree.app.step_commit import count_step
+from eagletree.app.step_pipeline import StepPipeline
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.errors import ConfigurationError
 from eagletree.domain.request import Request, SamplingParams
 
 if TYPE_CHECKING:
-    from eagletree.app.schedule_plan import SchedulePlan
     from eagletree.app.step_phases import PhaseAgreement
     from eagletree.app.streaming import StreamEvent
     from eagletree.app.workers.step import Worker
@@ -42,13 +41,8 @@ class Engine:
     ``tokenizer`` (the checkpoint's, set by ``from_settings``) lets prompts be text and
     results carry text. Use as a context manager, or call ``close``, to abort what is left.
 
-    With ``overlap`` the engine keeps one step in flight: ``step`` launches step i + 1 (from the
-    lower bounds the host has of the running requests' lengths, the worker taking the exact ones
-    from the device) before it reads step i's tokens, so the host's work of step i — stops,
-    finishing, releasing — runs while the device computes step i + 1 (docs/speculative.md).
-    Outputs are those of the synchronous loop. Where the worker cannot run ahead
-    (``Worker.can_run_ahead``) or the next schedule would retract, the step in flight is read
-    first.
+    With ``overlap`` the engine keeps one step in flight: ``step`` launches step i + 1 before it
+    reads step i's tokens (``StepPipeline``); outputs are those of the synchronous loop.
 
     ``prefill_step``: where a plan's prefills run, beside its decode batch (``"with_decode"``)
     or in a step of their own while the running requests wait one step (``"alone"``).
@@ -80,9 +74,6 @@ class Engine:
     ) -> None:
         self._worker = worker
         self._phases = phases
-        self.overlap = overlap
-        self._readback = StepReadback()
-        self._in_flight: PendingStep | None = None
         self._scheduler = Scheduler(
             allocator,
             req_to_token_pool,
@@ -92,6 +83,7 @@ class Engine:
             prefill_step=prefill_step,
             clock=clock,
         )
+        self._steps = StepPipeline(worker, self._scheduler, clock, overlap=overlap)
         self.vocab_size = vocab_size
         self.max_context_len = max_context_len
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -151,6 +143,10 @@ class Engine:
     def clock(self) -> Callable[[], float]:
         return self._clock
 
+    @property
+    def overlap(self) -> bool:
+        return self._steps.overlap
+
     # -- requests ------------------------------------------------------------------------------
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
@@ -180,48 +176,22 @@ class Engine:
         ``run_idle``: with nothing scheduled, still run the worker's idle step (bs == 0) through
         every phase, as a data-parallel rank does while its group steps."""
         started = self._clock()
-        finished: list[Request] = []
-        if self._in_flight is not None and not self._can_run_ahead():
-            finished += self._retire()
+        finished = self._steps.read_first(self.eos_token_ids, self.stats)
         plan = self._scheduler.schedule()
         # a retraction frees a row the step in flight still reports on: decided after reading it
-        assert self._in_flight is None or not plan.retracted, "retracted with a step in flight"
+        in_flight = self._steps.has_step_in_flight
+        assert not (in_flight and plan.retracted), "retracted with a step in flight"
         self.stats.num_prefill_tokens += sum(r.num_tokens for r in plan.prefill)
-        launched = None
+        launch = None
         if not plan.is_empty or run_idle:
             self.stats.num_idle_steps += plan.is_empty
             if self._phases is not None:
                 plan = dataclasses.replace(plan, group_phases=self._phases.agree(plan))
-            if self._in_flight is not None:
-                plan = dataclasses.replace(plan, exact_lengths=False)
-                self.stats.num_steps_ahead += 1
-            launched = self._launch(plan)
-        if self._in_flight is not None:
-            finished += self._retire()
-        self._in_flight = launched
-        if not self.overlap:
-            finished += self._retire()
+            launch = plan
+        finished += self._steps.advance(launch, self.eos_token_ids, self.stats)
         finished = plan.released + finished
         count_step(self.stats, plan, finished, started, self._clock)
         return finished
-
-    def _can_run_ahead(self) -> bool:
-        """Whether the next step may launch before the one in flight is read."""
-        running = self._scheduler.running
-        return self._worker.can_run_ahead(running) and not self._scheduler.must_retract()
-
-    def _launch(self, plan: SchedulePlan) -> PendingStep:
-        output = self._worker.step(plan)
-        for request in plan.prefill:  # a prefill's KV count is known before it runs
-            request.commit(request.num_tokens - request.committed_len)
-        return self._readback.start(output)
-
-    def _retire(self) -> list[Request]:
-        """Read the step in flight (if any), commit its tokens, release what finished."""
-        pending, self._in_flight = self._in_flight, None
-        if pending is not None:
-            commit_step(pending, self.eos_token_ids, self._clock, self.stats)
-        return self._scheduler.release_finished()
 
     # -- generate ------------------------------------------------------------------------------
 
@@ -281,7 +251,7 @@ class Engine:
         """Abort every queued or running request and free its slots; later submits fail."""
         unfinished = [*self._scheduler.running, *self._scheduler.waiting]
         batch_generation.abort_and_release(self, unfinished)
-        self._retire()  # the step in flight, if any: its tokens are dropped
+        self._steps.read(self.eos_token_ids, self.stats)  # in flight: its tokens are dropped
         self._closed = True
 
     def __enter__(self) -> Engine:

@@ -1,7 +1,7 @@
 """App: a read step applied to its requests — tokens, stops, KV commits — and counted in the stats.
 
-``Engine.step`` calls ``commit_step`` for the step it reads (the one it launched before, with
-overlap) and ``count_step`` once per call.
+``StepPipeline.read`` calls ``commit_step`` for the step it reads (with overlap, the one
+launched by the engine's previous step); ``Engine.step`` calls ``count_step`` once per call.
 """
 
 from __future__ import annotations
