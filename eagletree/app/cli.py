@@ -1,5 +1,5 @@
-"""The `eagletree` command: `generate`, `serve`, `bench`, `init-random`, `train-draft`, `config
-show|validate`, `demo`."""
+"""The `eagletree` command: `generate`, `serve`, `bench`, `init-random`, `train-draft`,
+`token-map`, `config show|validate`, `demo`."""
 
 from __future__ import annotations
 
@@ -44,6 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="eagletree")
         init_random_cli.add_parser(parser.add_subparsers(dest="command", required=True))
         return init_random_cli.run(parser.parse_args(argv))
+    if argv[:1] == ["token-map"]:  # imported here: counting pulls in torch and tokenizers
+        from eagletree.app import token_map_cli
+
+        return token_map_cli.main(argv[1:])
     if argv[:1] == ["train-draft"]:  # imported here: training pulls in torch and transformers
         from eagletree.app.training import cli as train_cli
 
@@ -171,6 +175,9 @@ def _parser() -> argparse.ArgumentParser:
         "init-random", help="write a random target and draft checkpoint", add_help=False
     )
     commands.add_parser("train-draft", help="train an EAGLE / EAGLE-3 draft head", add_help=False)
+    commands.add_parser(
+        "token-map", help="an EAGLE token map: a corpus's most frequent ids", add_help=False
+    )
     commands.add_parser("demo", help="one tree decode step on fixed numbers, phase by phase")
     return parser
 

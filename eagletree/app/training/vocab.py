@@ -22,18 +22,24 @@ class VocabMap(NamedTuple):
         return torch.arange(self.d2t.numel(), dtype=torch.int64) + self.d2t
 
 
-def choose_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
-    """The ``draft_vocab_size`` most frequent target ids, sorted ascending.
+def frequency_ranked(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``size`` most frequent ids, most frequent first (an EAGLE token map's order).
 
     ``counts`` (vocab,) token frequencies; ties and unseen ids are ordered by id, so the choice
-    is deterministic and fills the vocabulary even when fewer tokens were seen.
+    is deterministic and fills ``size`` even when fewer tokens were seen.
     """
     vocab = counts.numel()
-    if not 0 < draft_vocab_size <= vocab:
-        raise ValueError(f"draft vocabulary size {draft_vocab_size} is outside 1..{vocab}")
+    if not 0 < size <= vocab:
+        raise ValueError(f"vocabulary size {size} is outside 1..{vocab}")
     # stable sort by descending count: equal counts keep ascending id order
     order = torch.sort(counts.to(torch.float64), descending=True, stable=True).indices
-    return order[:draft_vocab_size].sort().values.to(torch.int64)
+    return order[:size].to(torch.int64)
+
+
+def choose_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> torch.Tensor:
+    """The ``draft_vocab_size`` most frequent target ids (``frequency_ranked``), sorted
+    ascending as an EAGLE-3 draft vocabulary is."""
+    return frequency_ranked(counts, draft_vocab_size).sort().values
 
 
 def vocab_map(target_ids: torch.Tensor, vocab_size: int) -> VocabMap:

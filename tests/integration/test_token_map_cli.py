@@ -1,0 +1,61 @@
+"""`eagletree token-map`: a corpus's most frequent target ids, most frequent first, in a file
+that `speculative.token_map` reads back; the summary states the corpus share it covers."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagletree.adapters.models.token_map import read_token_map
+from eagletree.app.cli import main
+
+VOCAB = 300  # byte tokens (no tokenizer.json): ids 0..255 are the UTF-8 bytes
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Path:
+    directory = tmp_path / "target"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    return directory
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".json"])
+def test_the_map_holds_the_most_frequent_ids_first_and_reads_back(
+    tmp_path: Path, target: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = torch.Generator().manual_seed(5)
+    letters = "abcdefghij"
+    texts = ["".join(letters[i] for i in torch.randint(10, (60,), generator=rng)) for _ in range(9)]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts[:5]))
+    (corpus / "b.txt").write_text("".join(texts[5:]))
+    out = tmp_path / "maps" / f"hot{suffix}"
+    assert main(["token-map", "--target", str(target), "--data", str(corpus), "--size", "4",
+                 "--out", str(out)]) == 0  # fmt: skip
+    counts = Counter("".join(texts).encode())
+    ranked = sorted(counts, key=lambda byte: (-counts[byte], byte))[:4]
+    assert read_token_map(out, VOCAB).tolist() == ranked
+    share = sum(counts[b] for b in ranked) / sum(counts.values())
+    assert f"cover {share:.1%} of the corpus's {sum(counts.values()):,} tokens" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_map_larger_than_the_vocabulary_or_of_an_unknown_format_is_refused(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("some text")
+    args = ["token-map", "--target", str(target), "--data", str(corpus)]
+    assert main([*args, "--size", str(VOCAB + 1), "--out", str(tmp_path / "m.pt")]) == 1
+    assert f"--size {VOCAB + 1} exceeds the target vocabulary ({VOCAB})" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        main([*args, "--out", str(tmp_path / "m.txt")])
+    assert exited.value.code == 2
+    assert "--out must end in .pt or .json" in capsys.readouterr().err
