@@ -87,7 +87,8 @@ def check_topk(resolved: ResolvedSpeculative, vocab_size: int) -> None:
 
 
 def check_draft_topk(resolved: ResolvedSpeculative, draft_vocab_sizes: Collection[int]) -> None:
-    """Nor more than a draft proposes from (an EAGLE-3 draft vocabulary, a token map)."""
+    """A draft step cannot pick more distinct tokens than its draft proposes from (an EAGLE-3
+    draft vocabulary, a token map)."""
     for size in draft_vocab_sizes:
         if resolved.topk > size:
             source = "speculative.token_map" if resolved.token_map else "its draft vocabulary"
