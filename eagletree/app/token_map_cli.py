@@ -21,7 +21,12 @@ from pathlib import Path
 import torch
 
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.app.training.data import load_tokenizer, read_documents, tokenize
+from eagletree.app.training.data import (
+    add_data_argument,
+    load_tokenizer,
+    read_documents,
+    tokenize,
+)
 from eagletree.app.training.vocab import frequency_ranked, token_counts
 from eagletree.domain.errors import ConfigurationError
 
@@ -33,14 +38,7 @@ def parser() -> argparse.ArgumentParser:
         prog="eagletree token-map", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     p.add_argument("--target", required=True, type=Path, metavar="DIR", help="target checkpoint")
-    p.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        type=Path,
-        metavar="FILE",
-        help='text, JSONL with a "text" field, source files, or directories of them',
-    )
+    add_data_argument(p)
     p.add_argument("--size", type=int, default=32768, help="tokens in the map")
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="a .pt or .json file")
     return p

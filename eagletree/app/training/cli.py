@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from eagletree.app.training.acceptance import TreeShape
+from eagletree.app.training.data import add_data_argument
 from eagletree.app.training.objective import LossWeights
 from eagletree.domain.errors import ConfigurationError
 
@@ -35,14 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--target", required=True, type=Path, metavar="DIR", help="target checkpoint directory")
     add("--algorithm", required=True, choices=["eagle", "eagle3"])
-    add(
-        "--data",
-        required=True,
-        nargs="+",
-        type=Path,
-        metavar="FILE",
-        help='text, JSONL with a "text" field, source files, or directories of them',
-    )
+    add_data_argument(parser)
     add("--out", required=True, type=Path, metavar="DIR")
     add("--max-steps", type=int, help="optimizer steps (default 1000 without --max-minutes)")
     add("--max-minutes", type=float, help="wall-clock training budget")

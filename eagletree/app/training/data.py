@@ -8,6 +8,7 @@ function of (seed, step), so a resumed run sees exactly the batches an uninterru
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -87,6 +88,18 @@ def _files(path: Path) -> Iterator[Path]:
         yield path
     else:
         raise ConfigurationError(f"data file {path} does not exist")
+
+
+def add_data_argument(parser: argparse.ArgumentParser) -> None:
+    """``--data FILE...``: what ``read_documents`` reads (train-draft, token-map)."""
+    parser.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help='text, JSONL with a "text" field, source files, or directories of them',
+    )
 
 
 def read_documents(paths: Sequence[Path]) -> list[str]:
