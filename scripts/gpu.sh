@@ -6,6 +6,8 @@
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
 #               bash scripts/gpu.sh cli bench --preset llama3-8b --draft eagle3 --hf
 #               bash scripts/gpu.sh real-pair [benchmarks/real_pair.py options]
+#               bash scripts/gpu.sh ab main wip-x -- --preset llama3-8b --configs plain ...
+#                   (arms from scripts/ab-arms.sh; carry .whl and ab)
 # Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
 # cases whose id names cuda run here, plus tests marked gpu); `bench NAME ARGS...` runs
 # benchmarks/NAME.py and saves its table as $OUT/NAME.md; `cli COMMAND ARGS...` runs
@@ -44,6 +46,26 @@ cli)
     fi
     python3 -m eagletree.app.cli "$command" "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/cli.log" \
         | tail -n 60
+    ;;
+ab)
+    # `eagletree bench` once per arm of ab/ (scripts/ab-arms.sh), each run from its own
+    # directory — `python -m` puts the working directory first on sys.path, so a PYTHONPATH
+    # alone would import this checkout's code — results as $OUT/ab.tgz (one file: the device
+    # returns at most eight)
+    arms=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do arms+=("$1"); shift; done
+    shift || true
+    [ ${#arms[@]} -ge 1 ] || { echo "ab: name the arms, then -- and the bench flags" >&2; exit 2; }
+    mkdir -p "$OUT/ab"
+    for arm in "${arms[@]}"; do
+        [ -d "ab/$arm/eagletree" ] || { echo "ab/$arm: no such arm" >&2; exit 2; }
+        echo "== arm $arm ($(date +%T))"
+        (cd "ab/$arm" && export PYTHONPATH=/tmp/site:$PWD \
+            && python3 -c 'import eagletree; print("arm code:", eagletree.__file__)' \
+            && python3 -m eagletree.app.cli bench "$@" --out "$OUT/ab/$arm") 2>&1 \
+            | tee "$OUT/ab/$arm.log" | grep -E '^(\||arm code)' | head -n 14
+    done
+    tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
     ;;
 real-pair)
     # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
