@@ -17,6 +17,7 @@ from eagletree.app.run_settings import (
     check_draft_path,
     describe_checkpoint,
     load_settings,
+    read_token_map_setting,
     settings_for_run,
 )
 from eagletree.app.server.serve_args import add_serve_parser
@@ -129,7 +130,7 @@ def _target_of(
 
 def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -> None:
     from eagletree.adapters.models.config import ConfigReader
-    from eagletree.app.startup import check_context_len, check_topk
+    from eagletree.app.startup import check_context_len, check_draft_topk, check_topk
 
     path = settings.model.target_path
     if path is None or not Path(path).is_dir():  # the embedded default, not written yet
@@ -137,7 +138,11 @@ def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -
     check_draft_path(settings)
     check_context_len(settings, target)
     resolved = resolve_speculative(settings, target)
-    check_topk(resolved, ConfigReader.from_dir(path).get_int("vocab_size"))
+    vocab_size = ConfigReader.from_dir(path).get_int("vocab_size")
+    check_topk(resolved, vocab_size)
+    token_map = read_token_map_setting(resolved.token_map, vocab_size)
+    if token_map is not None:
+        check_draft_topk(resolved, [token_map.numel()])
 
 
 def _parser() -> argparse.ArgumentParser:

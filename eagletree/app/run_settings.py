@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagletree.app.platform import resolve_platform, set_cpu_threads
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
 
 EMBEDDED_DEFAULT_NOTE = (
     "embedded default: EAGLE tree speculation with the default checkpoint's draft head "
@@ -131,6 +135,18 @@ def check_draft_path(settings: EngineSettings) -> None:
             f"of speculative.algorithm = {algorithm!r}"
         )
     ConfigReader.from_dir(draft)
+
+
+def read_token_map_setting(path: str | None, vocab_size: int) -> torch.Tensor | None:
+    """The ids of ``speculative.token_map`` (None when unset); errors name the setting."""
+    from eagletree.adapters.models.token_map import read_token_map
+
+    if path is None:
+        return None
+    try:
+        return read_token_map(path, vocab_size)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"speculative.token_map: {error}") from None
 
 
 def prepare_settings(path: str | None, note: Callable[[str], None]) -> EngineSettings:

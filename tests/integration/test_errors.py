@@ -20,6 +20,7 @@ import torch
 from eagletree.app.cli import main
 
 SMALL = {"EAGLETREE_MEMORY__MAX_TOTAL_TOKENS": "1024"}
+TOKEN_MAP_TREE = 'algorithm = "eagle"\nnum_steps = 2\neagle_topk = 4\nnum_draft_tokens = 5\n'
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,19 @@ def _with_target(extra: str, command: str, target: str | None = None) -> Setup:
     def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
         path = p.checkpoint / "target" if target is None else p.tmp / target
         settings = target_settings(p, path, extra.format(draft=p.checkpoint / "draft"))
+        return ["config", "validate", settings] if command == "validate" else generate(settings)
+
+    return setup
+
+
+def _token_map(ids: list[int] | None, speculative: str, command: str) -> Setup:
+    """Settings with ``speculative.token_map = "map.json"`` beside them (None: no such file)."""
+
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        if ids is not None:
+            (p.tmp / "map.json").write_text(json.dumps(ids))
+        extra = f'draft_path = "{p.checkpoint / "draft"}"\n[speculative]\n{speculative}'
+        settings = target_settings(p, p.checkpoint / "target", extra + 'token_map = "map.json"\n')
         return ["config", "validate", settings] if command == "validate" else generate(settings)
 
     return setup
@@ -266,6 +280,18 @@ CASES: dict[str, tuple[Setup, str]] = {
     "context-too-long-generate": (
         _with_target("max_context_len = 100000\n", "generate"),
         "exceeds the target's max_position_embeddings",
+    ),
+    "token-map-missing": (
+        _token_map(None, TOKEN_MAP_TREE, "validate"),
+        "speculative.token_map: token map",
+    ),
+    "token-map-for-eagle3": (
+        _token_map([1, 2, 3, 4], 'algorithm = "eagle3"\n', "validate"),
+        "unset speculative.token_map",
+    ),
+    "token-map-below-topk-generate": (
+        _token_map([1, 2, 3], TOKEN_MAP_TREE, "generate"),
+        "speculative.eagle_topk = 4 exceeds the 3 tokens the draft proposes from",
     ),
     "topk-above-vocab-validate": (
         _with_target(

@@ -21,13 +21,12 @@ from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.loading import eagle3_aux_layer_ids, load_draft, load_target
 from eagletree.adapters.models.stack import MHALayout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
-from eagletree.adapters.models.token_map import read_token_map
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app import distributed, factories, sizing, startup
+from eagletree.app.run_settings import read_token_map_setting
 from eagletree.config.eagle_hook import resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
-from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
@@ -84,12 +83,7 @@ def load_draft_heads(
     startup.check_topk(resolved, vocab_size)
     assert resolved.draft_path is not None  # resolve_speculative names one when enabled
     kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
-    token_map = None
-    if resolved.token_map is not None:
-        try:
-            token_map = read_token_map(resolved.token_map, vocab_size)
-        except ConfigurationError as error:
-            raise ConfigurationError(f"speculative.token_map: {error}") from None
+    token_map = read_token_map_setting(resolved.token_map, vocab_size)
     drafts = load_draft(resolved.draft_path, kind, target, dtype, token_map=token_map)
     startup.check_draft_topk(
         resolved, [vocab_size if d.token_ids is None else d.token_ids.numel() for d in drafts]
