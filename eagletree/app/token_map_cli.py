@@ -21,16 +21,12 @@ from pathlib import Path
 import torch
 
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.app.training.data import (
-    add_data_argument,
-    load_tokenizer,
-    read_documents,
-    tokenize,
-)
+from eagletree.app.training.data import add_data_argument, read_documents
 from eagletree.app.training.vocab import frequency_ranked, token_counts
 from eagletree.domain.errors import ConfigurationError
 
 DOCUMENTS_PER_BATCH = 256
+DEFAULT_SIZE = 32768  # FR-Spec's size for Llama-3's 128k vocabulary
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,7 +35,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--target", required=True, type=Path, metavar="DIR", help="target checkpoint")
     add_data_argument(p)
-    p.add_argument("--size", type=int, default=32768, help="tokens in the map")
+    p.add_argument(
+        "--size",
+        type=int,
+        help=f"tokens in the map (default: {DEFAULT_SIZE}, or a quarter of a smaller vocabulary)",
+    )
     p.add_argument("--out", required=True, type=Path, metavar="FILE", help="a .pt or .json file")
     return p
 
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """0 ok, 1 bad input (said on stderr), 2 bad flags."""
     p = parser()
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
-    if args.size < 1:
+    if args.size is not None and args.size < 1:
         p.error(f"--size must be at least 1, got {args.size}")
     if args.out.suffix.lower() not in (".pt", ".json"):
         p.error(f"--out must end in .pt or .json, got {args.out.name}")
@@ -60,18 +60,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def write_token_map(target: Path, data: Sequence[Path], size: int, out: Path) -> torch.Tensor:
+def write_token_map(
+    target: Path, data: Sequence[Path], size: int | None, out: Path
+) -> torch.Tensor:
     """Count ``data``'s tokens with ``target``'s tokenizer, write the ``size`` most frequent ids
     to ``out`` and return them; progress and the summary go to stderr."""
+    from eagletree.adapters.text.hf_tokenizer import load_tokenizer
+
     vocab_size = ConfigReader.from_dir(target).get_int("vocab_size")
+    if size is None:
+        size = min(DEFAULT_SIZE, max(1, vocab_size // 4))
     if size > vocab_size:
         raise ConfigurationError(f"--size {size} exceeds the target vocabulary ({vocab_size})")
-    tokenizer = load_tokenizer(target, vocab_size)
+    tokenizer = load_tokenizer(target)  # the engine's: the ids the draft will propose
+    if tokenizer is None:
+        raise ConfigurationError(
+            f"{target} has no tokenizer (tokenizer.json or tokenizer.model beside config.json):"
+            " a token map counts the ids the target's tokenizer gives the corpus"
+        )
     documents = read_documents(data)
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for start in range(0, len(documents), DOCUMENTS_PER_BATCH):
         batch = documents[start : start + DOCUMENTS_PER_BATCH]
-        counts += token_counts(tokenize(batch, tokenizer), vocab_size)
+        tokens = [token for document in batch for token in tokenizer.encode(document)]
+        counts += token_counts(torch.tensor(tokens, dtype=torch.int64), vocab_size)
         done = min(start + DOCUMENTS_PER_BATCH, len(documents))
         print(f"\rcounted {done}/{len(documents)} documents", end="", file=sys.stderr)
     print(file=sys.stderr)

@@ -11,16 +11,21 @@ import pytest
 import torch
 
 from eagletree.adapters.models.token_map import read_token_map
+from eagletree.adapters.text.hf_tokenizer import load_tokenizer
 from eagletree.app.cli import main
 
-VOCAB = 300  # byte tokens (no tokenizer.json): ids 0..255 are the UTF-8 bytes
+VOCAB = 300
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> Path:
+    """A target directory with a byte-level BPE tokenizer (what the engine would load)."""
+    from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
+
     directory = tmp_path / "target"
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    write_byte_level_tokenizer(directory, VOCAB)
     return directory
 
 
@@ -38,13 +43,29 @@ def test_the_map_holds_the_most_frequent_ids_first_and_reads_back(
     out = tmp_path / "maps" / f"hot{suffix}"
     assert main(["token-map", "--target", str(target), "--data", str(corpus), "--size", "4",
                  "--out", str(out)]) == 0  # fmt: skip
-    counts = Counter("".join(texts).encode())
-    ranked = sorted(counts, key=lambda byte: (-counts[byte], byte))[:4]
+    tokenizer = load_tokenizer(target)
+    assert tokenizer is not None
+    documents = [*texts[:5], "".join(texts[5:])]  # the JSONL's lines, the text file whole
+    counts = Counter(token for text in documents for token in tokenizer.encode(text))
+    ranked = sorted(counts, key=lambda token: (-counts[token], token))[:4]
     assert read_token_map(out, VOCAB).tolist() == ranked
     share = sum(counts[b] for b in ranked) / sum(counts.values())
     assert f"cover {share:.1%} of the corpus's {sum(counts.values()):,} tokens" in (
         capsys.readouterr().err
     )
+
+
+def test_a_target_without_a_tokenizer_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"vocab_size": VOCAB}))
+    (tmp_path / "c.txt").write_text("text")
+    argv = ["token-map", "--target", str(bare), "--data", str(tmp_path / "c.txt")]
+    assert main([*argv, "--out", str(tmp_path / "m.pt")]) == 1
+    assert "has no tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "m.pt").exists()
 
 
 def test_a_map_larger_than_the_vocabulary_or_of_an_unknown_format_is_refused(
