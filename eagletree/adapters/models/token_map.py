@@ -60,6 +60,7 @@ def checked_token_ids(ids: torch.Tensor, vocab_size: int, what: str) -> torch.Te
         raise ConfigurationError(
             f"{what}: ids {low}..{high} leave the target vocabulary 0..{vocab_size - 1}"
         )
-    if torch.unique(ids).numel() != ids.numel():
-        raise ConfigurationError(f"{what}: {ids.numel() - torch.unique(ids).numel()} ids repeat")
+    repeats = ids.numel() - torch.unique(ids).numel()
+    if repeats:
+        raise ConfigurationError(f"{what}: {repeats} ids repeat")
     return ids
