@@ -85,8 +85,9 @@ def load_draft_heads(
     kind: DraftKind = resolved.algorithm  # type: ignore[assignment]
     token_map = read_token_map_setting(resolved.token_map, vocab_size)
     drafts = load_draft(resolved.draft_path, kind, target, dtype, token_map=token_map)
+    # the whole vocabulary was checked above: only the drafts proposing from part of it
     startup.check_draft_topk(
-        resolved, [vocab_size if d.token_ids is None else d.token_ids.numel() for d in drafts]
+        resolved, [d.token_ids.numel() for d in drafts if d.token_ids is not None]
     )
     return drafts
 
