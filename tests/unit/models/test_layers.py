@@ -119,6 +119,25 @@ def test_rotation_preserves_norms_and_scores_depend_only_on_the_offset() -> None
     torch.testing.assert_close(rotated.norm(), q.norm())
 
 
+@pytest.mark.parametrize("params", ROPES, ids=lambda p: p["rope_type"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tables_are_each_table_computed_and_cast_on_its_own(
+    params: dict[str, Any], dtype: torch.dtype
+) -> None:
+    # the tables share one buffer and one cast; their values are transformers' order of
+    # operations: fp32 angles of both halves, cos / sin, the attention factor, then the dtype
+    rope = ours(params)
+    rotary = RotaryEmbedding(rope, 64)
+    positions = torch.randint(0, 200_000, (37,), generator=torch.Generator().manual_seed(4))
+    inv_freq, factor = rope_inverse_frequencies(rope, 64)
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    angles = torch.cat((freqs, freqs), dim=-1)
+    tables = rotary(positions, dtype)
+    assert torch.equal(tables.cos, (angles.cos() * factor).to(dtype))
+    assert torch.equal(tables.sin, (angles.sin() * factor).to(dtype))
+    assert tables.cos.stride() == tables.sin.stride() == (64, 1)  # what the fused kernels read
+
+
 @pytest.mark.hf
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_equals_transformers_bit_for_bit(dtype: torch.dtype) -> None:
