@@ -77,6 +77,8 @@ class PlanBuffers:
 
     def __init__(self, capacity: int, device: torch.device) -> None:
         self._device = device
+        # fixed-width (qo_indptr, query_lens) by (bs, width): read only, so shared by forwards
+        self._fixed: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._allocate(max(capacity, 1))
 
     def _allocate(self, capacity: int) -> None:
@@ -84,14 +86,27 @@ class PlanBuffers:
         # qo_indptr[0] stays 0: the fills below write only [1:] or whole prefixes starting at 0
         self.qo_indptr = torch.zeros(capacity + 1, dtype=torch.int64, device=self._device)
         self.query_lens = torch.zeros(capacity, dtype=torch.int64, device=self._device)
-        self._steps = torch.arange(capacity + 1, dtype=torch.int64, device=self._device)
 
     def fill_fixed(self, bs: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``qo_indptr = [0, W, 2W, …]`` and ``query_lens = W`` for ``bs`` requests."""
-        self._ensure(bs)
-        qo_indptr, query_lens = self.qo_indptr[: bs + 1], self.query_lens[:bs]
-        torch.mul(self._steps[: bs + 1], width, out=qo_indptr)
+        """``qo_indptr = [0, W, 2W, …]`` and ``query_lens = W`` for ``bs`` requests: tensors
+        written once per (bs, W) and kept, so that a forward (six in a tree step) launches
+        nothing for them. While a CUDA graph is being captured a new pair is written into the
+        shared buffers instead: a tensor first written during capture holds its values only
+        once the graph has run."""
+        kept = self._fixed.get((bs, width))
+        if kept is not None:
+            return kept
+        capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if capturing:
+            self._ensure(bs)
+            qo_indptr, query_lens = self.qo_indptr[: bs + 1], self.query_lens[:bs]
+        else:
+            qo_indptr = torch.empty(bs + 1, dtype=torch.int64, device=self._device)
+            query_lens = torch.empty(bs, dtype=torch.int64, device=self._device)
+        torch.mul(torch.arange(bs + 1, device=self._device), width, out=qo_indptr)
         query_lens.fill_(width)
+        if not capturing:
+            self._fixed[(bs, width)] = (qo_indptr, query_lens)
         return qo_indptr, query_lens
 
     def fill_ragged(self, lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
