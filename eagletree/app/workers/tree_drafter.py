@@ -83,15 +83,20 @@ class TreeDrafter:
         k, num_steps = self.topk, self.num_steps
         bs = window.batch_size
         table = self._draft.req_to_token_pool.req_to_token
-        # branch_slots[b, j, i]: the draft KV slot of branch j at draft forward i
+        # slots_by_forward[i, b·k + j]: the draft KV slot of branch j at draft forward i, and
+        # every branch's position before the first forward: laid out once, so that a forward
+        # takes a row of each instead of launching its own copies
         branch_slots = window.slots(table, k * num_steps).view(bs, k, num_steps)
+        slots_by_forward = branch_slots.permute(2, 0, 1).reshape(num_steps, bs * k)
+        first_positions = window.seq_lens[:, None].expand(bs, k).reshape(bs * k)
         beam = select_top_k_tokens(0, state.topk_p, state.topk_index, state.hidden_states, None, k)
         steps = [beam]
         ancestors = torch.zeros((bs * k, 0), dtype=torch.int64, device=branch_slots.device)
         for step in range(1, num_steps):
-            own_slots = branch_slots[:, :, step - 1].reshape(bs * k)
+            own_slots = slots_by_forward[step - 1]
+            positions = first_positions + (step - 1) if step > 1 else first_positions
             out = self._draft.forward(
-                self._branch_batch(window, beam, own_slots, ancestors, step - 1),
+                self._branch_batch(window, beam, own_slots, ancestors, positions),
                 beam.hidden_states,
             )
             topk_p, columns = self._top_k(out.logits, k)  # (bs·k, k) each
@@ -125,10 +130,9 @@ class TreeDrafter:
         beam: BeamStep,
         own_slots: torch.Tensor,
         ancestors: torch.Tensor,
-        forward_index: int,
+        positions: torch.Tensor,
     ) -> ForwardBatch:
         k = self.topk
-        positions = (window.seq_lens + forward_index).repeat_interleave(k)
         return ForwardBatch(
             mode=ForwardMode.DRAFT_DECODE,
             input_ids=beam.input_ids.to(torch.int64),
