@@ -127,5 +127,5 @@ class DraftExtender:
             seq_lens_sum=window.seq_lens_sum,
             spec=DraftExtendSpec(num_tokens_per_request=n),
         )
-        block_start = torch.arange(bs, dtype=torch.int64, device=offsets.device) * n
+        block_start = torch.arange(0, bs * n, n, device=offsets.device)  # (bs,) int64
         return self.extend_ragged(batch, hidden_states, block_start + accept_length.long())

@@ -45,7 +45,8 @@ def tree_mask_indptr(tree: DraftTree, window: DecodeWindow, num_draft_tokens: in
     n = num_draft_tokens
     device = window.seq_lens.device
     if tree.mask_mode is TreeMaskMode.QLEN_ONLY:
-        return torch.arange(window.batch_size + 1, device=device, dtype=torch.int64) * (n * n)
+        stride = n * n  # one launch: an arange with a step, not an arange and a multiply
+        return torch.arange(0, (window.batch_size + 1) * stride, stride, device=device)
     sizes = n * (window.seq_lens + n)
     return torch.cat([torch.zeros(1, dtype=torch.int64, device=device), torch.cumsum(sizes, 0)])
 
