@@ -51,21 +51,23 @@ ab)
     # `eagletree bench` once per arm of ab/ (scripts/ab-arms.sh), each run from its own
     # directory — `python -m` puts the working directory first on sys.path, so a PYTHONPATH
     # alone would import this checkout's code — results as $OUT/ab.tgz (one file: the device
-    # returns at most eight)
+    # returns at most eight), written again after every arm, so that a call cut short by its
+    # time limit still returns the arms it finished
     arms=()
     while [ $# -gt 0 ] && [ "$1" != "--" ]; do arms+=("$1"); shift; done
     shift || true
     [ ${#arms[@]} -ge 1 ] || { echo "ab: name the arms, then -- and the bench flags" >&2; exit 2; }
-    mkdir -p "$OUT/ab"
+    results=$(mktemp -d)/ab
+    mkdir -p "$results"
     for arm in "${arms[@]}"; do
         [ -d "ab/$arm/eagletree" ] || { echo "ab/$arm: no such arm" >&2; exit 2; }
         echo "== arm $arm ($(date +%T))"
         (cd "ab/$arm" && export PYTHONPATH=/tmp/site:$PWD \
             && python3 -c 'import eagletree; print("arm code:", eagletree.__file__)' \
-            && python3 -m eagletree.app.cli bench "$@" --out "$OUT/ab/$arm") 2>&1 \
-            | tee "$OUT/ab/$arm.log" | grep -E '^(\||arm code)' | head -n 14
+            && python3 -m eagletree.app.cli bench "$@" --out "$results/$arm") 2>&1 \
+            | tee "$results/$arm.log" | grep -E '^(\||arm code)' | head -n 14
+        tar czf "$OUT/ab.tgz" -C "$(dirname "$results")" ab
     done
-    tar czf "$OUT/ab.tgz" -C "$OUT" ab && rm -rf "$OUT/ab"
     ;;
 real-pair)
     # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
