@@ -47,8 +47,9 @@ from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.models.config import LlamaConfig, RopeConfig
-from eagletree.adapters.models.layers import RMSNorm, RopeTables, RotaryEmbedding
+from eagletree.adapters.models.layers import RMSNorm
 from eagletree.adapters.models.llama import LlamaForCausalLM
+from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.runner import TargetModelRunner
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 

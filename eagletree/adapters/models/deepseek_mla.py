@@ -19,15 +19,9 @@ from eagletree.adapters.models.config import MLAConfig
 from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
 from eagletree.adapters.models.kv_rows import mla_kv_buffer
-from eagletree.adapters.models.layers import (
-    AttentionContext,
-    PreNormDecoderLayer,
-    RMSNorm,
-    RopeTables,
-    RotaryEmbedding,
-    yarn_mscale,
-)
+from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, RMSNorm
 from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding, yarn_mscale
 from eagletree.adapters.models.stack import (
     MLALayout,
     TargetHidden,

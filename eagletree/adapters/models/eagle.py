@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
-from eagletree.adapters.models.layers import AttentionContext, RotaryEmbedding
+from eagletree.adapters.models.layers import AttentionContext
 from eagletree.adapters.models.llama import LlamaDecoderLayer, fold_layer_norms
+from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.stack import MHALayout, mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 

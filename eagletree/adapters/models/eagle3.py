@@ -14,15 +14,9 @@ from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import (
-    AttentionContext,
-    RMSNorm,
-    RopeTables,
-    RotaryEmbedding,
-    SwiGLU,
-    concat_norms,
-)
+from eagletree.adapters.models.layers import AttentionContext, RMSNorm, SwiGLU, concat_norms
 from eagletree.adapters.models.llama import LlamaAttention
+from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.stack import MHALayout, mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 

@@ -3,8 +3,7 @@
 The arithmetic follows Hugging Face transformers operation for operation (norms in fp32), so
 that fp32 logits match it to rounding. With ``fused_kernels`` a block runs its Triton kernels
 instead (``adapters.kernels.triton``), which round the same way; the torch code stays the
-reference and the CPU path. The rotary embedding the layers take is in ``models/rotary.py``
-(its names are importable here too).
+reference and the CPU path. The rotary embedding the layers take is in ``models/rotary.py``.
 """
 
 from __future__ import annotations
@@ -17,32 +16,13 @@ from torch import nn
 from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm, rmsnorm
 from eagletree.adapters.kernels.triton.silu_and_mul import silu_and_mul
 from eagletree.adapters.models.merged_linear import MergedLinear
-from eagletree.adapters.models.rotary import (
-    RopeTables,
-    RotaryEmbedding,
-    rope_inverse_frequencies,
-    yarn_mscale,
-)
 from eagletree.adapters.models.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
 
 if TYPE_CHECKING:
+    from eagletree.adapters.models.rotary import RopeTables
     from eagletree.domain.batch import ForwardBatch
     from eagletree.ports.attention import AttentionBackend
     from eagletree.ports.memory import KVPool
-
-__all__ = [  # the rotary names are re-exported: the models import them with the layers
-    "AttentionContext",
-    "PreNormDecoderLayer",
-    "RMSNorm",
-    "RopeTables",
-    "RotaryEmbedding",
-    "SwiGLU",
-    "concat_norms",
-    "fold_rms_weight",
-    "input_step",
-    "rope_inverse_frequencies",
-    "yarn_mscale",
-]
 
 
 class RMSNorm(nn.Module):

@@ -20,11 +20,10 @@ from eagletree.adapters.models.layers import (
     AttentionContext,
     PreNormDecoderLayer,
     RMSNorm,
-    RopeTables,
-    RotaryEmbedding,
     fold_rms_weight,
 )
 from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.stack import (
     MHALayout,
     TargetHidden,

@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
-from eagletree.adapters.models.layers import RotaryEmbedding
 from eagletree.adapters.models.llama import LlamaForCausalLM
+from eagletree.adapters.models.rotary import RotaryEmbedding
 
 TargetModel = LlamaForCausalLM | DeepseekMLAForCausalLM
 

@@ -15,13 +15,9 @@ from torch import nn
 from eagletree.adapters.models.config import LlamaConfig, MLAConfig
 from eagletree.adapters.models.deepseek_mla import MLADecoderLayer, mla_rotary
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import (
-    AttentionContext,
-    RMSNorm,
-    RotaryEmbedding,
-    concat_norms,
-)
+from eagletree.adapters.models.layers import AttentionContext, RMSNorm, concat_norms
 from eagletree.adapters.models.llama import LlamaDecoderLayer
+from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.stack import KVLayout, MLALayout, mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.layers import AttentionContext, RMSNorm
+from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.tensor_parallel import TensorParallel
 
 

@@ -10,7 +10,8 @@ from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_stor
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.models.config import RopeConfig
-from eagletree.adapters.models.layers import RMSNorm, RotaryEmbedding
+from eagletree.adapters.models.layers import RMSNorm
+from eagletree.adapters.models.rotary import RotaryEmbedding
 from tests.conftest import requires_triton
 from tests.unit.kernels.tolerances import assert_computed_close
 

@@ -14,7 +14,7 @@ from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.models.config import RopeConfig
 from eagletree.adapters.models.kv_rows import mha_kv_buffers
-from eagletree.adapters.models.layers import RotaryEmbedding
+from eagletree.adapters.models.rotary import RotaryEmbedding
 from tests.conftest import requires_triton
 from tests.unit.kernels.tolerances import assert_computed_close
 

@@ -9,12 +9,8 @@ import pytest
 import torch
 
 from eagletree.adapters.models.config import RopeConfig
-from eagletree.adapters.models.layers import (
-    RMSNorm,
-    RopeTables,
-    RotaryEmbedding,
-    rope_inverse_frequencies,
-)
+from eagletree.adapters.models.layers import RMSNorm
+from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding, rope_inverse_frequencies
 
 ROPES: list[dict[str, Any]] = [
     {"rope_type": "default", "rope_theta": 10000.0},
