@@ -13,6 +13,8 @@ medians of ``triton.testing.do_bench`` (L2 flushed) of ``forward(save_kv=False)`
 
 ``--min-chunk-sweep`` measures only the split sizes of short prefixes (``min_chunk`` 32 … 256
 keys per split) for decode and N = 8 verify at bs 1, 8, 32, prefixes 256 and 1k.
+``--split-sweep`` measures the split target (programs per SM: 1–4) for decode and N = 8 verify
+at bs 1–64 over prefixes 256 to 16k.
 ``--compare`` runs issue 4's shapes (bs 32 prefix 4k N 8 and 64, bs 64 prefix 16k N 8, decode)
 for ``triton-base`` (the Triton path before the rework, ``attention_baseline.py``), ``triton``
 and ``flash``. ``--tune`` sweeps Triton tile options and split counts at bs 32, prefix 4k for
@@ -244,6 +246,11 @@ def main() -> None:
         action="store_true",
         help="only the split-size sweep of short prefixes (decode and N = 8 verify)",
     )
+    parser.add_argument(
+        "--split-sweep",
+        action="store_true",
+        help="only the split-target sweep (programs per SM; decode and N = 8 verify, bs 1-64)",
+    )
     parser.add_argument("--backends", help="comma-separated (default torch,triton,flash)")
     parser.add_argument("--rep-ms", type=int, default=60)
     parser.add_argument("--out", help="also write the markdown table to this file")
@@ -263,7 +270,7 @@ def main() -> None:
     ]
     print("\n".join(lines), flush=True)
     extend_ms: dict[tuple[int, int, int, str], float] = {}
-    sweep_only = args.min_chunk_sweep
+    sweep_only = args.min_chunk_sweep or args.split_sweep
     for point in [] if sweep_only else points(args.quick, args.smoke, args.compare):
         setup = make_setup(point, device)
         results: dict[str, tuple[float, float, torch.Tensor]] = {}
@@ -292,7 +299,12 @@ def main() -> None:
     if args.tune:
         lines += tune(device, copy_bw, args.rep_ms, args.smoke)
     if sweep_only:
-        lines = [lines[0], *min_chunk_sweep(device, args.rep_ms, args.smoke)]
+        sweeps = []
+        if args.min_chunk_sweep:
+            sweeps += min_chunk_sweep(device, args.rep_ms, args.smoke)
+        if args.split_sweep:
+            sweeps += split_sweep(device, args.rep_ms, args.smoke)
+        lines = [lines[0], *sweeps]
     if args.out:
         with open(args.out, "w") as handle:
             handle.write("\n".join(lines) + "\n")
@@ -414,6 +426,7 @@ def replayed_ms(
 
 
 MIN_CHUNKS = (32, 64, 128, 256)  # the first (one key block) is the backend's default
+PROGRAMS_PER_SM = (1, 2, 3, 4)  # the split count aims at this many programs per SM; default 4
 
 
 def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]:
@@ -421,27 +434,58 @@ def min_chunk_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]
     for the short prefixes where it decides the split count: decode and N = 8 verify at
     bs 1, 8, 32."""
     chunks = MIN_CHUNKS[:2] if smoke else MIN_CHUNKS  # the interpreter is slow: two show it runs
+    sizes, prefixes = ((1, 2), (40,)) if smoke else ((1, 8, 32), (256, 1024))
+    options = [{"min_chunk": chunk} for chunk in chunks]
+    return option_sweep(
+        device, rep_ms, sizes, prefixes, options, [f"min_chunk {c}" for c in chunks]
+    )
+
+
+def split_sweep(device: torch.device, rep_ms: int, smoke: bool) -> list[str]:
+    """Attention (and merge) time of one layer per split target (programs per SM), replayed
+    from a CUDA graph: decode and N = 8 verify at bs 1–64 over prefixes 256 to 16k."""
+    per_sm = PROGRAMS_PER_SM[:2] if smoke else PROGRAMS_PER_SM
+    sms = (
+        1
+        if device.type == "cpu"
+        else torch.cuda.get_device_properties(device).multi_processor_count
+    )
+    sizes, prefixes = ((1, 2), (40,)) if smoke else ((1, 8, 32, 64), (256, 1024, 4096, 16384))
+    options = [{"target_programs": p * sms} for p in per_sm]
+    return option_sweep(device, rep_ms, sizes, prefixes, options, [f"{p}/SM" for p in per_sm])
+
+
+def option_sweep(
+    device: torch.device,
+    rep_ms: int,
+    sizes: tuple[int, ...],
+    prefixes: tuple[int, ...],
+    options: list[dict[str, int]],
+    labels: list[str],
+) -> list[str]:
+    """One row per (mode, prefix, bs): the replayed µs of each option set, and the best."""
     lines = [
         "",
-        "| mode | bs | prefix | " + " | ".join(f"min_chunk {c} µs" for c in chunks) + " | best |",
-        "|---|---|---|" + "---|" * (len(chunks) + 1),
+        "| mode | bs | prefix | " + " | ".join(f"{label} µs" for label in labels) + " | best |",
+        "|---|---|---|" + "---|" * (len(labels) + 1),
     ]
     print("\n".join(lines), flush=True)
-    sizes, prefixes = ((1, 2), (40,)) if smoke else ((1, 8, 32), (256, 1024))
     for mode, new in ((ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 8)):
         for prefix in prefixes:
             for bs in sizes:
                 setup = make_setup(Point(mode, bs, prefix, new), device)
                 times = []
-                for chunk in chunks:
-                    backend = build_backends(setup, ["triton"], {"min_chunk": chunk})["triton"]
+                for option in options:
+                    backend = build_backends(setup, ["triton"], option)["triton"]
                     times.append(replayed_ms(setup, backend, device, rep_ms) * 1e3)
-                best = chunks[times.index(min(times))]
+                best = labels[times.index(min(times))]
                 cells = " | ".join(f"{t:.1f}" for t in times)
                 line = f"| {mode.name.lower()} | {bs} | {prefix} | {cells} | {best} |"
                 lines.append(line)
                 print(line, flush=True)
                 del setup
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     return lines
 
 

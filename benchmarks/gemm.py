@@ -2,8 +2,10 @@
 weight-stream kernel (``skinny_gemm``) over a sweep of its tile configurations.
 
 Shapes are Llama-3.1-8B's (bf16): the merged q/k/v (4096 → 6144), o (4096 → 4096), merged
-gate/up (4096 → 28 672), down (14 336 → 4096) and the lm_head (4096 → 128 256), at 1–64 rows
-(plain decode at bs 1–64, a tree verify at bs 1 and 8, the draft's k rows per request). As in
+gate/up (4096 → 28 672), down (14 336 → 4096), the lm_head (4096 → 128 256), a 32k draft
+lm_head and EAGLE-3's fc (12 288 → 4096), at 1–64 rows (plain decode at bs 1–64, a tree verify
+at bs 1 and 8, the draft's k rows per request); ``--rows`` above 64 (a bs-32 verify's 256, its
+drafts' 128) measure the two BLAS paths only, which the engine takes there. As in
 the model, every call reads a different weight: one CUDA graph runs the GEMM over ``LAYERS``
 distinct weights back to back (fewer for the 1 GB lm_head), so nothing is served from L2 and no
 launch is timed. "µs" is the graph's median replay (``triton.testing.do_bench``) divided by
@@ -11,7 +13,7 @@ the calls in it; "TB/s" counts the weight, input and output bytes once. Each Tri
 output is checked against ``F.linear`` first (bf16 tolerance); a config that does not fit the
 shared memory is skipped. Times are printed, never asserted.
 
-    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick]
+    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick] [--shapes …] [--rows …]
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke
 """
 
@@ -28,7 +30,12 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
-from eagletree.adapters.kernels.triton.skinny_gemm import SkinnyConfig, skinny_gemm
+from eagletree.adapters.kernels.triton.skinny_gemm import (
+    MAX_ROWS,
+    SkinnyConfig,
+    default_config,
+    skinny_gemm,
+)
 
 
 class Shape(NamedTuple):
@@ -44,6 +51,8 @@ LLAMA_8B = (
     Shape("gate_up", 4096, 28672, 16),
     Shape("down", 14336, 4096, 16),
     Shape("lm_head", 4096, 128256, 4),
+    Shape("lm_head_32k", 4096, 32000, 8),  # EAGLE-3's draft vocabulary, a 32k token map
+    Shape("eagle3_fc", 12288, 4096, 16),  # EAGLE-3's fc over three target layers' states
 )
 SMOKE = (Shape("qkv", 64, 96, 2), Shape("o", 64, 64, 2))
 ROWS = (1, 4, 8, 16, 32, 64)
@@ -100,6 +109,11 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
             lt = replay_us([partial(F.linear, x, w) for w in weights], device)
         finally:
             torch.backends.cuda.preferred_blas_library(previous)
+    if rows > MAX_ROWS:  # the engine takes cuBLAS here: only the two BLAS columns
+        return (
+            f"| {shape.name} {shape.k}→{shape.n} | {rows} | {cublas:.1f} ({tbps(cublas):.2f}) |"
+            f" {lt:.1f} ({tbps(lt):.2f}) | — | — | — | — |"
+        )
     best: tuple[float, SkinnyConfig] | None = None
     for cfg in cfgs:
         try:
@@ -114,11 +128,13 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
             best = (us, cfg)
     assert best is not None, "no Triton config ran"
     triton_us, cfg = best
+    default = default_config(shape.n, rows)
+    default_us = replay_us([partial(skinny_gemm, x, w, config=default) for w in weights], device)
     return (
         f"| {shape.name} {shape.k}→{shape.n} | {rows} | {cublas:.1f} ({tbps(cublas):.2f}) |"
         f" {lt:.1f} ({tbps(lt):.2f}) | {triton_us:.1f} ({tbps(triton_us):.2f}) |"
         f" n{cfg.block_n} k{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages} |"
-        f" {cublas / triton_us:.2f} |"
+        f" {cublas / triton_us:.2f} | {default_us:.1f} (n{default.block_n} k{default.block_k}) |"
     )
 
 
@@ -127,15 +143,26 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="markdown file for the table")
     parser.add_argument("--quick", action="store_true", help="fewer Triton configs")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument(
+        "--shapes", nargs="+", metavar="NAME", help="of " + ", ".join(s.name for s in LLAMA_8B)
+    )
+    parser.add_argument("--rows", nargs="+", type=int, metavar="N", help=f"default {ROWS}")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     shapes = SMOKE if args.smoke else LLAMA_8B
-    rows_list = (1, 8) if args.smoke else ROWS
+    if args.shapes:
+        unknown = set(args.shapes) - {s.name for s in shapes}
+        if unknown:
+            parser.error(
+                f"unknown --shapes {sorted(unknown)}: choose from {[s.name for s in shapes]}"
+            )
+        shapes = tuple(s for s in shapes if s.name in args.shapes)
+    rows_list = args.rows or ((1, 8) if args.smoke else ROWS)
     cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick)
     lines = [
         "| GEMM | rows | cuBLAS µs (TB/s) | cuBLASLt µs (TB/s) | Triton best µs (TB/s) |"
-        " best config | cuBLAS ÷ Triton |",
-        "|---|---|---|---|---|---|---|",
+        " best config | cuBLAS ÷ Triton | default µs (tile) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for shape in shapes:
