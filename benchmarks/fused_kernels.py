@@ -17,6 +17,9 @@ bf16, for 1, 8, 32 and 256 tokens. Rows of the timing table:
 so small calls measure their launch too); "launches" counts kernels with the CUDA profiler.
 Times are printed, never asserted.
 
+``--rope-heads`` times ``rope_kv_store`` per heads-per-program (1–64), replayed from a CUDA
+graph, for the same token counts, with and without a folded norm.
+
 ``--count-kernels`` builds Llama-8B-shaped targets of 2 and 4 layers (random bf16 weights, a
 32 000-token vocabulary), runs one decode forward of a batch (8 requests, 128 tokens of prefix
 each) through a ``TargetModelRunner`` with the Triton attention backend under the profiler, and
@@ -33,6 +36,7 @@ import argparse
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -261,6 +265,50 @@ def count_table(shape: Shape, device: torch.device, vocab: int, prefix: int) -> 
     return text
 
 
+ROPE_HEADS = (1, 2, 4, 8, 16, 64)
+
+
+def rope_heads_table(shape: Shape, tokens: tuple[int, ...], device: torch.device) -> str:
+    """``rope_kv_store`` per heads-per-program, replayed from a CUDA graph (16 calls), with and
+    without a folded norm's statistic: µs per call."""
+    from gemm import replay_us
+
+    dtype = torch.bfloat16
+    heads_list = ROPE_HEADS[:2] if device.type == "cpu" else ROPE_HEADS
+    lines = [
+        "| tokens | norm | " + " | ".join(f"{h} heads µs" for h in heads_list) + " | best |",
+        "|---:|---|" + "---:|" * len(heads_list) + "---|",
+    ]
+    for n in tokens:
+        generator = torch.Generator().manual_seed(n)
+        q = torch.randn(n, shape.q_heads, shape.head_dim, generator=generator).to(device, dtype)
+        k = torch.randn(n, shape.kv_heads, shape.head_dim, generator=generator).to(device, dtype)
+        v = torch.randn(n, shape.kv_heads, shape.head_dim, generator=generator).to(device, dtype)
+        stream = torch.randn(n, shape.hidden, generator=generator).to(device, dtype)
+        positions = torch.randint(0, 4096, (n,), generator=generator).to(device)
+        rope = RotaryEmbedding(RopeConfig(theta=500000.0), shape.head_dim).to(device)(
+            positions, dtype
+        )
+        pool = MHAKVPool(
+            shape.slots, 1, shape.kv_heads, shape.head_dim, shape.head_dim, dtype, device,
+            TorchRowMover(),
+        )  # fmt: skip
+        loc = (torch.randperm(shape.slots, generator=generator)[:n] + 1).to(device)
+        buffers = pool.get_key_buffer(0), pool.get_value_buffer(0)
+        for norm_of in (None, stream):
+            times = []
+            for heads in heads_list:
+                call = partial(
+                    rope_kv_store, q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, 1e-5, heads
+                )
+                times.append(replay_us([call] * 16, device))
+            best = heads_list[times.index(min(times))]
+            cells = " | ".join(f"{t:.2f}" for t in times)
+            lines.append(f"| {n} | {'yes' if norm_of is not None else 'no'} | {cells} | {best} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="also write the markdown tables to this path")
@@ -268,6 +316,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check it runs")
     parser.add_argument("--count-kernels", action="store_true", help="kernels per decoder layer")
     parser.add_argument("--no-timing", action="store_true", help="skip the timing table")
+    parser.add_argument(
+        "--rope-heads", action="store_true", help="rope_kv_store per heads-per-program"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     shape = SMOKE if args.smoke else LLAMA_8B
@@ -275,6 +326,8 @@ def main() -> None:
     parts = [f"# Fused kernels vs torch ({device}, {'smoke' if args.smoke else 'Llama-3.1-8B'})"]
     if not args.no_timing:
         parts.append(timing_table(shape, tokens, device))
+    if args.rope_heads:
+        parts.append(rope_heads_table(shape, tokens, device))
     if args.count_kernels:
         vocab, prefix = (96, 5) if args.smoke else (32_000, 128)
         parts.append(count_table(shape, device, vocab, prefix))

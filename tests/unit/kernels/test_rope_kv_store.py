@@ -34,10 +34,16 @@ def as_bits(t: torch.Tensor) -> torch.Tensor:
 CASES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)]
 
 
+# heads per program: one; 4 (the second block holds q heads 4, 5 and both kv heads); the
+# default; 16 (half the block past the last head)
+HEAD_BLOCKS = [1, 4, None, 16]
+
+
 @pytest.mark.parametrize(("dtype", "store"), CASES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_tokens", [13, 0])
+@pytest.mark.parametrize("heads", HEAD_BLOCKS)
 def test_rope_kv_store_rotates_q_and_writes_the_pool_rows_set_kv_buffer_writes(
-    device: torch.device, dtype: torch.dtype, store: torch.dtype, num_tokens: int
+    device: torch.device, dtype: torch.dtype, store: torch.dtype, num_tokens: int, heads: int | None
 ) -> None:
     requires_triton(device)
     generator = torch.Generator().manual_seed(11)
@@ -56,9 +62,8 @@ def test_rope_kv_store_rotates_q_and_writes_the_pool_rows_set_kv_buffer_writes(
     expected = pool(dtype, store, device)
     expected.set_kv_buffer(1, loc, rope.rotate(k), v)
     ours = pool(dtype, store, device)
-    q_rotated = rope_kv_store(
-        q, k, v, rope.cos, rope.sin, loc, ours.get_key_buffer(1), ours.get_value_buffer(1)
-    )
+    buffers = ours.get_key_buffer(1), ours.get_value_buffer(1)
+    q_rotated = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, heads=heads)
 
     scale = float(qkv.abs().max()) if num_tokens else 0.0
     assert_computed_close(q_rotated, rope.rotate(q), scale)
@@ -72,8 +77,9 @@ def test_rope_kv_store_rotates_q_and_writes_the_pool_rows_set_kv_buffer_writes(
 
 
 @pytest.mark.parametrize(("dtype", "store"), CASES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads", [4, None])
 def test_a_folded_norm_scales_q_k_and_v_by_the_streams_inverse_rms_first(
-    device: torch.device, dtype: torch.dtype, store: torch.dtype
+    device: torch.device, dtype: torch.dtype, store: torch.dtype, heads: int | None
 ) -> None:
     requires_triton(device)
     generator = torch.Generator().manual_seed(12)
@@ -93,7 +99,7 @@ def test_a_folded_norm_scales_q_k_and_v_by_the_streams_inverse_rms_first(
     expected.set_kv_buffer(1, loc, rope.rotate(k_n), v_n)
     ours = pool(dtype, store, device)
     buffers = ours.get_key_buffer(1), ours.get_value_buffer(1)
-    q_rotated = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, stream, eps)
+    q_rotated = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, stream, eps, heads)
 
     scale = float(torch.cat([q_n.flatten(), k_n.flatten()]).abs().max())
     assert_computed_close(q_rotated, rope.rotate(q_n), scale)
@@ -121,3 +127,12 @@ def test_fp8_pools_are_refused_and_left_to_set_kv_buffer() -> None:
     keys = torch.zeros(10, 2, 8, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="fp8 pools store through set_kv_buffer"):
         rope_kv_store(q, k, k, cos, cos, loc, keys, keys)
+
+
+def test_a_head_block_that_is_not_a_power_of_two_is_refused() -> None:
+    q, k = torch.zeros(3, 4, 8), torch.zeros(3, 2, 8)
+    cos = torch.zeros(3, 8)
+    loc = torch.ones(3, dtype=torch.int64)
+    keys = torch.zeros(10, 2, 8)
+    with pytest.raises(ValueError, match="power of two, got 3"):
+        rope_kv_store(q, k, k, cos, cos, loc, keys, keys, heads=3)
