@@ -31,15 +31,19 @@ MAX_ROWS = 64  # above this the GEMM is no longer a weight stream; cuBLAS's tile
 
 
 def default_config(cols: int, rows: int, element_size: int = 2) -> SkinnyConfig:
-    """The fastest tile of the H200 sweep (``benchmarks/gemm.py``, bf16): 32 columns and long
-    K steps for hidden-sized outputs, 64 columns and short K steps for vocabulary-sized ones.
-    K steps shrink as the row tile or the element grows (fp32 operands take twice the bytes)
-    so that four pipeline stages of both operands stay inside the 228 KB of shared memory."""
-    block_n = 64 if cols >= 32768 else 32
+    """The fastest tile of the H200 sweeps (``benchmarks/gemm.py``, bf16): 32 columns and long
+    K steps for hidden-sized outputs, 64 columns and short K steps for vocabulary-sized ones
+    (from 16k columns: a 32k draft vocabulary streams at 4.1 TB/s with them, 3.9 with the
+    hidden-sized tile, 3.2 at 64 rows), three stages where the sweep preferred them (the 32k
+    vocabulary, and any vocabulary from 32 rows). K steps shrink as the row tile or the element
+    grows (fp32 operands take twice the bytes) so that the pipeline stages of both operands
+    stay inside the 228 KB of shared memory."""
+    block_n = 64 if cols >= 16384 else 32
+    num_stages = 3 if block_n == 64 and (cols < 65536 or rows >= 32) else 4
     tile_rows = max(16, triton.next_power_of_2(rows))
     budget = 192 * 1024 // (4 * element_size * (tile_rows + block_n))  # 4 stages, K per step
     block_k = min(128 if block_n == 64 else 512, triton.next_power_of_2(budget + 1) // 2)
-    return SkinnyConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=4)
+    return SkinnyConfig(block_n=block_n, block_k=block_k, num_warps=4, num_stages=num_stages)
 
 
 @triton.jit
