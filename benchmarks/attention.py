@@ -18,7 +18,7 @@ at bs 1–64 over prefixes 256 to 16k.
 ``--compare`` runs issue 4's shapes (bs 32 prefix 4k N 8 and 64, bs 64 prefix 16k N 8, decode)
 for ``triton-base`` (the Triton path before the rework, ``attention_baseline.py``), ``triton``
 and ``flash``. ``--tune`` sweeps Triton tile options and split counts at bs 32, prefix 4k for
-N = 8 and N = 64 and prints the best of each sweep.
+N = 8 and N = 64 (``--tune-prefix`` for other prefixes) and prints the best of each sweep.
 
     PYTHONPATH=$PWD python3 benchmarks/attention.py --out attention.md     # full table, H200
     PYTHONPATH=$PWD python3 benchmarks/attention.py --compare --tune --out attention.md
@@ -242,6 +242,14 @@ def main() -> None:
     )
     parser.add_argument("--tune", action="store_true", help="also sweep Triton tile options")
     parser.add_argument(
+        "--tune-prefix",
+        nargs="+",
+        type=int,
+        default=[4096],
+        metavar="KEYS",
+        help="prefixes of the --tune sweeps (default 4096)",
+    )
+    parser.add_argument(
         "--min-chunk-sweep",
         action="store_true",
         help="only the split-size sweep of short prefixes (decode and N = 8 verify)",
@@ -297,7 +305,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if args.tune:
-        lines += tune(device, copy_bw, args.rep_ms, args.smoke)
+        for prefix in args.tune_prefix:
+            lines += tune(device, copy_bw, args.rep_ms, args.smoke, prefix)
     if sweep_only:
         sweeps = []
         if args.min_chunk_sweep:
@@ -346,15 +355,20 @@ TUNE_WIDE = [
 ]
 
 
-def tune(device: torch.device, copy_bw: float, rep_ms: int, smoke: bool) -> list[str]:
-    """Verify and extend times per Triton option set; the best verify of each sweep last."""
+def tune(
+    device: torch.device, copy_bw: float, rep_ms: int, smoke: bool, prefix: int = 4096
+) -> list[str]:
+    """Verify and extend times per Triton option set (replayed from a CUDA graph, as the
+    engine's captured steps run them) at bs 32 over ``prefix`` keys; the best verify of each
+    sweep last."""
+    bs, prefix = (2, 40) if smoke else (32, prefix)
     lines = [
         "",
-        "| N | triton options | verify µs | extend µs | verify % copy | verify/extend |",
+        f"| N (bs {bs}, prefix {prefix}) | triton options | verify µs | extend µs "
+        "| verify % copy | verify/extend |",
         "|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
-    bs, prefix = (2, 40) if smoke else (32, 4096)
     sms = (
         1
         if device.type == "cpu"
@@ -367,7 +381,7 @@ def tune(device: torch.device, copy_bw: float, rep_ms: int, smoke: bool) -> list
         times = {}
         for mode, setup in setups.items():
             backend = build_backends(setup, ["triton"], options)["triton"]
-            times[mode] = measure(setup, backend, device, rep_ms)[0]
+            times[mode] = replayed_ms(setup, backend, device, rep_ms)
         verify, extend = times[ForwardMode.TARGET_VERIFY], times[ForwardMode.EXTEND]
         pct = 100 * setups[ForwardMode.TARGET_VERIFY].kv_bytes / (verify * 1e-3) / copy_bw
         label = " ".join(f"{key}={value}" for key, value in options.items())

@@ -18,7 +18,8 @@ so small calls measure their launch too); "launches" counts kernels with the CUD
 Times are printed, never asserted.
 
 ``--rope-heads`` times ``rope_kv_store`` per heads-per-program (1–64), replayed from a CUDA
-graph, for the same token counts, with and without a folded norm.
+graph, for the same token counts, with and without a folded norm; ``--norm-warps`` times the
+RMSNorm kernels per warps per row the same way.
 
 ``--count-kernels`` builds Llama-8B-shaped targets of 2 and 4 layers (random bf16 weights, a
 32 000-token vocabulary), runs one decode forward of a batch (8 requests, 128 tokens of prefix
@@ -266,6 +267,36 @@ def count_table(shape: Shape, device: torch.device, vocab: int, prefix: int) -> 
 
 
 ROPE_HEADS = (1, 2, 4, 8, 16, 64)
+NORM_WARPS = (2, 4, 8, 16)
+
+
+def norm_warps_table(shape: Shape, tokens: tuple[int, ...], device: torch.device) -> str:
+    """``rmsnorm`` and ``fused_add_rmsnorm`` per warps per row, replayed from a CUDA graph (16
+    calls): µs per call."""
+    from gemm import replay_us
+
+    dtype = torch.bfloat16
+    warps_list = NORM_WARPS[:2] if device.type == "cpu" else NORM_WARPS
+    lines = [
+        "| kernel | tokens | " + " | ".join(f"{w} warps µs" for w in warps_list) + " | best |",
+        "|---|---:|" + "---:|" * len(warps_list) + "---|",
+    ]
+    for n in tokens:
+        generator = torch.Generator().manual_seed(n)
+        x = torch.randn(n, shape.hidden, generator=generator).to(device, dtype)
+        residual = torch.randn(n, shape.hidden, generator=generator).to(device, dtype)
+        weight = torch.randn(shape.hidden, generator=generator).to(device, dtype)
+        for name, kernel in (("rmsnorm", rmsnorm), ("add+rmsnorm", fused_add_rmsnorm)):
+            operands = (x, weight) if kernel is rmsnorm else (x, residual, weight)
+            times = [
+                replay_us([partial(kernel, *operands, 1e-5, num_warps=w)] * 16, device)
+                for w in warps_list
+            ]
+            best = warps_list[times.index(min(times))]
+            cells = " | ".join(f"{t:.2f}" for t in times)
+            lines.append(f"| {name} | {n} | {cells} | {best} |")
+            print(lines[-1], flush=True)
+    return "\n".join(lines)
 
 
 def rope_heads_table(shape: Shape, tokens: tuple[int, ...], device: torch.device) -> str:
@@ -319,6 +350,7 @@ def main() -> None:
     parser.add_argument(
         "--rope-heads", action="store_true", help="rope_kv_store per heads-per-program"
     )
+    parser.add_argument("--norm-warps", action="store_true", help="the RMSNorms per warps")
     args = parser.parse_args()
     device = torch.device(args.device)
     shape = SMOKE if args.smoke else LLAMA_8B
@@ -328,6 +360,8 @@ def main() -> None:
         parts.append(timing_table(shape, tokens, device))
     if args.rope_heads:
         parts.append(rope_heads_table(shape, tokens, device))
+    if args.norm_warps:
+        parts.append(norm_warps_table(shape, tokens, device))
     if args.count_kernels:
         vocab, prefix = (96, 5) if args.smoke else (32_000, 128)
         parts.append(count_table(shape, device, vocab, prefix))

@@ -62,6 +62,7 @@ def _launch(
     out: torch.Tensor,
     eps: float,
     add_residual: bool,
+    num_warps: int | None,
 ) -> None:
     num_tokens, hidden = x.shape
     if num_tokens == 0:
@@ -80,22 +81,28 @@ def _launch(
         eps,
         ADD_RESIDUAL=add_residual,
         BLOCK=triton.next_power_of_2(hidden),
-        num_warps=4 if hidden <= 4096 else 8,
+        num_warps=num_warps or (4 if hidden <= 4096 else 8),
     )
 
 
 def rmsnorm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    *,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """``weight * (x · rsqrt(mean(x²) + eps)).to(x.dtype)`` per row, into ``out`` (any row
-    stride, e.g. the columns of a concatenation) or a new tensor."""
+    stride, e.g. the columns of a concatenation) or a new tensor. ``num_warps`` per row's
+    program defaults to 4 up to 4096 columns, 8 above."""
     # x: (num_tokens, hidden) -> (num_tokens, hidden) in x's dtype
     _check(x, weight)
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} does not fit x {tuple(x.shape)}")
-    _launch(x, x, x, weight, out, eps, add_residual=False)
+    _launch(x, x, x, weight, out, eps, add_residual=False, num_warps=num_warps)
     return out
 
 
@@ -105,11 +112,13 @@ def fused_add_rmsnorm(
     weight: torch.Tensor,
     eps: float,
     residual_out: torch.Tensor | None = None,
+    *,
+    num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual_out = residual + x`` (rounded to the residual's dtype) and its RMSNorm.
 
     ``residual_out`` defaults to ``residual`` itself (updated in place). Returns
-    (normed, residual_out); normed is a new tensor in x's dtype.
+    (normed, residual_out); normed is a new tensor in x's dtype. ``num_warps`` as ``rmsnorm``.
     """
     # x, residual, residual_out: (num_tokens, hidden)
     _check(x, weight)
@@ -123,5 +132,5 @@ def fused_add_rmsnorm(
     if residual.stride(-1) != 1 or residual_out.stride(-1) != 1:
         raise ValueError("residual and residual_out need a unit column stride")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(x, residual, residual_out, weight, out, eps, add_residual=True)
+    _launch(x, residual, residual_out, weight, out, eps, add_residual=True, num_warps=num_warps)
     return out, residual_out
