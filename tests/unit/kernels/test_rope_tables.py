@@ -1,4 +1,4 @@
-"""rope_tables against RotaryEmbedding's torch path.
+"""rope_tables against RotaryEmbedding's torch path, and the models' rotaries on it when fused.
 
 The tolerance is in units of the last place (ulps, counted across zero), not a relative one:
 fp32 cos/sin within 4 ulps of torch's (the two libms differ by an ulp or two, and the attention
@@ -11,11 +11,20 @@ column's frequency is about 1, so its angle is the position itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from torch import nn
 
 from eagletree.adapters.kernels.triton.rope_tables import rope_tables
-from eagletree.adapters.models.config import RopeConfig
+from eagletree.adapters.models.config import LlamaConfig, MLAConfig, RopeConfig
+from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
+from eagletree.adapters.models.eagle import EagleDraft, SharedTargetModules
+from eagletree.adapters.models.eagle3 import Eagle3Draft
+from eagletree.adapters.models.llama import LlamaForCausalLM
+from eagletree.adapters.models.model_building import materialize
+from eagletree.adapters.models.mtp import MTPLayer
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from tests.conftest import requires_triton
 
@@ -103,3 +112,76 @@ def test_the_kernel_refuses_float_positions_and_non_fp32_frequencies() -> None:
         rope_tables(torch.zeros(3), freq, 1.0, torch.float32)
     with pytest.raises(ValueError, match="fp32 column frequencies"):
         rope_tables(torch.zeros(3, dtype=torch.int64), freq.half(), 1.0, torch.float32)
+
+
+LLAMA = LlamaConfig(
+    vocab_size=64,
+    hidden_size=40,
+    intermediate_size=56,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=10,
+    rms_norm_eps=1e-6,
+    rope=ROPES["llama3"],
+    max_position_embeddings=MAX_POSITION,
+)
+MLA = MLAConfig(
+    vocab_size=64,
+    hidden_size=40,
+    intermediate_size=56,
+    num_hidden_layers=1,
+    num_attention_heads=3,
+    q_lora_rank=24,
+    kv_lora_rank=20,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=6,
+    v_head_dim=10,
+    rms_norm_eps=1e-6,
+    rope=ROPES["yarn-mscale"],
+    max_position_embeddings=MAX_POSITION,
+    rope_interleave=True,
+)
+
+
+def shared() -> SharedTargetModules:
+    target = LlamaForCausalLM(LLAMA)
+    return SharedTargetModules(target.embed_tokens, target.lm_head)
+
+
+# every model that owns a RotaryEmbedding, built with the given fused_kernels
+MODELS: dict[str, Callable[[bool], nn.Module]] = {
+    "llama": lambda fused: LlamaForCausalLM(LLAMA, fused_kernels=fused),
+    "deepseek-mla": lambda fused: DeepseekMLAForCausalLM(MLA, fused_kernels=fused),
+    "eagle": lambda fused: EagleDraft(LLAMA, shared(), fc_bias=True, fused_kernels=fused),
+    "eagle3": lambda fused: Eagle3Draft(LLAMA, shared(), 48, 24, fused_kernels=fused),
+    "mtp-llama": lambda fused: MTPLayer(LLAMA, shared(), fused_kernels=fused),
+    "mtp-mla": lambda fused: MTPLayer(MLA, shared(), fused_kernels=fused),
+}
+
+
+def rotary_of(model: nn.Module) -> RotaryEmbedding:
+    (rotary,) = (m for m in model.modules() if isinstance(m, RotaryEmbedding))
+    return rotary
+
+
+@pytest.mark.parametrize("build", MODELS.values(), ids=MODELS.keys())
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_models_rotary_is_fused_when_the_model_is(
+    build: Callable[[bool], nn.Module], fused: bool
+) -> None:
+    assert rotary_of(build(fused)).fused_kernels is fused
+
+
+@pytest.mark.parametrize("name", ["llama", "deepseek-mla"])
+def test_a_fused_target_built_on_meta_gives_the_torch_paths_tables(
+    device: torch.device, name: str
+) -> None:
+    # built as the loaders build it: on the meta device, allocated in bf16, then
+    # reset_parameters recomputes the fp32 frequencies the kernel reads
+    requires_triton(device)
+    rotary = rotary_of(materialize(lambda: MODELS[name](True), torch.bfloat16, device))
+    assert rotary.fused_kernels and rotary.column_freq.dtype == torch.float32
+    reference = RotaryEmbedding(rotary.rope, rotary.dim, rotary.interleaved).to(device)
+    positions = random_positions(37, device, seed=5)
+    assert_tables_close(rotary(positions, torch.bfloat16), reference(positions, torch.bfloat16))
