@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", type=int, metavar="N", help=f"default {ROWS}")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    shapes = SMOKE if args.smoke else LLAMA_8B
+    shapes: tuple[Shape, ...] = SMOKE if args.smoke else LLAMA_8B
     if args.shapes:
         unknown = set(args.shapes) - {s.name for s in shapes}
         if unknown:

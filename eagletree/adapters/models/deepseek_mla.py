@@ -173,8 +173,13 @@ class MLADecoderLayer(PreNormDecoderLayer):
         self.mlp = swiglu_over(hidden, config.intermediate_size, False, fused_kernels, tp, dense)
 
 
-def mla_rotary(config: MLAConfig) -> RotaryEmbedding:
-    return RotaryEmbedding(config.rope, config.qk_rope_head_dim, interleaved=config.rope_interleave)
+def mla_rotary(config: MLAConfig, fused_kernels: bool = False) -> RotaryEmbedding:
+    return RotaryEmbedding(
+        config.rope,
+        config.qk_rope_head_dim,
+        interleaved=config.rope_interleave,
+        fused_kernels=fused_kernels,
+    )
 
 
 class DeepseekMLAForCausalLM(nn.Module):
@@ -201,7 +206,7 @@ class DeepseekMLAForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
-        self.rotary = mla_rotary(config)
+        self.rotary = mla_rotary(config, fused_kernels)
         self.tie_weights()
 
     @property

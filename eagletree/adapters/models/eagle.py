@@ -58,7 +58,7 @@ class EagleDraft(nn.Module):
             )
             for i in range(config.num_hidden_layers)
         )
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         self.fused_kernels = fused_kernels
         # set by restrict_vocabulary: the lm_head rows of the mapped tokens, and their ids
         self.mapped_lm_head: ColumnParallelLinear | None = None

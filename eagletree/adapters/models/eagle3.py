@@ -83,7 +83,7 @@ class Eagle3Draft(nn.Module):
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, draft_vocab_size, False, fused_kernels=fused_kernels
         )
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         # d2t: (draft_vocab,) int64 offsets as published; draft_to_target: draft id -> target id
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
         self.register_buffer(

@@ -242,7 +242,7 @@ class LlamaForCausalLM(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         self.tie_weights()
 
     @property

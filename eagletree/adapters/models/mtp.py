@@ -54,10 +54,10 @@ class MTPLayer(nn.Module):
         self.rotary: RotaryEmbedding
         if isinstance(config, MLAConfig):
             self.decoder = MLADecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
-            self.rotary = mla_rotary(config)
+            self.rotary = mla_rotary(config, fused_kernels)
         else:
             self.decoder = LlamaDecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
-            self.rotary = RotaryEmbedding(config.rope, config.head_dim)
+            self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         self.shared_head = SharedHead(hidden, eps, fused_kernels)
 
     @property

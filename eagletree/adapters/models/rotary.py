@@ -2,7 +2,9 @@
 (default, linear, Llama 3, YaRN), one forward's cos/sin tables, and the rotation of q and k.
 
 The arithmetic follows Hugging Face transformers operation for operation (frequencies in fp32,
-cos/sin cast to the activation dtype), so that fp32 logits match it to rounding.
+cos/sin cast to the activation dtype), so that fp32 logits match it to rounding. With
+``fused_kernels`` the tables come from one Triton kernel (``kernels/triton/rope_tables.py``),
+which rounds the same way; the torch code stays the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from eagletree.adapters.kernels.triton.rope_tables import rope_tables
 from eagletree.adapters.models.config import RopeConfig
 
 
@@ -81,16 +84,20 @@ class RotaryEmbedding(nn.Module):
 
     ``column_freq`` (dim,), the inverse frequency of every table column (both halves), is a
     non-persistent buffer: after building a model on the meta device and ``to_empty``, call
-    ``reset_parameters`` to compute it on the real device.
+    ``reset_parameters`` to compute it on the real device. ``fused_kernels``: build the tables
+    with one Triton launch instead of the torch path's four.
     """
 
     column_freq: torch.Tensor
 
-    def __init__(self, rope: RopeConfig, dim: int, interleaved: bool = False) -> None:
+    def __init__(
+        self, rope: RopeConfig, dim: int, interleaved: bool = False, *, fused_kernels: bool = False
+    ) -> None:
         super().__init__()
         self.rope = rope
         self.dim = dim
         self.interleaved = interleaved
+        self.fused_kernels = fused_kernels
         inv_freq, self.attention_factor = rope_inverse_frequencies(rope, dim)
         self.register_buffer("column_freq", torch.cat((inv_freq, inv_freq)), persistent=False)
 
@@ -101,9 +108,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
         # positions: (num_tokens,) -> cos, sin: (num_tokens, dim), views of one (2, n, dim)
-        # Four kernels a forward (a tree step runs six forwards): the product promotes the
-        # positions itself, cos and sin write into one buffer, one cast; an attention factor
-        # of 1 multiplies nothing. The same values as casting each table on its own.
+        if self.fused_kernels:
+            tables = rope_tables(positions, self.column_freq.float(), self.attention_factor, dtype)
+            return RopeTables(tables[0], tables[1], self.interleaved)
+        # The reference: four kernels a forward (a tree step runs six forwards): the product
+        # promotes the positions itself, cos and sin write into one buffer, one cast; an
+        # attention factor of 1 multiplies nothing. The same values as casting each table on
+        # its own.
         angles = positions[:, None] * self.column_freq.float()[None, :]
         tables = torch.empty((2, *angles.shape), dtype=angles.dtype, device=angles.device)
         torch.cos(angles, out=tables[0])

@@ -126,7 +126,7 @@ def heads_per_program(num_tokens: int, num_heads: int) -> int:
     """Heads one program rotates (a power of two): 8, so that each program loads its token's
     cos/sin rows (and with a folded norm reads its stream) once for 8 heads, while a decode
     step's one token still spreads over several SMs."""
-    return min(8, triton.next_power_of_2(num_heads))
+    return min(8, int(triton.next_power_of_2(num_heads)))
 
 
 def rope_kv_store(
