@@ -286,12 +286,15 @@ def norm_warps_table(shape: Shape, tokens: tuple[int, ...], device: torch.device
         x = torch.randn(n, shape.hidden, generator=generator).to(device, dtype)
         residual = torch.randn(n, shape.hidden, generator=generator).to(device, dtype)
         weight = torch.randn(shape.hidden, generator=generator).to(device, dtype)
-        for name, kernel in (("rmsnorm", rmsnorm), ("add+rmsnorm", fused_add_rmsnorm)):
-            operands = (x, weight) if kernel is rmsnorm else (x, residual, weight)
-            times = [
-                replay_us([partial(kernel, *operands, 1e-5, num_warps=w)] * 16, device)
+        calls: dict[str, list[Callable[[], object]]] = {
+            "rmsnorm": [partial(rmsnorm, x, weight, 1e-5, num_warps=w) for w in warps_list],
+            "add+rmsnorm": [
+                partial(fused_add_rmsnorm, x, residual, weight, 1e-5, num_warps=w)
                 for w in warps_list
-            ]
+            ],
+        }
+        for name, per_warps in calls.items():
+            times = [replay_us([call] * 16, device) for call in per_warps]
             best = warps_list[times.index(min(times))]
             cells = " | ".join(f"{t:.2f}" for t in times)
             lines.append(f"| {name} | {n} | {cells} | {best} |")
