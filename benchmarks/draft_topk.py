@@ -48,10 +48,10 @@ def measure(vocab: int, rows: int, cfgs: list[TopKConfig], device: torch.device)
     for cfg in [*cfgs, default]:
         if cfg in timed:
             continue
-        _, tokens = top_k_probs(copies[0], K, cfg)
+        _, tokens = top_k_probs(copies[0], K, config=cfg)
         if not torch.equal(tokens.cpu(), expected.cpu()):
             raise AssertionError(f"vocab {vocab} rows {rows} {cfg}: tokens differ")
-        timed[cfg] = replay_us([partial(top_k_probs, x, K, cfg) for x in copies], device)
+        timed[cfg] = replay_us([partial(top_k_probs, x, K, config=cfg) for x in copies], device)
     best = min(timed, key=timed.__getitem__)
     return (
         f"| {vocab} | {rows} | {torch_us:.1f} | {timed[default]:.1f} (c{default.chunk}"

@@ -77,7 +77,7 @@ def test_every_chunk_size_and_warp_count_equals_the_reference(
 
     # ragged last chunk, ties across chunk borders, a row that is -inf but for one chunk
     logits = logits_with_hazards(3, 5000, seed=chunk + num_warps)
-    probs, tokens = triton_top_k(logits.to(device), 6, TopKConfig(chunk, num_warps))
+    probs, tokens = triton_top_k(logits.to(device), 6, config=TopKConfig(chunk, num_warps))
     ref_probs, ref_tokens = top_k_probs(logits, 6)
     assert torch.equal(tokens.cpu(), ref_tokens)
     torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
