@@ -1,6 +1,8 @@
 """Benchmark: the draft's top-k with probabilities (``draft_topk.top_k_probs``) over its tiles —
 vocabulary entries per first-stage program and warps per program — against torch's softmax +
-top-k, at the row counts a tree step gives it (bs × k rows: bs 1–64, k 1–8).
+top-k, at the row counts a tree step gives it (bs × k rows: bs 1–64, k 1–8). "mapped µs" is the
+default tile with a draft's column → target id map folded into the merge (a reduced draft
+vocabulary), beside the top-k followed by a separate gather of the ids, as before the fold.
 
 Logits are bf16 over Llama-3's 128 256-entry vocabulary and EAGLE-3's 32 000. One CUDA graph runs
 the call over ``COPIES`` distinct logit buffers so that little is served from L2 and no launch is
@@ -48,16 +50,27 @@ def measure(vocab: int, rows: int, cfgs: list[TopKConfig], device: torch.device)
     for cfg in [*cfgs, default]:
         if cfg in timed:
             continue
-        _, tokens = top_k_probs(copies[0], K, cfg)
+        _, tokens = top_k_probs(copies[0], K, config=cfg)
         if not torch.equal(tokens.cpu(), expected.cpu()):
             raise AssertionError(f"vocab {vocab} rows {rows} {cfg}: tokens differ")
-        timed[cfg] = replay_us([partial(top_k_probs, x, K, cfg) for x in copies], device)
+        timed[cfg] = replay_us([partial(top_k_probs, x, K, config=cfg) for x in copies], device)
     best = min(timed, key=timed.__getitem__)
+    # columns named by scattered ids of a vocabulary twice as large
+    token_ids = torch.randperm(2 * vocab, generator=gen)[:vocab].to(device)
+    _, mapped = top_k_probs(copies[0], K, token_ids)
+    if not torch.equal(mapped.cpu(), token_ids.cpu()[expected.cpu()]):
+        raise AssertionError(f"vocab {vocab} rows {rows}: mapped tokens differ")
+    mapped_us = replay_us([partial(top_k_probs, x, K, token_ids) for x in copies], device)
+    gather_us = replay_us([partial(_then_gather, x, token_ids) for x in copies], device)
     return (
         f"| {vocab} | {rows} | {torch_us:.1f} | {timed[default]:.1f} (c{default.chunk}"
         f" w{default.num_warps}) | {timed[best]:.1f} | c{best.chunk} w{best.num_warps} |"
-        f" {timed[default] / timed[best]:.2f} |"
+        f" {timed[default] / timed[best]:.2f} | {mapped_us:.1f} | {gather_us:.1f} |"
     )
+
+
+def _then_gather(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    return token_ids[top_k_probs(logits, K)[1]]
 
 
 def main() -> None:
@@ -69,8 +82,9 @@ def main() -> None:
     vocabs = (1000,) if args.smoke else VOCABS
     rows_list = (4,) if args.smoke else ROWS
     lines = [
-        "| vocab | rows | torch µs | default µs (tile) | best µs | best tile | default ÷ best |",
-        "|---|---|---|---|---|---|---|",
+        "| vocab | rows | torch µs | default µs (tile) | best µs | best tile | default ÷ best"
+        " | mapped µs | then gather µs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     for vocab in vocabs:

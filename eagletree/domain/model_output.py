@@ -29,5 +29,6 @@ class ModelOutput:
     token_ids: torch.Tensor | None = None
 
     def target_tokens(self, columns: torch.Tensor) -> torch.Tensor:
-        """The target token ids of logits ``columns`` (any shape, int64), e.g. a top-k's."""
+        """The target token ids of logits ``columns`` (any shape, int64); the draft's top-k
+        maps its own picks (``sampling.top_k_probs``'s ``token_ids``)."""
         return columns if self.token_ids is None else self.token_ids[columns]

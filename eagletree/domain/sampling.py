@@ -75,13 +75,17 @@ def sample_from_probs(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     return torch.minimum(index, last_nonzero)
 
 
-def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_k_probs(
+    logits: torch.Tensor, k: int, token_ids: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most likely tokens of each row and their softmax probabilities, best first.
 
     ``logits`` (rows, V); −inf entries (outside an EAGLE-3 draft vocabulary) have probability 0.
-    Ties go to the lower token id. Returns (probabilities (rows, k) float32, tokens (rows, k)
-    int64).
+    Ties go to the lower column. ``token_ids`` (V,) int64 names each column's target token (a
+    draft's reduced vocabulary, ``ModelOutput.token_ids``); None: column i is token i. Returns
+    (probabilities (rows, k) float32, tokens (rows, k) int64).
     """
     probs = torch.softmax(logits.float(), dim=-1)
     order = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k].contiguous()
-    return torch.gather(probs, 1, order), order
+    tokens = order if token_ids is None else token_ids[order]
+    return torch.gather(probs, 1, order), tokens

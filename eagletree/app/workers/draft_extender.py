@@ -87,8 +87,7 @@ class DraftExtender:
         """An EXTEND of the draft whose ``input_ids`` already follow the draft convention; the
         next state comes from each request's last row (its input token is the bonus)."""
         out = self._draft.forward(batch, hidden_states, last_rows)
-        topk_p, columns = self._top_k(out.logits, self.topk)
-        topk_index = out.target_tokens(columns)
+        topk_p, topk_index = self._top_k(out.logits, self.topk, out.token_ids)  # target ids
         return DraftInput(
             bonus_tokens=batch.input_ids.index_select(0, last_rows).to(torch.int64),
             topk_p=topk_p,

@@ -67,8 +67,8 @@ class MtpLayerChain:
         for i, runner in enumerate(self._drafts):
             self._mirror_rows(runner, batch.req_pool_indices)
             out = runner.forward(dataclasses.replace(batch, input_ids=tokens), hidden, last_rows)
-            top_p, top_column = self._kernels.top_k(out.logits, 1)  # (bs, 1) each
-            top_token = out.target_tokens(top_column)
+            # (bs, 1) each, target ids
+            top_p, top_token = self._kernels.top_k(out.logits, 1, out.token_ids)
             p, token = top_p[:, 0], top_token[:, 0]
             drafts.append(token)
             probs.append(p)

@@ -8,7 +8,7 @@ set; workers take it as a constructor argument.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -22,8 +22,18 @@ from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # logits (rows, V) -> (rows,) int64, each row's first maximum
 Argmax = Callable[[torch.Tensor], torch.Tensor]
-# (logits (rows, V), k) -> (probabilities (rows, k) float32, tokens (rows, k) int64)
-TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class TopK(Protocol):
+    """domain.sampling.top_k_probs's signature: (logits (rows, V), k, token_ids (V,) int64 or
+    None) -> (probabilities (rows, k) float32, tokens (rows, k) int64), the tokens already
+    mapped through ``token_ids`` (a draft's column -> target id map) when given."""
+
+    def __call__(
+        self, logits: torch.Tensor, k: int, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 # domain.tree.build_tree's signature (keyword seq_lens_sum included)
 TreeBuild = Callable[..., DraftTree]
 # domain.tree.beam_step's signature: (step, topk_p, topk_index, hidden, scores, ancestors,

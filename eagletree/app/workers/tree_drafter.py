@@ -99,8 +99,8 @@ class TreeDrafter:
                 self._branch_batch(window, beam, own_slots, ancestors, positions),
                 beam.hidden_states,
             )
-            topk_p, columns = self._top_k(out.logits, k)  # (bs·k, k) each
-            topk_index = out.target_tokens(columns)
+            # (bs·k, k) each, the draft's columns already named by their target ids
+            topk_p, topk_index = self._top_k(out.logits, k, out.token_ids)
             beam, ancestors = self._beam_step(
                 step, topk_p, topk_index, out.hidden_states, beam.scores, ancestors, own_slots, k
             )

@@ -1,5 +1,6 @@
 """The draft's top-k with probabilities: the torch reference against a brute force, and the
-two-launch Triton kernel against the reference (token ids exact, probabilities to rounding)."""
+two-launch Triton kernel against the reference (token ids exact, probabilities to rounding),
+with and without a draft's column → target id map."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ def logits_with_hazards(rows: int, vocab: int, seed: int) -> torch.Tensor:
         top = float(logits[1].max()) + 1
         logits[1, vocab - 1] = logits[1, 3] = top  # the lower id must come first
     return logits
+
+
+def scattered_ids(vocab: int, seed: int) -> torch.Tensor:
+    """A draft's token map: ``vocab`` distinct ids of a 4× larger vocabulary in random order,
+    so that a column is never its own id and a missing or shifted gather shows."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(4 * vocab, generator=generator)[:vocab]
 
 
 def brute_force(logits: torch.Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
@@ -77,7 +85,77 @@ def test_every_chunk_size_and_warp_count_equals_the_reference(
 
     # ragged last chunk, ties across chunk borders, a row that is -inf but for one chunk
     logits = logits_with_hazards(3, 5000, seed=chunk + num_warps)
-    probs, tokens = triton_top_k(logits.to(device), 6, TopKConfig(chunk, num_warps))
+    probs, tokens = triton_top_k(logits.to(device), 6, config=TopKConfig(chunk, num_warps))
     ref_probs, ref_tokens = top_k_probs(logits, 6)
     assert torch.equal(tokens.cpu(), ref_tokens)
     torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
+
+
+def test_the_reference_names_its_columns_by_the_token_map() -> None:
+    logits = logits_with_hazards(3, 40, seed=5)
+    token_ids = scattered_ids(40, seed=5)
+    probs, columns = top_k_probs(logits, 7)
+    mapped_probs, tokens = top_k_probs(logits, 7, token_ids)
+    assert torch.equal(tokens, token_ids[columns]) and tokens.dtype == torch.int64
+    assert torch.equal(mapped_probs, probs)
+
+
+def logits_with_ties_and_infinities(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Few distinct values (ties within and across chunks everywhere), a −inf column, a row
+    with only 2 finite entries (its top-k must then take −inf columns, lowest first) and a row
+    with its maximum in the last, ragged column."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randint(-3, 4, (rows, vocab), generator=generator).float()
+    logits[:, vocab // 3] = float("-inf")
+    logits[0] = float("-inf")
+    logits[0, [vocab - 1, vocab // 2]] = 1.0
+    logits[1, vocab - 1] = 9.0
+    return logits
+
+
+# (vocab, chunk): one chunk, a last chunk of one entry (fewer than k), exact multiples, a
+# ragged last chunk of k − 1 entries
+EDGES = [(15, 16), (17, 16), (64, 16), (71, 64), (200, 64)]
+
+
+@pytest.mark.parametrize(("vocab", "chunk"), EDGES)
+@pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.parametrize("mapped", [False, True])
+def test_the_triton_kernel_equals_the_reference_at_chunk_edges_with_ties_and_a_token_map(
+    device: torch.device, vocab: int, chunk: int, k: int, mapped: bool
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draft_topk import TopKConfig
+    from eagletree.adapters.kernels.triton.draft_topk import top_k_probs as triton_top_k
+
+    seed = vocab * 10 + k
+    token_ids = scattered_ids(vocab, seed) if mapped else None
+    for logits in (
+        logits_with_ties_and_infinities(4, vocab, seed),
+        logits_with_hazards(3, vocab, seed),
+    ):
+        probs, tokens = triton_top_k(
+            logits.to(device),
+            k,
+            None if token_ids is None else token_ids.to(device),
+            config=TopKConfig(chunk, 1),
+        )
+        ref_probs, ref_tokens = top_k_probs(logits, k, token_ids)
+        assert torch.equal(tokens.cpu(), ref_tokens)
+        torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k"), [(5, 9000, 8), (4, 4097, 16), (1, 300, 2)])
+def test_the_triton_kernel_with_a_token_map_equals_the_reference_on_its_default_tile(
+    device: torch.device, rows: int, vocab: int, k: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draft_topk import top_k_probs as triton_top_k
+
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    token_ids = scattered_ids(vocab, seed=k)
+    for dtype in (torch.float32, torch.bfloat16):
+        probs, tokens = triton_top_k(logits.to(device, dtype), k, token_ids.to(device))
+        ref_probs, ref_tokens = top_k_probs(logits.to(dtype), k, token_ids)
+        assert torch.equal(tokens.cpu(), ref_tokens)
+        torch.testing.assert_close(probs.cpu(), ref_probs, rtol=2e-6, atol=1e-9)
