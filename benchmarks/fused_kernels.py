@@ -270,11 +270,22 @@ ROPE_HEADS = (1, 2, 4, 8, 16, 64)
 NORM_WARPS = (2, 4, 8, 16)
 
 
+def option_row(
+    label: str, calls: list[Callable[[], object]], options: tuple[int, ...], device: torch.device
+) -> str:
+    """``| label | µs of each call, replayed 16 times from a CUDA graph | best option |``."""
+    from gemm import replay_us
+
+    times = [replay_us([call] * 16, device) for call in calls]
+    cells = " | ".join(f"{t:.2f}" for t in times)
+    line = f"| {label} | {cells} | {options[times.index(min(times))]} |"
+    print(line, flush=True)
+    return line
+
+
 def norm_warps_table(shape: Shape, tokens: tuple[int, ...], device: torch.device) -> str:
     """``rmsnorm`` and ``fused_add_rmsnorm`` per warps per row, replayed from a CUDA graph (16
     calls): µs per call."""
-    from gemm import replay_us
-
     dtype = torch.bfloat16
     warps_list = NORM_WARPS[:2] if device.type == "cpu" else NORM_WARPS
     lines = [
@@ -294,19 +305,13 @@ def norm_warps_table(shape: Shape, tokens: tuple[int, ...], device: torch.device
             ],
         }
         for name, per_warps in calls.items():
-            times = [replay_us([call] * 16, device) for call in per_warps]
-            best = warps_list[times.index(min(times))]
-            cells = " | ".join(f"{t:.2f}" for t in times)
-            lines.append(f"| {name} | {n} | {cells} | {best} |")
-            print(lines[-1], flush=True)
+            lines.append(option_row(f"{name} | {n}", per_warps, warps_list, device))
     return "\n".join(lines)
 
 
 def rope_heads_table(shape: Shape, tokens: tuple[int, ...], device: torch.device) -> str:
     """``rope_kv_store`` per heads-per-program, replayed from a CUDA graph (16 calls), with and
     without a folded norm's statistic: µs per call."""
-    from gemm import replay_us
-
     dtype = torch.bfloat16
     heads_list = ROPE_HEADS[:2] if device.type == "cpu" else ROPE_HEADS
     lines = [
@@ -330,16 +335,14 @@ def rope_heads_table(shape: Shape, tokens: tuple[int, ...], device: torch.device
         loc = (torch.randperm(shape.slots, generator=generator)[:n] + 1).to(device)
         buffers = pool.get_key_buffer(0), pool.get_value_buffer(0)
         for norm_of in (None, stream):
-            times = []
-            for heads in heads_list:
-                call = partial(
+            calls: list[Callable[[], object]] = [
+                partial(
                     rope_kv_store, q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, 1e-5, heads
                 )
-                times.append(replay_us([call] * 16, device))
-            best = heads_list[times.index(min(times))]
-            cells = " | ".join(f"{t:.2f}" for t in times)
-            lines.append(f"| {n} | {'yes' if norm_of is not None else 'no'} | {cells} | {best} |")
-            print(lines[-1], flush=True)
+                for heads in heads_list
+            ]
+            label = f"{n} | {'yes' if norm_of is not None else 'no'}"
+            lines.append(option_row(label, calls, heads_list, device))
     return "\n".join(lines)
 
 
