@@ -5,7 +5,8 @@ Shapes are Llama-3.1-8B's (bf16): the merged q/k/v (4096 → 6144), o (4096 → 
 gate/up (4096 → 28 672), down (14 336 → 4096), the lm_head (4096 → 128 256), a 32k draft
 lm_head and EAGLE-3's fc (12 288 → 4096), at 1–64 rows (plain decode at bs 1–64, a tree verify
 at bs 1 and 8, the draft's k rows per request); ``--rows`` above 64 (a bs-32 verify's 256, its
-drafts' 128) measure the two BLAS paths only, which the engine takes there. As in
+drafts' 128) measure the two BLAS paths only, which the engine takes there, and name the
+kernels cuBLAS launched (in the "best config" column), to set beside a step's profile. As in
 the model, every call reads a different weight: one CUDA graph runs the GEMM over ``LAYERS``
 distinct weights back to back (fewer for the 1 GB lm_head), so nothing is served from L2 and no
 launch is timed. "µs" is the graph's median replay (``triton.testing.do_bench``) divided by
@@ -109,10 +110,14 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
             lt = replay_us([partial(F.linear, x, w) for w in weights], device)
         finally:
             torch.backends.cuda.preferred_blas_library(previous)
-    if rows > MAX_ROWS:  # the engine takes cuBLAS here: only the two BLAS columns
+    if rows > MAX_ROWS:  # the engine takes cuBLAS here: the two BLAS columns and its kernels
+        from fused_kernels import cuda_kernels
+
+        names = cuda_kernels(partial(F.linear, x, weights[0]), device)
+        chosen = "—" if names is None else " + ".join(f"`{name[:48]}`" for name in names)
         return (
             f"| {shape.name} {shape.k}→{shape.n} | {rows} | {cublas:.1f} ({tbps(cublas):.2f}) |"
-            f" {lt:.1f} ({tbps(lt):.2f}) | — | — | — | — |"
+            f" {lt:.1f} ({tbps(lt):.2f}) | — | {chosen} | — | — |"
         )
     best: tuple[float, SkinnyConfig] | None = None
     for cfg in cfgs:
