@@ -250,6 +250,15 @@ def main() -> None:
         help="prefixes of the --tune sweeps (default 4096)",
     )
     parser.add_argument(
+        "--tune-widths",
+        nargs="+",
+        type=int,
+        default=[8, 64],
+        choices=[8, 64],
+        metavar="N",
+        help="tree widths of the --tune sweeps: 8 (tiles, then splits) and/or 64 (wide tiles)",
+    )
+    parser.add_argument(
         "--min-chunk-sweep",
         action="store_true",
         help="only the split-size sweep of short prefixes (decode and N = 8 verify)",
@@ -306,7 +315,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     if args.tune:
         for prefix in args.tune_prefix:
-            lines += tune(device, copy_bw, args.rep_ms, args.smoke, prefix)
+            lines += tune(device, copy_bw, args.rep_ms, args.smoke, prefix, tuple(args.tune_widths))
     if sweep_only:
         sweeps = []
         if args.min_chunk_sweep:
@@ -356,7 +365,12 @@ TUNE_WIDE = [
 
 
 def tune(
-    device: torch.device, copy_bw: float, rep_ms: int, smoke: bool, prefix: int = 4096
+    device: torch.device,
+    copy_bw: float,
+    rep_ms: int,
+    smoke: bool,
+    prefix: int = 4096,
+    widths: tuple[int, ...] = (8, 64),
 ) -> list[str]:
     """Verify and extend times per Triton option set (replayed from a CUDA graph, as the
     engine's captured steps run them) at bs 32 over ``prefix`` keys; the best verify of each
@@ -394,7 +408,7 @@ def tune(
         if verify < best.get(sweep, (float("inf"), {}))[0]:
             best[sweep] = (verify, options)
 
-    for n in (8, 64):
+    for n in widths:
         setups = {
             mode: make_setup(Point(mode, bs, prefix, n), device)
             for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.EXTEND)
