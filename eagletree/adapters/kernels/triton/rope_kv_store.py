@@ -122,7 +122,7 @@ def _rope_kv_store_kernel(
     tl.store(v_dst + v_cols[None, :], v.to(tl.float32).to(v_buf_ptr.dtype.element_ty), mask=v_mask)
 
 
-def heads_per_program(num_tokens: int, num_heads: int) -> int:
+def heads_per_program(num_heads: int) -> int:
     """Heads one program rotates (a power of two): 8, so that each program loads its token's
     cos/sin rows (and with a folded norm reads its stream) once for 8 heads, while a decode
     step's one token still spreads over several SMs."""
@@ -189,7 +189,7 @@ def rope_kv_store(
             "set_kv_buffer (the compiled conversion rounds differently from torch's)"
         )
     num_heads = num_q_heads + num_kv_heads
-    heads = heads_per_program(num_tokens, num_heads) if heads is None else heads
+    heads = heads_per_program(num_heads) if heads is None else heads
     if heads < 1 or heads & (heads - 1):
         raise ValueError(f"rope_kv_store: heads per program must be a power of two, got {heads}")
     _rope_kv_store_kernel[(num_tokens, triton.cdiv(num_heads, heads))](
