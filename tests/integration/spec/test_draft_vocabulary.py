@@ -120,7 +120,9 @@ def test_the_draft_extend_picks_the_top_k_the_scattered_logits_give(kernel: str)
         picks.append(extender.extend_ragged(batch, torch.zeros(7, 4), last_rows))
     named, reference = picks
     assert torch.equal(named.topk_index, reference.topk_index)
-    torch.testing.assert_close(named.topk_p, reference.topk_p, rtol=2e-6, atol=0)
+    # the Triton kernel sums the softmax in another order than torch's: one more rounding
+    rtol = 2e-6 if kernel == "triton" else 1e-6
+    torch.testing.assert_close(named.topk_p, reference.topk_p, rtol=rtol, atol=0)
     assert torch.isin(named.topk_index, ids).all()
     assert torch.equal(named.bonus_tokens, torch.tensor([32, 35, 36]))
 
