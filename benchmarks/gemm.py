@@ -14,7 +14,14 @@ the calls in it; "TB/s" counts the weight, input and output bytes once. Each Tri
 output is checked against ``F.linear`` first (bf16 tolerance); a config that does not fit the
 shared memory is skipped. Times are printed, never asserted.
 
+``--in-layer ROWS…`` asks whether a GEMM costs in a step what it costs alone: over 16 layers'
+distinct weights it profiles, per kernel name, one CUDA graph of the gate/up GEMMs back to back
+and one of whole MLP blocks as a verify runs them (add + RMSNorm, gate/up, SiLU-and-mul, down),
+each replayed for ``--sustain-ms`` (a short burst and a sustained run differ where the GPU's
+clock falls under its power limit; sample ``nvidia-smi`` beside it to see).
+
     PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick] [--shapes …] [--rows …]
+    PYTHONPATH=$PWD python3 benchmarks/gemm.py --in-layer 256 --sustain-ms 30 3000
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke
 """
 
@@ -152,8 +159,24 @@ def main() -> None:
         "--shapes", nargs="+", metavar="NAME", help="of " + ", ".join(s.name for s in LLAMA_8B)
     )
     parser.add_argument("--rows", nargs="+", type=int, metavar="N", help=f"default {ROWS}")
+    parser.add_argument(
+        "--in-layer", nargs="+", type=int, metavar="ROWS", help="GEMMs alone vs in MLP blocks"
+    )
+    parser.add_argument(
+        "--sustain-ms", nargs="+", type=float, default=[30.0], help="--in-layer replay spans"
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
+    if args.in_layer:
+        if device.type != "cuda":
+            parser.error("--in-layer profiles CUDA kernels: it needs the GPU")
+        from gemm_in_layer import in_layer_table
+
+        lines = in_layer_table(args.in_layer, args.sustain_ms, device)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+        return
     shapes: tuple[Shape, ...] = SMOKE if args.smoke else LLAMA_8B
     if args.shapes:
         unknown = set(args.shapes) - {s.name for s in shapes}

@@ -13,7 +13,9 @@
 # benchmarks/NAME.py and saves its table as $OUT/NAME.md; `cli COMMAND ARGS...` runs
 # `eagletree COMMAND` (`cli bench ...` writes $OUT/bench.md and $OUT/bench.json unless --out
 # is given); `real-pair` trains a target and its EAGLE / EAGLE-3 heads and measures them
-# ($OUT/report.md); `all` does the standard set.
+# ($OUT/report.md); `all` does the standard set. With CLOCKS_MS set, nvidia-smi samples the
+# SM clock, power and the reasons it is held down every CLOCKS_MS ms into $OUT/clocks.csv, and
+# each phase's start goes into $OUT/phases.txt, to line the samples up with what ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/eagletree-gpu-out}
@@ -28,6 +30,16 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
     >> "$OUT/gpu.txt"
 cat "$OUT/gpu.txt"
 phase=${1:-all}; shift || true
+if [ -n "${CLOCKS_MS:-}" ]; then
+    reasons=clocks_event_reasons.active
+    nvidia-smi --query-gpu=$reasons --format=csv > /dev/null 2>&1 \
+        || reasons=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
+        --format=csv,noheader -lms "$CLOCKS_MS" >> "$OUT/clocks.csv" &
+    sampler=$!
+    trap 'kill $sampler 2> /dev/null' EXIT
+    echo "$(date '+%Y/%m/%d %H:%M:%S.%3N') $phase $*" >> "$OUT/phases.txt"
+fi
 case "$phase" in
 tests)
     python3 -m pytest -q -p no:cacheprovider -k "cuda or gpu" "$@" 2>&1 | tee -a "$OUT/tests.log" \
