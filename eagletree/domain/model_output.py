@@ -20,15 +20,11 @@ class ModelOutput:
     n·H) the concatenated inputs of the capture layers (EAGLE-3), or None when not captured.
     ``token_ids``: (V,) int64, the target token id of each logits column where a draft
     proposes from part of the target vocabulary (an EAGLE-3 draft vocabulary, an EAGLE token
-    map); None when column i is token i.
+    map); None when column i is token i. The draft's top-k maps its picks through it
+    (``sampling.top_k_probs``'s ``token_ids``).
     """
 
     logits: torch.Tensor
     hidden_states: torch.Tensor
     aux_hidden_states: torch.Tensor | None = None
     token_ids: torch.Tensor | None = None
-
-    def target_tokens(self, columns: torch.Tensor) -> torch.Tensor:
-        """The target token ids of logits ``columns`` (any shape, int64); the draft's top-k
-        maps its own picks (``sampling.top_k_probs``'s ``token_ids``)."""
-        return columns if self.token_ids is None else self.token_ids[columns]

@@ -133,12 +133,3 @@ class _TokensOnly:
 
     input_ids: torch.Tensor
     num_tokens: int
-
-
-def test_columns_map_to_their_target_ids_and_a_whole_vocabulary_maps_to_itself() -> None:
-    ids = shuffled_ids(6, seed=2)
-    columns = torch.tensor([[5, 0], [3, 3]])
-    named = ModelOutput(logits=torch.zeros(1, 6), hidden_states=torch.zeros(1, 1), token_ids=ids)
-    assert torch.equal(named.target_tokens(columns), ids[columns])
-    whole = ModelOutput(logits=torch.zeros(1, VOCAB), hidden_states=torch.zeros(1, 1))
-    assert whole.target_tokens(columns) is columns
