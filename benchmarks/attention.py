@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from attention_baseline import BaselineTritonAttentionBackend
 
+from benchmarks.attention_baseline import BaselineTritonAttentionBackend
 from eagletree.adapters.attention.flash_backend import FlashAttentionBackend
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
 from eagletree.adapters.attention.triton_backend import TritonAttentionBackend

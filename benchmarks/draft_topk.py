@@ -20,8 +20,8 @@ import itertools
 from functools import partial
 
 import torch
-from gemm import replay_us
 
+from benchmarks.gemm import replay_us
 from eagletree.adapters.kernels.triton.draft_topk import TopKConfig, default_config, top_k_probs
 from eagletree.domain.sampling import top_k_probs as reference_top_k
 

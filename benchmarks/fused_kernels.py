@@ -274,7 +274,7 @@ def option_row(
     label: str, calls: list[Callable[[], object]], options: tuple[int, ...], device: torch.device
 ) -> str:
     """``| label | µs of each call, replayed 16 times from a CUDA graph | best option |``."""
-    from gemm import replay_us
+    from benchmarks.gemm import replay_us
 
     times = [replay_us([call] * 16, device) for call in calls]
     cells = " | ".join(f"{t:.2f}" for t in times)

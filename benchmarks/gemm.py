@@ -118,7 +118,7 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
         finally:
             torch.backends.cuda.preferred_blas_library(previous)
     if rows > MAX_ROWS:  # the engine takes cuBLAS here: the two BLAS columns and its kernels
-        from fused_kernels import cuda_kernels
+        from benchmarks.fused_kernels import cuda_kernels
 
         names = cuda_kernels(partial(F.linear, x, weights[0]), device)
         chosen = "—" if names is None else " + ".join(f"`{name[:48]}`" for name in names)
@@ -170,7 +170,7 @@ def main() -> None:
     if args.in_layer:
         if device.type != "cuda":
             parser.error("--in-layer profiles CUDA kernels: it needs the GPU")
-        from gemm_in_layer import in_layer_table
+        from benchmarks.gemm_in_layer import in_layer_table
 
         lines = in_layer_table(args.in_layer, args.sustain_ms, device)
         if args.out:

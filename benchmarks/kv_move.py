@@ -45,8 +45,8 @@ from functools import partial
 from typing import NamedTuple
 
 import torch
-from kv_move_baseline import FirstStagedMover
 
+from benchmarks.kv_move_baseline import FirstStagedMover
 from eagletree.adapters.memory.row_movers import (
     TorchRowMover,
     TritonRowMover,

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
-from kv_move_baseline import FirstStagedMover, _first_move_tiles_kernel, _num_warps
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
+from benchmarks.kv_move_baseline import FirstStagedMover, _first_move_tiles_kernel, _num_warps
 from eagletree.adapters.kernels.triton import kv_move
 from eagletree.adapters.memory.row_movers import TritonRowMover
 

@@ -3,9 +3,9 @@
 The public surface is imported lazily so that `import eagletree` stays cheap and does no work
 beyond defining names; `eagletree.domain` can be used without pydantic or dependency-injector.
 
-    from eagletree import Engine, EngineSettings
+    from eagletree import EngineSettings, build_engine
 
-    with Engine.from_settings(EngineSettings(model={"target_path": "ckpt"})) as engine:
+    with build_engine(EngineSettings(model={"target_path": "ckpt"})) as engine:
         print(engine.generate(["Hello"], max_new_tokens=16)[0].text)
 """
 
@@ -17,20 +17,22 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import Engine
-    from eagletree.app.engine_reports import GenerationResult
-    from eagletree.app.streaming import StreamEvent
+    from eagletree.app.composition.container import build_engine
+    from eagletree.app.engine.loop import Engine
+    from eagletree.app.engine.reports import GenerationResult
+    from eagletree.app.engine.streaming import StreamEvent
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError, EagleTreeError
-    from eagletree.domain.request import SamplingParams
+    from eagletree.domain.sampling_params import SamplingParams
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "Engine": "eagletree.app.engine",
-    "GenerationResult": "eagletree.app.engine_reports",
-    "StreamEvent": "eagletree.app.streaming",
+    "build_engine": "eagletree.app.composition.container",
+    "Engine": "eagletree.app.engine.loop",
+    "GenerationResult": "eagletree.app.engine.reports",
+    "StreamEvent": "eagletree.app.engine.streaming",
     "EngineSettings": "eagletree.config.settings",
-    "SamplingParams": "eagletree.domain.request",
+    "SamplingParams": "eagletree.domain.sampling_params",
     "ConfigurationError": "eagletree.domain.errors",
     "EagleTreeError": "eagletree.domain.errors",
 }
@@ -44,6 +46,7 @@ __all__ = [
     "SamplingParams",
     "StreamEvent",
     "__version__",
+    "build_engine",
 ]
 
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import sys
 
-from eagletree import Engine, EngineSettings
+from eagletree import EngineSettings, build_engine
 
 
 def main(argv: list[str]) -> int:
     model = {"target_path": argv[0]} if argv else {}
     settings = EngineSettings(model=model, memory={"max_total_tokens": 4096})
     if not argv:  # the embedded default: written to the user cache on first use
-        from eagletree.app.run_settings import settings_for_run
+        from eagletree.app.composition.run_settings import settings_for_run
 
         settings = settings_for_run(settings, notify=print)
 
-    with Engine.from_settings(settings) as engine:
+    with build_engine(settings) as engine:
         # generate: a batch of prompts (text, or lists of token ids), results in prompt order
         results = engine.generate(["The draft tree", [1, 5, 9]], max_new_tokens=12)
         for result in results:

@@ -5,7 +5,7 @@
 #   device run: bash scripts/gpu.sh tests tests/unit/domain tests/contracts   (carry .whl)
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
 #               bash scripts/gpu.sh cli bench --preset llama3-8b --draft eagle3 --hf
-#               bash scripts/gpu.sh real-pair [benchmarks/real_pair.py options]
+#               bash scripts/gpu.sh real-pair [python -m benchmarks.real_pair options]
 #               bash scripts/gpu.sh ab main wip-x -- --preset llama3-8b --configs plain ...
 #                   (arms from scripts/ab-arms.sh; carry .whl and ab)
 # Phases: `tests PATH...` runs pytest on CUDA (the CPU cases run in CI already, so only the
@@ -56,7 +56,7 @@ cli)
     if [ "$command" = bench ]; then
         case " $* " in *" --out "*) ;; *) extra+=(--out "$OUT/bench") ;; esac
     fi
-    python3 -m eagletree.app.cli "$command" "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/cli.log" \
+    python3 -m eagletree.app.cli.main "$command" "$@" "${extra[@]}" 2>&1 | tee -a "$OUT/cli.log" \
         | tail -n 60
     ;;
 ab)
@@ -76,16 +76,16 @@ ab)
         echo "== arm $arm ($(date +%T))"
         (cd "ab/$arm" && export PYTHONPATH=/tmp/site:$PWD \
             && python3 -c 'import eagletree; print("arm code:", eagletree.__file__)' \
-            && python3 -m eagletree.app.cli bench "$@" --out "$results/$arm") 2>&1 \
+            && python3 -m eagletree.app.cli.main bench "$@" --out "$results/$arm") 2>&1 \
             | tee "$results/$arm.log" | grep -E '^(\||arm code)' | head -n 14
         tar czf "$OUT/ab.tgz" -C "$(dirname "$results")" ab
     done
     ;;
 real-pair)
-    # the whole real-pair pipeline (benchmarks/real_pair.py) in one call; checkpoints stay on
+    # the whole real-pair pipeline (python -m benchmarks.real_pair) in one call; checkpoints stay on
     # the machine, the reports (rewritten after every phase) come back, also from a run that
     # REAL_PAIR_TIMEOUT seconds cut short
-    timeout "${REAL_PAIR_TIMEOUT:-570}" python3 benchmarks/real_pair.py --out /tmp/real-pair \
+    timeout "${REAL_PAIR_TIMEOUT:-570}" python3 -m benchmarks.real_pair --out /tmp/real-pair \
         --report-dir "$OUT" "$@" 2>&1 | tee -a "$OUT/real-pair.log" | grep -v '^step ' | tail -n 80
     for head in eagle eagle3; do
         [ -f "/tmp/real-pair/$head/training.json" ] && cp "/tmp/real-pair/$head/training.json" \

@@ -10,16 +10,23 @@ arithmetic makes the comparison exact whatever the batch composition.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
+from eagletree.app.engine.loop import Engine
+from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.kv_move import move_rows_reference
 from eagletree.domain.model_output import ModelOutput
+
+if TYPE_CHECKING:
+    from eagletree.ports.memory import TokenSlotAllocator
+    from eagletree.ports.model import ModelRunner
 
 _MODULUS = 97  # keeps the integer hidden state small, and the greedy walk varied
 _LOGIT_SCALE = 1.0 / 64.0  # spreads sampling over several tokens
@@ -217,3 +224,24 @@ def fake_engine_parts(
         device=device,
     )
     return runner, DeviceSlotAllocator(pool_size, device, debug_checks=True)
+
+
+def plain_engine(
+    runner: ModelRunner,
+    allocator: TokenSlotAllocator,
+    *,
+    max_context_len: int,
+    max_running_requests: int,
+    eos_token_ids: Collection[int] = (),
+) -> Engine:
+    """An engine that decodes one token per step with ``runner`` (and its pools), wired by
+    hand as the container wires the plain worker."""
+    return Engine(
+        NonSpeculativeWorker(runner),
+        allocator,
+        runner.req_to_token_pool,
+        vocab_size=runner.vocab_size,
+        max_context_len=max_context_len,
+        max_running_requests=max_running_requests,
+        eos_token_ids=eos_token_ids,
+    )

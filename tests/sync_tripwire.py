@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 
 

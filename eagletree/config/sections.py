@@ -1,7 +1,6 @@
 """Settings: the sections of EngineSettings, one frozen pydantic model each.
 
-``settings.EngineSettings`` composes them and reads them from files and EAGLETREE_* variables;
-their names are importable from ``settings`` too.
+``settings.EngineSettings`` composes them and reads them from files and EAGLETREE_* variables.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Settings: typed engine settings from files and EAGLETREE_* variables; the only env reader.
 
-The sections (``ModelSettings`` … ``ParallelSettings``) live in ``sections``; importers name
-them here too.
+The sections (``ModelSettings`` … ``ParallelSettings``) live in ``sections``.
 """
 
 from __future__ import annotations
@@ -260,18 +259,3 @@ def _known_fields(path: list[str]) -> list[str]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return list(annotation.model_fields)
     return []
-
-
-__all__ = [
-    "BackendSettings",
-    "EngineSettings",
-    "MemorySettings",
-    "ModelSettings",
-    "ParallelSettings",
-    "SchedulerSettings",
-    "SettingsError",
-    "SpeculativeSettings",
-    "check_environment",
-    "env_name",
-    "read_settings_file",
-]

@@ -1,7 +1,7 @@
 """Domain: per-request state — tokens, lengths of the KV window, life cycle, finish, coins.
 
 The request's ``SamplingParams`` are in domain/sampling_params.py, the ``AcceptanceStats`` of its
-verify steps in domain/acceptance_stats.py (both importable from here too).
+verify steps in domain/acceptance_stats.py.
 
 Lengths (page_size 1), all host-side Python ints:
 
@@ -26,18 +26,7 @@ import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from eagletree.domain.acceptance_stats import AcceptanceStats
 from eagletree.domain.sampling_params import SamplingParams
-
-# SamplingParams and AcceptanceStats live in their own modules; importers name them here too
-__all__ = [
-    "AcceptanceStats",
-    "FinishReason",
-    "Request",
-    "RequestStatus",
-    "RequestTimes",
-    "SamplingParams",
-]
 
 
 class FinishReason(enum.Enum):

@@ -373,7 +373,7 @@ def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
 def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
     device: torch.device,
 ) -> None:
-    from eagletree.adapters.kernels.triton.kv_move import build_row_table
+    from eagletree.adapters.kernels.triton.kv_move_table import build_row_table
 
     padded = torch.zeros(8, 12, device=device)
     buffers = (
@@ -403,7 +403,7 @@ def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
 def test_tile_shapes_are_vector_multiples_that_cover_the_row_within_budget(
     row_bytes: int, lanes: int, num_segments: int, register_words: int, min_programs: int
 ) -> None:
-    from eagletree.adapters.kernels.triton.kv_move import build_row_table, tile_shape
+    from eagletree.adapters.kernels.triton.kv_move_table import build_row_table, tile_shape
 
     table = build_row_table((torch.zeros(4, row_bytes, dtype=torch.uint8),))
     shape = tile_shape(table, lanes, num_segments, register_words, min_programs=min_programs)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from eagletree.app import cli
+from eagletree.app.cli import main as cli
 
 TREE = "tree S2 k2 N3"
 

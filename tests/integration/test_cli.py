@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.app.cli import main, to_toml
+from eagletree.app.cli.main import main, to_toml
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -153,7 +153,7 @@ def test_validate_accepts_every_example_once_its_checkpoints_exist(
 def test_validate_accepts_the_defaults_before_and_after_the_default_checkpoint_exists(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from eagletree.app.default_checkpoint import ensure_default_checkpoint
+    from eagletree.app.composition.default_checkpoint import ensure_default_checkpoint
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert main(["config", "validate"]) == 0  # generate writes it on first use

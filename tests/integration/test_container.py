@@ -22,10 +22,14 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.app import container as container_module
-from eagletree.app import factories
-from eagletree.app.container import Container, build_container, build_engine_container
-from eagletree.app.sizing import ROW_HEADROOM, req_to_token_row_width, tokens_allocated_per_step
+from eagletree.app.composition import container as container_module
+from eagletree.app.composition import factories
+from eagletree.app.composition.container import Container, build_container, build_engine_container
+from eagletree.app.composition.sizing import (
+    ROW_HEADROOM,
+    req_to_token_row_width,
+    tokens_allocated_per_step,
+)
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
@@ -380,9 +384,8 @@ def test_debug_checks_turn_the_range_checks_on_on_cuda() -> None:
 
 def test_importing_the_engine_loads_no_container_and_no_adapter() -> None:
     code = (
-        "import sys, eagletree.app.engine\n"
-        "names = ('eagletree.adapters', 'eagletree.app.container', 'eagletree.app.startup',"
-        " 'dependency_injector')\n"
+        "import sys, eagletree.app.engine.loop\n"
+        "names = ('eagletree.adapters', 'eagletree.app.composition', 'dependency_injector')\n"
         "print(sorted(m for m in sys.modules if m.startswith(names)))\n"
     )
     loaded = subprocess.run(

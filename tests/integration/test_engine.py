@@ -11,19 +11,21 @@ import pytest
 import torch
 
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.app.engine import Engine
-from eagletree.app.engine_reports import GenerationResult, StepReport
-from eagletree.app.forward_batches import BatchBuilder
-from eagletree.app.sampler import sample_next_tokens
-from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.reports import GenerationResult, StepReport
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
+from eagletree.app.workers.forward_batches import BatchBuilder
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.sampler import sample_next_tokens
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.batch import ForwardMode
-from eagletree.domain.request import FinishReason, Request, SamplingParams
+from eagletree.domain.request import FinishReason, Request
+from eagletree.domain.sampling_params import SamplingParams
 from tests.conftest import requires_cuda
-from tests.fakes import FakeRunner, fake_engine_parts
+from tests.fakes import FakeRunner, fake_engine_parts, plain_engine
 
 PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10, 11], [12]]
 
@@ -39,7 +41,7 @@ def fake_engine(
     runner, allocator = fake_engine_parts(
         pool_size=pool_size, row_width=context + 4, seed=seed, device=device
     )
-    engine = Engine.non_speculative(
+    engine = plain_engine(
         runner,
         allocator,
         max_context_len=context,
@@ -365,7 +367,7 @@ def llama_engine(
     )
     table = TensorReqToTokenPool(max_running, 128 + 8, device)
     runner = TargetModelRunner(model, kv_pool, table, TorchAttentionBackend(kv_pool, table))
-    return Engine.non_speculative(
+    return plain_engine(
         runner,
         DeviceSlotAllocator(pool_size, device),
         max_context_len=128,
@@ -415,7 +417,7 @@ def test_llama_retract_under_a_tight_pool_keeps_the_transformers_output(
 
 
 @pytest.mark.hf
-def test_from_settings_wires_the_checkpoint_through_the_container(
+def test_build_engine_wires_the_checkpoint_through_the_container(
     hf_checkpoint: tuple[Any, Path], device: torch.device
 ) -> None:
     pytest.importorskip("pydantic_settings")
@@ -428,7 +430,7 @@ def test_from_settings_wires_the_checkpoint_through_the_container(
         backend={"attention": "torch", "kv_move": "torch"},
         memory={"max_total_tokens": 256, "max_running_requests": 2},
     )
-    engine = Engine.from_settings(settings)
+    engine = build_engine(settings)
     assert engine.max_context_len == 128  # the checkpoint's max_position_embeddings
     assert engine.eos_token_ids == frozenset()
     prompts = ragged_prompts(3, seed=5)
@@ -442,7 +444,7 @@ def test_from_settings_wires_the_checkpoint_through_the_container(
 def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_device() -> None:
     runner, _ = fake_engine_parts(device="cuda")
     allocator = DeviceSlotAllocator(512, "cuda")  # debug checks off: frees stay on the device
-    engine = Engine.non_speculative(runner, allocator, max_context_len=48, max_running_requests=8)
+    engine = plain_engine(runner, allocator, max_context_len=48, max_running_requests=8)
     for prompt in PROMPTS[:2]:
         engine.submit(prompt, SamplingParams(max_new_tokens=3, temperature=1.0, top_k=5, seed=1))
     engine.step()
@@ -467,7 +469,7 @@ def test_scheduling_batch_building_and_sampling_do_not_synchronise_with_the_devi
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_from_settings_sends_data_parallelism_to_the_data_parallel_engine(tp: int) -> None:
+def test_build_engine_sends_data_parallelism_to_the_data_parallel_builder(tp: int) -> None:
     pytest.importorskip("pydantic_settings")
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError
@@ -476,11 +478,13 @@ def test_from_settings_sends_data_parallelism_to_the_data_parallel_engine(tp: in
         model={"target_path": "/nonexistent", "device": "cpu", "dtype": "float32"},
         parallel={"dp_size": 2, "tp_size": tp},
     )
-    with pytest.raises(ConfigurationError, match=r"parallel\.dp_size = 2: .*DataParallelEngine"):
-        Engine.from_settings(settings)
+    with pytest.raises(
+        ConfigurationError, match=r"parallel\.dp_size = 2: .*build_data_parallel_engine"
+    ):
+        build_engine(settings)
 
 
-def test_from_settings_with_tensor_parallelism_outside_a_process_group_says_how_to_launch(
+def test_build_engine_with_tensor_parallelism_outside_a_process_group_says_how_to_launch(
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("pydantic_settings")
@@ -494,4 +498,4 @@ def test_from_settings_with_tensor_parallelism_outside_a_process_group_says_how_
     with pytest.raises(
         ConfigurationError, match=r"parallel\.tp_size = 2 × parallel\.dp_size = 1 needs 2 proc"
     ):
-        Engine.from_settings(settings)
+        build_engine(settings)

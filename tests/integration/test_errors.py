@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagletree.app.cli import main
+from eagletree.app.cli.main import main
 
 SMALL = {"EAGLETREE_MEMORY__MAX_TOTAL_TOKENS": "1024"}
 TOKEN_MAP_TREE = 'algorithm = "eagle"\nnum_steps = 2\neagle_topk = 4\nnum_draft_tokens = 5\n'

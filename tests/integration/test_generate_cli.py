@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagletree.app import generate_cli
-from eagletree.app.default_checkpoint import default_checkpoint_dir, ensure_default_checkpoint
+from eagletree.app.cli import generate as generate_cli
+from eagletree.app.composition.default_checkpoint import (
+    default_checkpoint_dir,
+    ensure_default_checkpoint,
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -179,7 +182,7 @@ def test_every_example_generates_on_the_checkpoints_its_comment_says_to_write(
     monkeypatch: pytest.MonkeyPatch,
     cpu_defaults: Path,
 ) -> None:
-    from eagletree.app import init_random_cli
+    from eagletree.app.cli import init_random as init_random_cli
 
     assert f"--draft {draft} --out checkpoints/{out}" in (EXAMPLES / example).read_text()
     # the examples name checkpoints relative to the file: ../checkpoints from examples/
@@ -252,7 +255,7 @@ def test_a_prompts_file_mixes_text_ids_and_chat_messages(
 
 def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
     from eagletree import __version__
-    from eagletree.app.cli import main
+    from eagletree.app.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--version"])

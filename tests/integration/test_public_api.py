@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from eagletree import Engine, EngineSettings, GenerationResult, SamplingParams
-from eagletree.app.run_settings import settings_for_run
-from tests.fakes import fake_engine_parts
+from eagletree.app.composition.container import build_engine
+from eagletree.app.composition.run_settings import settings_for_run
+from tests.fakes import fake_engine_parts, plain_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         settings = settings_for_run(
             EngineSettings(memory={"max_total_tokens": 2048}), notify=lambda _: None
         )
-        built = Engine.from_settings(settings)
+        built = build_engine(settings)
     with built:
         yield built
 
@@ -98,7 +99,7 @@ def test_closing_a_stream_early_aborts_its_requests_and_frees_their_slots(engine
 
 def test_close_aborts_what_is_left_and_refuses_new_work() -> None:
     runner, allocator = fake_engine_parts(pool_size=256, row_width=64)  # no checkpoint needed
-    engine = Engine.non_speculative(runner, allocator, max_context_len=48, max_running_requests=4)
+    engine = plain_engine(runner, allocator, max_context_len=48, max_running_requests=4)
     with engine:
         request = engine.submit([1, 2, 3], SamplingParams(max_new_tokens=20))
         engine.step()
@@ -126,27 +127,27 @@ def test_the_embedding_example_runs(
 def test_defaults_run_on_this_machine_given_only_a_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from eagletree.app.cli import main
+    from eagletree.app.cli.main import main
 
     for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
         monkeypatch.delenv(name)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as on a user's machine
     assert main(["init-random", "--arch", "llama", "--out", str(tmp_path)]) == 0
     settings = EngineSettings(model={"target_path": str(tmp_path / "target")})
-    with Engine.from_settings(settings) as engine:
+    with build_engine(settings) as engine:
         (result,) = engine.generate([[1, 2, 3]], max_new_tokens=3)
     assert 1 <= len(result.output_ids) <= 3
     assert engine.tokenizer is None and result.text is None  # init-random writes no tokenizer
 
 
 def test_init_random_can_write_a_tokenizer_that_the_engine_loads(tmp_path: Path) -> None:
-    from eagletree.app.cli import main
+    from eagletree.app.cli.main import main
 
     assert main(["init-random", "--arch", "llama", "--tokenizer", "--out", str(tmp_path)]) == 0
     settings = EngineSettings(
         model={"target_path": str(tmp_path / "target")}, memory={"max_total_tokens": 512}
     )
-    with Engine.from_settings(settings) as engine:
+    with build_engine(settings) as engine:
         assert engine.tokenizer is not None and engine.tokenizer.has_chat_template
         (result,) = engine.generate(["tree"], max_new_tokens=2)
     assert result.text == engine.tokenizer.decode(result.output_ids)

@@ -12,7 +12,7 @@ import torch
 
 from eagletree.adapters.models.token_map import read_token_map
 from eagletree.adapters.text.hf_tokenizer import load_tokenizer
-from eagletree.app.cli import main
+from eagletree.app.cli.main import main
 
 VOCAB = 300
 

@@ -15,17 +15,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagletree.adapters.models.eagle3 import Eagle3Draft
-from eagletree.adapters.models.loading import load_models
-from eagletree.adapters.models.random_checkpoint import ModelSizes, write_random_checkpoint
-from eagletree.app.cli import main
-from eagletree.app.training import acceptance
-from eagletree.app.training.acceptance_table import (
+from benchmarks.real_pair.speed import measure_speed
+from benchmarks.real_pair.table import (
     TableInputs,
     lookup_table,
     measure_head,
     shape_grid,
 )
+from benchmarks.real_pair.target import TargetSpec, TargetTraining, train_target
+from eagletree.adapters.models.eagle3 import Eagle3Draft
+from eagletree.adapters.models.loading import load_models
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import ModelSizes
+from eagletree.app.cli.main import main
+from eagletree.app.training import acceptance, acceptance_row
 from eagletree.app.training.corpus import build_corpus
 from eagletree.app.training.data import (
     ByteTokenizer,
@@ -34,14 +37,12 @@ from eagletree.app.training.data import (
     split_documents,
     tokenize,
 )
-from eagletree.app.training.draft_trainer import TrainOptions
-from eagletree.app.training.pair_speed import measure_speed
+from eagletree.app.training.options import TrainOptions
 from eagletree.app.training.target_features import HFTarget
-from eagletree.app.training.target_trainer import TargetSpec, TargetTraining, train_target
 
 SPEC = TargetSpec(vocab_size=256, hidden_size=64, intermediate_size=192, num_layers=3)
 DRAFT_VOCAB = 128
-SHAPES = [acceptance.TreeShape.chain(3), acceptance.TreeShape(3, 4, 8)]
+SHAPES = [acceptance_row.TreeShape.chain(3), acceptance_row.TreeShape(3, 4, 8)]
 NUM_PROMPTS, PROMPT_LEN, NEW_TOKENS = 6, 32, 32
 # Measured: trained heads reach 3.5 (EAGLE) and 3.7 (EAGLE-3) on chain S=3, random heads 1.0;
 # a flipped loss sign gives 1.0, EAGLE-3 without the unroll 2.0 (nothing past depth 1).
@@ -116,7 +117,7 @@ def random_head(pair: Pair, algorithm: str) -> Path:
     return draft
 
 
-def random_head_acceptance(pair: Pair, algorithm: str) -> list[acceptance.AcceptanceRow]:
+def random_head_acceptance(pair: Pair, algorithm: str) -> list[acceptance_row.AcceptanceRow]:
     prompts = held_out_prompts(pair)
     return acceptance.measure_acceptance(
         pair.target, random_head(pair, algorithm), algorithm, prompts, SHAPES, NEW_TOKENS, "cpu"
@@ -269,7 +270,7 @@ def test_the_acceptance_table_measures_chains_trees_fresh_contexts_and_sampling(
     contexts = prompt_windows(held_out_tokens(pair)[PROMPT_LEN // 2 :], 12, PROMPT_LEN)
     inputs = TableInputs(pair.target, prompts, reference, contexts, NEW_TOKENS, "cpu", seed=3)
     grid = shape_grid([3], [8], [4])
-    assert grid == [acceptance.TreeShape.chain(3), acceptance.TreeShape(3, 4, 8)]
+    assert grid == [acceptance_row.TreeShape.chain(3), acceptance_row.TreeShape(3, 4, 8)]
     table = measure_head(inputs, head, "eagle3", grid, budget_s=600)
     assert not table.not_measured
     assert [row.shape for row in table.greedy] == grid
@@ -301,7 +302,7 @@ def test_the_pairs_speed_rows_carry_the_heads_acceptance(pair: Pair, trained: Tr
     # races ahead, and must not run out of tokens before the second has its window's worth
     noise = random.Random(1).choices(range(256), k=PROMPT_LEN)
     prompts = [held_out_prompts(pair)[0], noise]
-    shapes = [None, acceptance.TreeShape.chain(3), acceptance.TreeShape(3, 4, 8)]
+    shapes = [None, acceptance_row.TreeShape.chain(3), acceptance_row.TreeShape(3, 4, 8)]
     rows = measure_speed(pair.target, head, "eagle3", shapes, prompts, [1, 2], 24, "cpu")
     assert [(r.config, r.batch_size) for r in rows] == [
         (label, bs) for label in ("plain", "chain S=3", "tree S=3 k=4 N=8") for bs in (1, 2)

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import torch
 
-from eagletree.adapters.kernels.triton import kv_move, kv_move_plan, kv_move_scratch
+from eagletree.adapters.kernels.triton import kv_move, kv_move_plan, kv_move_scratch, kv_move_table
 from eagletree.adapters.memory.raw_words import as_raw_words
 
 
@@ -74,11 +74,11 @@ class _Launch(NamedTuple):
 
     pairs_per_segment: int  # fixed segments of this many pairs; 0: the device segment plan
     num_segments: int
-    shape: kv_move.TileShape
+    shape: kv_move_table.TileShape
 
 
 class _PreparedBuffers(NamedTuple):
-    table: kv_move.RowTable
+    table: kv_move_table.RowTable
     mark: torch.Tensor  # (max_rows,) int32: which pair writes each slot (plan scratch)
     flag: torch.Tensor  # (1,) int32: 1 when the segment plan failed and the fallback moves
     owner: Sequence[torch.Tensor]  # the keyed sequence; holding it keeps every keyed id unique
@@ -123,7 +123,7 @@ class TritonRowMover:
         scratch_bytes: int = 256 << 20,
         tile_words: int | None = None,
         num_warps: int | None = None,
-        min_programs: int = kv_move.MIN_PROGRAMS,
+        min_programs: int = kv_move_table.MIN_PROGRAMS,
         debug_checks: bool = False,
         max_cached: int = 8,
     ) -> None:
@@ -199,7 +199,7 @@ class TritonRowMover:
         buffers: Sequence[torch.Tensor],
         num_moves: int,
         independent_groups: int | None = None,
-    ) -> tuple[tuple[int, int, int], kv_move.TileShape] | None:
+    ) -> tuple[tuple[int, int, int], kv_move_table.TileShape] | None:
         """Grid and tile shape of the one launch that moves ``num_moves`` pairs, or None when
         the move takes the device plan. For benchmarks and tests; builds the table if needed."""
         prepared = self._prepare(buffers)
@@ -239,8 +239,10 @@ class TritonRowMover:
             return num_moves
         return None
 
-    def _shape(self, table: kv_move.RowTable, pairs: int, num_segments: int) -> kv_move.TileShape:
-        return kv_move.tile_shape(
+    def _shape(
+        self, table: kv_move_table.RowTable, pairs: int, num_segments: int
+    ) -> kv_move_table.TileShape:
+        return kv_move_table.tile_shape(
             table,
             lanes=_next_pow2(pairs),
             num_segments=num_segments,
@@ -257,7 +259,7 @@ class TritonRowMover:
         if prepared is not None:
             self._prepared.move_to_end(key)
             return prepared
-        table = kv_move.build_row_table(tuple(buffers))
+        table = kv_move_table.build_row_table(tuple(buffers))
         device = buffers[0].device
         prepared = _PreparedBuffers(
             table=table,

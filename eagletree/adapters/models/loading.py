@@ -1,7 +1,7 @@
 """Adapter: build target models from checkpoint directories, and their drafts with them.
 
 Formats: HF ``LlamaForCausalLM`` and ``DeepseekV3ForCausalLM`` targets; the draft formats are
-``draft_loading``'s, whose names are importable from here too. Every tensor name may carry a
+``draft_loading``'s. Every tensor name may carry a
 leading ``model.``. Models are built on the meta device and filled in place
 (``model_building``), so no random initialisation is spent on multi-gigabyte weights. Merged
 projections (q/k/v, gate/up, MLA's q_a/kv_a) are filled from the checkpoint's separate tensors
@@ -27,21 +27,14 @@ from eagletree.adapters.models.config import ConfigReader, parse_llama_config, p
 from eagletree.adapters.models.deepseek_mla import DeepseekMLAForCausalLM
 from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.draft_loading import (
-    EAGLE3_ARCHITECTURES,
-    EAGLE_ARCHITECTURES,
-    MTP_ARCHITECTURES,
     DraftKind,
     DraftModel,
     eagle3_aux_layer_ids,
     load_draft,
-    load_eagle3_draft,
-    load_eagle_draft,
-    load_mtp_layers,
 )
 from eagletree.adapters.models.llama import LlamaForCausalLM
 from eagletree.adapters.models.model_building import (
     TargetModel,
-    default_fused_kernels,
     fused_or_default,
     materialize,
     strip_model_prefix,
@@ -126,24 +119,3 @@ def load_models(
         return LoadedModels(target, [])
     drafts = load_draft(draft_path, draft_kind, target, dtype, fused_kernels)
     return LoadedModels(target, drafts)
-
-
-__all__ = [  # the draft loaders and building helpers lived here; importers still name them here
-    "EAGLE3_ARCHITECTURES",
-    "EAGLE_ARCHITECTURES",
-    "MTP_ARCHITECTURES",
-    "TARGET_ARCHITECTURES",
-    "DraftKind",
-    "DraftModel",
-    "LoadedModels",
-    "TargetModel",
-    "default_fused_kernels",
-    "eagle3_aux_layer_ids",
-    "load_draft",
-    "load_eagle3_draft",
-    "load_eagle_draft",
-    "load_models",
-    "load_mtp_layers",
-    "load_target",
-    "materialize",
-]

@@ -2,7 +2,7 @@
 
 Tensor names and shapes come from the models themselves (built on the meta device), so what is
 written always loads; the sizes and ``config.json`` files are those of
-``random_checkpoint_config`` (whose names are importable from here too). Large checkpoints are
+``random_checkpoint_config``. Large checkpoints are
 written in shards with an index.
 """
 
@@ -35,24 +35,9 @@ from eagletree.adapters.models.random_checkpoint_config import (
     Draft,
     ModelSizes,
     draft_config,
-    sizes_with,
     target_config,
 )
 from eagletree.adapters.models.tensor_files import INDEX_FILE, module_tensors
-
-# the sizes and configs live in random_checkpoint_config.py; importers name them here too
-__all__ = [
-    "PRESETS",
-    "Arch",
-    "Draft",
-    "ModelSizes",
-    "checkpoint_layout",
-    "draft_config",
-    "save_checkpoint",
-    "sizes_with",
-    "target_config",
-    "write_random_checkpoint",
-]
 
 
 def _parse(config: dict[str, Any]) -> LlamaConfig | MLAConfig:

@@ -25,8 +25,9 @@ from eagletree.app.bench.measure import (
     step_until,
     synchronize,
 )
-from eagletree.app.engine import Engine
-from eagletree.domain.request import Request, RequestStatus, SamplingParams
+from eagletree.app.engine.loop import Engine
+from eagletree.domain.request import Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 
 
 def window_steps_bound(new_tokens: int, every: int, num_arrivals: int) -> int:

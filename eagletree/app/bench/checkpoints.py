@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from eagletree.app.default_checkpoint import cache_dir
+from eagletree.app.composition.default_checkpoint import cache_dir
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from eagletree.adapters.models.random_checkpoint import Arch
+    from eagletree.adapters.models.random_checkpoint_config import Arch
 
 DraftKind = Literal["eagle", "eagle3", "mtp"]
 # Bump when the writer or a preset changes, so that stale caches are not reused.
@@ -41,7 +41,8 @@ def ensure_preset_checkpoint(
     notify: Callable[[str], None] = print,
 ) -> tuple[Path, Path]:
     """``(target, draft)`` directories under ``root``, written (and announced) if missing."""
-    from eagletree.adapters.models.random_checkpoint import PRESETS, write_random_checkpoint
+    from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+    from eagletree.adapters.models.random_checkpoint_config import PRESETS
 
     if preset not in PRESETS:
         raise ConfigurationError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")

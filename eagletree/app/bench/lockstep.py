@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import Engine
+    from eagletree.app.engine.loop import Engine
 
 
 class Lockstep:

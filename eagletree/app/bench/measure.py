@@ -21,9 +21,10 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from eagletree.app.bench.device_gaps import DeviceGaps, device_gaps
 from eagletree.app.bench.lockstep import ALONE, Lockstep
-from eagletree.app.engine import Engine
+from eagletree.app.engine.loop import Engine
 from eagletree.domain.errors import EagleTreeError
-from eagletree.domain.request import Request, RequestStatus, SamplingParams
+from eagletree.domain.request import Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 
 PROFILE_WARMUP_STEPS = 1  # run under the profiler before the recorded ones, unrecorded
 

@@ -21,7 +21,8 @@ from eagletree.app.bench.arrivals import background_budget
 from eagletree.app.bench.checkpoints import DraftKind, ensure_preset_checkpoint
 from eagletree.app.bench.configs import BenchConfig
 from eagletree.app.bench.measure import token_budget
-from eagletree.config.settings import EngineSettings, SpeculativeSettings
+from eagletree.config.sections import SpeculativeSettings
+from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from eagletree.app.parallel_launch import with_parallel
+from eagletree.app.parallel.launch import with_parallel
 
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.report import ArrivalRow, BenchRow, HFRow
-    from eagletree.app.engine import Engine
+    from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
 
 
@@ -31,7 +31,7 @@ def measure_all(
     from eagletree.app.bench.plan import settings_for
     from eagletree.app.bench.progress import ProgressBar
     from eagletree.app.bench.report import with_break_even
-    from eagletree.app.data_parallel_router import route_by_load
+    from eagletree.app.parallel.router import route_by_load
 
     """Every configuration's engine, built in turn, measured at every batch size (or under
     arrivals), with transformers' generate beside the plain one if asked: (rows with their
@@ -139,15 +139,14 @@ def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> Arri
 def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep]:
     """This rank's engine of ``settings``, its data-parallel replica and how it steps."""
     from eagletree.app.bench.lockstep import ALONE, Lockstep
-    from eagletree.app.data_parallel import DataParallelEngine
-    from eagletree.app.engine import Engine
+    from eagletree.app.composition.container import build_data_parallel_engine, build_engine
 
     def progress(line: str) -> None:
         print(line, file=err)
 
     if settings.parallel.dp_size == 1:
-        return Engine.from_settings(settings, progress=progress), 0, ALONE
-    group = DataParallelEngine.from_settings(settings, progress=progress)
+        return build_engine(settings, progress=progress), 0, ALONE
+    group = build_data_parallel_engine(settings, progress=progress)
     groups = group.groups
     lockstep = Lockstep(groups.dp_group, groups.dp_size, groups.dp_rank)
     return group.engine, groups.dp_rank, lockstep
@@ -178,7 +177,7 @@ def _measure_hf(
     plan: BenchPlan, engine: Engine, args: argparse.Namespace, err: TextIO
 ) -> list[HFRow]:
     from eagletree.app.bench.hf_compare import load_hf_model, measure_hf
-    from eagletree.app.factories import torch_dtype
+    from eagletree.app.composition.factories import torch_dtype
 
     model = load_hf_model(plan.target, torch_dtype(plan.base.model.dtype), plan.base.model.device)
     rows = []

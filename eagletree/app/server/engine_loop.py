@@ -24,11 +24,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from eagletree.app.engine import Engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.streaming import OutputWatcher, StreamEvent
 from eagletree.app.server.lockstep import STOP, AbortCommand, StepCommand, SubmitCommand
 from eagletree.app.server.metrics import ServerMetrics
-from eagletree.app.streaming import OutputWatcher, StreamEvent
-from eagletree.domain.request import SamplingParams
+from eagletree.domain.sampling_params import SamplingParams
 
 logger = logging.getLogger("eagletree.server")
 

@@ -22,9 +22,10 @@ from typing import Final
 
 import torch.distributed as dist
 
-from eagletree.app.distributed import COLLECTIVE_TIMEOUT
-from eagletree.app.engine import Engine
-from eagletree.domain.request import Request, SamplingParams
+from eagletree.app.engine.loop import Engine
+from eagletree.app.parallel.process_group import COLLECTIVE_TIMEOUT
+from eagletree.domain.request import Request
+from eagletree.domain.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from eagletree.app.engine import Engine
-    from eagletree.app.streaming import StreamEvent
+    from eagletree.app.engine.loop import Engine
+    from eagletree.app.engine.streaming import StreamEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from eagletree.app.engine.streaming import StreamEvent
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.openai_choices import (
     Choice,
@@ -37,8 +38,7 @@ from eagletree.app.server.protocol import (
     now,
     openai_finish_reason,
 )
-from eagletree.app.streaming import StreamEvent
-from eagletree.domain.request import SamplingParams
+from eagletree.domain.sampling_params import SamplingParams
 
 DISCONNECT_POLL_S = 0.25
 

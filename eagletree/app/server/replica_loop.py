@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from eagletree.app.data_parallel_router import load_of, route_by_load
-from eagletree.app.engine import Engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.streaming import OutputWatcher, StreamEvent
+from eagletree.app.parallel.router import load_of, route_by_load
 from eagletree.app.server.engine_loop import EngineLoop, QueuedAbort, QueuedSubmit, Share, Sink
 from eagletree.app.server.lockstep import (
     STEP,
@@ -37,7 +38,6 @@ from eagletree.app.server.lockstep import (
     StepCommand,
 )
 from eagletree.app.server.metrics import EngineGauges, ServerMetrics
-from eagletree.app.streaming import OutputWatcher, StreamEvent
 from eagletree.domain.request import Request, RequestStatus
 
 

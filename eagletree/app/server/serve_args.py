@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eagletree.app.parallel_launch import add_parallel_flags
+from eagletree.app.parallel.launch import add_parallel_flags
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000

@@ -3,7 +3,7 @@
 Greedy (or sampled) continuations per tree shape (``measure_acceptance``); ``first_step_acceptance``
 measures one step from many fresh contexts instead, which no looping continuation inflates, and
 ``lookup_acceptance`` the model-free prompt-lookup baseline. Each gives an ``AcceptanceRow``
-(app/training/acceptance_row.py, whose names are importable from here too).
+(``acceptance_row``).
 """
 
 from __future__ import annotations
@@ -13,35 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagletree.app.engine import Engine
+from eagletree.app.composition.container import build_engine
 from eagletree.app.training.acceptance_row import (
     AcceptanceRow,
     TreeShape,
-    is_looping,
-    markdown_table,
-    match_rate,
-    merged,
-    per_depth_acceptance,
 )
 from eagletree.app.training.prompt_lookup import LookupDrafter, simulate
 from eagletree.config.settings import EngineSettings
-from eagletree.domain.request import AcceptanceStats, SamplingParams
-
-# the rows and their statistics live in app/training/acceptance_row.py; importers name them here
-__all__ = [
-    "AcceptanceRow",
-    "TreeShape",
-    "engine_settings",
-    "first_step_acceptance",
-    "is_looping",
-    "lookup_acceptance",
-    "markdown_table",
-    "match_rate",
-    "measure_acceptance",
-    "merged",
-    "per_depth_acceptance",
-    "plain_outputs",
-]
+from eagletree.domain.acceptance_stats import AcceptanceStats
+from eagletree.domain.sampling_params import SamplingParams
 
 
 def engine_settings(
@@ -93,7 +73,7 @@ def plain_outputs(
 ) -> list[list[int]]:
     context = _context(prompts, max_new_tokens)
     settings = engine_settings(target, None, "none", None, device, context, backend, dtype=dtype)
-    engine = Engine.from_settings(settings)
+    engine = build_engine(settings)
     return [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new_tokens)]
 
 
@@ -128,7 +108,7 @@ def measure_acceptance(
         settings = engine_settings(
             target, draft, algorithm, shape, device, context, backend, dtype=dtype
         )
-        engine = Engine.from_settings(settings)
+        engine = build_engine(settings)
         started = time.perf_counter()
         results = engine.generate(
             prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed
@@ -177,7 +157,7 @@ def first_step_acceptance(
         backend,
         max_running_requests,
     )
-    engine = Engine.from_settings(settings)
+    engine = build_engine(settings)
     engine.eos_token_ids = frozenset()
     started = time.perf_counter()
     requests = [engine.submit(c, SamplingParams(max_new_tokens=new_tokens)) for c in contexts]

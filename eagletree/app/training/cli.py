@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eagletree.app.training.acceptance import TreeShape
+from eagletree.app.training.acceptance_row import TreeShape
 from eagletree.app.training.data import add_data_argument
 from eagletree.app.training.objective import LossWeights
 from eagletree.domain.errors import ConfigurationError
@@ -78,8 +78,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from eagletree.app.training.acceptance import markdown_table
-    from eagletree.app.training.draft_trainer import TrainOptions, train_draft
+    from eagletree.app.training.acceptance_row import markdown_table
+    from eagletree.app.training.draft_trainer import train_draft
+    from eagletree.app.training.options import TrainOptions
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.max_steps is None and args.max_minutes is None:

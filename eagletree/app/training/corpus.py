@@ -19,7 +19,7 @@ from eagletree.app.training.data import (
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from eagletree.app.training.draft_trainer import TrainOptions
+    from eagletree.app.training.options import TrainOptions
     from eagletree.app.training.target_features import HFTarget
 
 GENERATION_BATCH = 16

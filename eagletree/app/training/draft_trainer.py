@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,9 +20,8 @@ from torch import nn
 
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.stack import default_aux_layer_ids
-from eagletree.app.training import acceptance
+from eagletree.app.training import acceptance, acceptance_row
 from eagletree.app.training.checkpoint import (
-    Algorithm,
     draft_config,
     head_shape,
     latest_checkpoint,
@@ -34,7 +33,8 @@ from eagletree.app.training.checkpoint import (
 from eagletree.app.training.corpus import Corpus, build_corpus
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
-from eagletree.app.training.objective import LossWeights, Objective
+from eagletree.app.training.objective import Objective
+from eagletree.app.training.options import TrainOptions
 from eagletree.app.training.progress import ProgressLine
 from eagletree.app.training.target_features import HFTarget
 from eagletree.app.training.vocab import VocabMap, choose_draft_vocab, token_counts, vocab_map
@@ -43,46 +43,13 @@ from eagletree.domain.errors import ConfigurationError
 MIN_LR_RATIO = 0.1  # the cosine schedule ends at a tenth of the peak
 
 
-@dataclass(frozen=True, slots=True)
-class TrainOptions:
-    target: Path
-    algorithm: Algorithm
-    data: tuple[Path, ...]
-    out: Path
-    max_steps: int | None = 1000
-    max_minutes: float | None = None
-    seed: int = 0
-    device: str = "cpu"
-    batch_size: int = 8
-    seq_len: int = 256
-    grad_accum: int = 1
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 20
-    grad_clip: float = 0.5
-    unroll_steps: int = 3
-    loss: LossWeights = field(default_factory=LossWeights)
-    num_layers: int = 1
-    draft_vocab_size: int | None = None
-    held_out_fraction: float = 0.05
-    checkpoint_every: int = 0
-    resume: bool = False
-    self_distill_prompts: int = 0
-    self_distill_tokens: int = 0
-    prompt_len: int = 32
-    eval_prompts: int = 8
-    eval_new_tokens: int = 64
-    eval_shapes: tuple[acceptance.TreeShape, ...] = (acceptance.TreeShape.chain(3),)
-    log_every: int = 50
-
-
 @dataclass(slots=True)
 class TrainReport:
     steps: int
     losses: list[float]
     accuracy: tuple[float, ...]
     seconds: float
-    acceptance: list[acceptance.AcceptanceRow]
+    acceptance: list[acceptance_row.AcceptanceRow]
     out: Path
 
 
@@ -249,7 +216,7 @@ class DraftTrainer:
         _write_report(report, options)
         return report
 
-    def evaluate(self) -> list[acceptance.AcceptanceRow]:
+    def evaluate(self) -> list[acceptance_row.AcceptanceRow]:
         options = self.options
         if not options.eval_prompts or not options.eval_shapes:
             return []
@@ -288,7 +255,7 @@ def _write_report(report: TrainReport, options: TrainOptions) -> None:
     }
     (options.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     if report.acceptance:
-        (options.out / "acceptance.md").write_text(acceptance.markdown_table(report.acceptance))
+        (options.out / "acceptance.md").write_text(acceptance_row.markdown_table(report.acceptance))
 
 
 def train_draft(options: TrainOptions, stream: TextIO | None = None) -> TrainReport:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.forward_batches import to_device
-from eagletree.app.sampler import SamplingInputs, sampling_rows
+from eagletree.app.engine.host_copy import to_device
+from eagletree.app.workers.sampler import SamplingInputs, sampling_rows
 
 if TYPE_CHECKING:
     from eagletree.domain.request import Request

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagletree.app.forward_batches import to_device
+from eagletree.app.engine.host_copy import to_device
 from eagletree.domain.request import Request
 
 

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.forward_batches import to_device
-from eagletree.app.sampler import sampling_inputs
-from eagletree.app.scheduler import free_window_tail
+from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.scheduler import free_window_tail
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
-from eagletree.app.workers.step import StepOutput, speculative_step
+from eagletree.app.workers.sampler import sampling_inputs
+from eagletree.app.workers.step import speculative_step
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
 from eagletree.app.workers.verifier import Verification
@@ -36,7 +37,7 @@ from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.memory import TokenSlotAllocator
     from eagletree.ports.model import DraftRunner, ModelRunner

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_state import DecodeWindow
-from eagletree.app.workers.step import StepOutput, speculative_step
+from eagletree.app.workers.step import speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
@@ -37,7 +38,7 @@ from eagletree.domain.compaction import compact_rows
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import DraftRunner, ModelRunner
 

@@ -27,22 +27,23 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.forward_batches import BatchBuilder
-from eagletree.app.sampler import sample_next_tokens, sampling_inputs
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.draft_state import DecodeWindow
+from eagletree.app.workers.forward_batches import BatchBuilder
 from eagletree.app.workers.mtp_chain import MtpLayerChain
 from eagletree.app.workers.mtp_extend import fixed_extend_batch, ragged_extend_batch
 from eagletree.app.workers.mtp_state import MtpStateStore
-from eagletree.app.workers.step import StepOutput, prefill_output, speculative_step
+from eagletree.app.workers.sampler import sample_next_tokens, sampling_inputs
+from eagletree.app.workers.step import prefill_output, speculative_step
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.verifier import TreeVerifier, Verification
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.batch import ForwardBatch
     from eagletree.domain.request import Request
     from eagletree.domain.verify import VerifyResult

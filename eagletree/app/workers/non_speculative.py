@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.forward_batches import BatchBuilder, to_device
-from eagletree.app.sampler import sample_next_tokens, sample_tokens
+from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
-from eagletree.app.workers.step import StepOutput
+from eagletree.app.workers.forward_batches import BatchBuilder
+from eagletree.app.workers.sampler import sample_next_tokens, sample_tokens
 from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from eagletree.app.scheduler import SchedulePlan
+    from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
     from eagletree.ports.model import ModelRunner
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from eagletree.app.forward_batches import BatchBuilder
-from eagletree.app.sampler import sample_next_tokens
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore
-from eagletree.app.workers.step import StepOutput, prefill_output
+from eagletree.app.workers.forward_batches import BatchBuilder
+from eagletree.app.workers.sampler import sample_next_tokens
+from eagletree.app.workers.step import prefill_output
 from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.app.workers.verifier import TreeVerifier
 

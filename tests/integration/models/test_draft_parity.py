@@ -20,8 +20,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from eagletree.adapters.models.draft_loading import load_draft
 from eagletree.adapters.models.eagle3 import Eagle3Draft
-from eagletree.adapters.models.loading import load_draft, load_target
+from eagletree.adapters.models.loading import load_target
 from eagletree.adapters.models.runner import DraftModelRunner
 from tests.integration.models.harness import (
     BACKENDS,

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from eagletree.adapters.models.loading import load_models
-from eagletree.adapters.models.random_checkpoint import PRESETS, write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import PRESETS
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from tests.conftest import requires_cuda
 from tests.integration.models.harness import (

@@ -12,22 +12,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagletree.adapters.models.draft_loading import DraftKind, DraftModel, load_draft
 from eagletree.adapters.models.eagle import EagleDraft
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.llama import LlamaDecoderLayer, LlamaForCausalLM
-from eagletree.adapters.models.loading import (
-    DraftKind,
-    DraftModel,
-    load_draft,
-    load_models,
-    load_target,
-)
+from eagletree.adapters.models.loading import load_models, load_target
 from eagletree.adapters.models.mtp import MTPLayer
-from eagletree.adapters.models.random_checkpoint import (
-    Arch,
-    ModelSizes,
-    write_random_checkpoint,
-)
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.tensor_files import module_tensors
 from eagletree.domain.errors import ConfigurationError

@@ -9,16 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagletree.adapters.models.loading import DraftKind, load_models, load_target
-from eagletree.adapters.models.random_checkpoint import (
-    PRESETS,
-    Arch,
-    ModelSizes,
-    checkpoint_layout,
-    write_random_checkpoint,
-)
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.loading import load_models, load_target
+from eagletree.adapters.models.random_checkpoint import checkpoint_layout, write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import PRESETS, Arch, ModelSizes
 from eagletree.adapters.models.runner import TargetModelRunner
-from eagletree.app import init_random_cli
+from eagletree.app.cli import init_random as init_random_cli
 from tests.integration.models.harness import Memory, Requests, random_prompts, relative_error
 
 TINY = [

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.layers import PreNormDecoderLayer
-from eagletree.adapters.models.loading import TargetModel
-from eagletree.app.container import build_engine_container
-from eagletree.app.data_parallel import DataParallelEngine
-from eagletree.app.scheduler import SchedulePlan, StepPhases
+from eagletree.adapters.models.model_building import TargetModel
+from eagletree.app.composition.container import build_engine_container
+from eagletree.app.engine.plan import SchedulePlan, StepPhases
+from eagletree.app.parallel.data_parallel import DataParallelEngine
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 

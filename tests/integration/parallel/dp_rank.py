@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from eagletree.app.data_parallel import DataParallelEngine
+from eagletree.app.composition.container import build_data_parallel_engine
 from eagletree.config.settings import EngineSettings
 
 
@@ -27,7 +27,7 @@ def run_cases(
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
     for name, (options, sampling) in cases.items():
-        with DataParallelEngine.from_settings(EngineSettings(**options)) as engine:
+        with build_data_parallel_engine(EngineSettings(**options)) as engine:
             try:
                 engine.generate([*prompts, bad_prompt], **sampling)
                 refused = None
@@ -53,7 +53,7 @@ def fail_mid_generation_on_rank_one(
     """Rank 1's engine raises at its third step; rank 0 then waits for it at the next
     lockstep exchange (a hang without the group's end)."""
     torch.set_num_threads(1)
-    engine = DataParallelEngine.from_settings(EngineSettings(**options))
+    engine = build_data_parallel_engine(EngineSettings(**options))
     if rank == 1:
         step, calls = engine.engine.step, [0]
 
@@ -73,7 +73,7 @@ def die_mid_generation_on_rank_one(
     """Rank 1's process ends at its third step without a Python error (as a killed process
     does); rank 0 then waits for it at the next lockstep exchange."""
     torch.set_num_threads(1)
-    engine = DataParallelEngine.from_settings(EngineSettings(**options))
+    engine = build_data_parallel_engine(EngineSettings(**options))
     if rank == 1:
         step, calls = engine.engine.step, [0]
 

@@ -11,21 +11,21 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from eagletree.app import distributed
+from eagletree.app.parallel import process_group
 
 LATE_S = 1.5  # rank 1 reaches the teardown this much after rank 0
 
 
 def main(out_dir: str) -> None:
-    distributed.join_launched_group()
-    rank = distributed.group_rank()
+    process_group.join_launched_group()
+    rank = process_group.group_rank()
     dist.new_group(backend="gloo")
     if rank == 1:
         time.sleep(LATE_S)
     arrived = time.time()
-    distributed.leave_group(together=True)
+    process_group.leave_group(together=True)
     left = time.time()
-    state = {"arrived": arrived, "left": left, "in_group": distributed.in_process_group()}
+    state = {"arrived": arrived, "left": left, "in_group": process_group.in_process_group()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(state))
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from eagletree.app import bench_cli
-from eagletree.app.data_parallel_router import route_by_load
+from eagletree.app.bench import cli as bench_cli
+from eagletree.app.parallel.router import route_by_load
 
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
@@ -27,7 +27,7 @@ PROMPT_LEN = 8
 
 def test_bench_with_tp_2_measures_on_two_ranks_and_reports_once(tmp_path: Path) -> None:
     command = [
-        sys.executable, "-m", "eagletree.app.cli", "bench", "--tp", "2",
+        sys.executable, "-m", "eagletree.app.cli.main", "bench", "--tp", "2",
         "--preset", "tiny", "--checkpoint-dir", str(tmp_path / "checkpoint"),
         "--device", "cpu", "--attention", "torch", "--kv-move", "torch",
         "--configs", "plain", "tree:S2,k2,N3", "--batch-sizes", "2",
@@ -54,7 +54,7 @@ def test_bench_with_tp_2_measures_on_two_ranks_and_reports_once(tmp_path: Path) 
 def test_bench_with_dp_2_measures_the_batch_over_both_replicas(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     common = [
-        sys.executable, "-m", "eagletree.app.cli", "bench",
+        sys.executable, "-m", "eagletree.app.cli.main", "bench",
         "--preset", "tiny", "--checkpoint-dir", str(tmp_path / "checkpoint"),
         "--device", "cpu", "--attention", "torch", "--kv-move", "torch",
         "--configs", "plain", "tree:S2,k2,N3", "--batch-sizes", "1", "3",

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch, write_random_checkpoint
-from eagletree.app.distributed import RankFailed, spawn_ranks
-from eagletree.app.engine import Engine
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch
+from eagletree.app.parallel.spawned_group import RankFailed, spawn_ranks
 from tests.integration.parallel.dp_rank import (
     die_mid_generation_on_rank_one,
     fail_mid_generation_on_rank_one,
@@ -33,6 +33,7 @@ from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
+from eagletree.app.composition.container import build_engine
 from eagletree.config.settings import EngineSettings
 
 # 60 prompt tokens leave 4 of the 64-token context: that request ends first
@@ -81,7 +82,7 @@ def dp_results(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> l
 def test_two_data_parallel_ranks_return_the_single_process_tokens_in_prompt_order(
     name: str, checkpoints: Path, dp_results: list[Any]
 ) -> None:
-    single = Engine.from_settings(EngineSettings(**dp_options(name, checkpoints, dp_size=1)))
+    single = build_engine(EngineSettings(**dp_options(name, checkpoints, dp_size=1)))
     expected = [r.output_ids for r in single.generate(PROMPTS, **sampling(name))]
     rank0, rank1 = (results[name] for results in dp_results)
     assert rank0["outputs"] == expected

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch
-from eagletree.app.distributed import spawn_ranks
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.random_checkpoint_config import Arch
+from eagletree.app.parallel.spawned_group import spawn_ranks
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.parallel.dense_dp_rank import dense_parameter_count, run_dense_cases
 from tests.integration.parallel.test_tensor_parallel import SIZES, TREE, write_case_checkpoints
@@ -26,7 +26,7 @@ from tests.integration.spec.harness import ragged_prompts
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
-from eagletree.app.container import build_engine_container
+from eagletree.app.composition.container import build_engine_container
 from eagletree.config.settings import EngineSettings
 
 # the router puts [60, 4] on rank 0 and [58, 3, 5] on rank 1; with two running requests a rank,

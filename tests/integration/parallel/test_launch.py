@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.app import generate_cli
-from eagletree.app.distributed import free_port
+from eagletree.app.cli import generate as generate_cli
+from eagletree.app.parallel.process_group import free_port
 from tests.integration.parallel.test_tensor_parallel import SIZES
 from tests.integration.spec.harness import WEIGHT_STD
 
@@ -45,7 +45,15 @@ def generate(
     tp: int, target: Path, draft: Path, *options: str, torchrun: bool = False, dp: int = 1
 ) -> list[list[int]]:
     env = {**os.environ, **settings_env(target, draft)}
-    command = [sys.executable, "-m", "eagletree.app.cli", "generate", "--tp", str(tp), "--json"]
+    command = [
+        sys.executable,
+        "-m",
+        "eagletree.app.cli.main",
+        "generate",
+        "--tp",
+        str(tp),
+        "--json",
+    ]
     command += ["--dp", str(dp)]
     if torchrun:  # torchrun starts the ranks; each joins its group
         launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(tp * dp)]

@@ -1,4 +1,4 @@
-"""``distributed.leave_group(together=True)`` under torchrun: no rank tears its groups down
+"""``process_group.leave_group(together=True)`` under torchrun: no rank tears its groups down
 before every rank has reached the teardown, and afterwards none is left in a group (a rank
 that exits with its gloo groups alive, or tears them down under a peer still using them, can
 abort at exit)."""
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eagletree.app.distributed import free_port
+from eagletree.app.parallel.process_group import free_port
 from tests.integration.parallel.leave_rank import LATE_S
 
 ROOT = Path(__file__).resolve().parents[3]

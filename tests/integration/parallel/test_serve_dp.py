@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from eagletree.app.engine import Engine
-from eagletree.app.run_settings import load_settings, settings_for_run
+from eagletree.app.composition.container import build_engine
+from eagletree.app.composition.run_settings import load_settings, settings_for_run
 from tests.integration.parallel.test_launch import settings_env
 from tests.integration.parallel.test_serve_tp import (
     MAX_TOKENS,
@@ -51,7 +51,7 @@ def reference(checkpoints: tuple[Path, Path]) -> dict[tuple[int, ...], tuple[str
             patch.setenv(name, value)
         settings = settings_for_run(load_settings(None), lambda _: None)
     prompts = [*PROMPTS, STREAMED]
-    with Engine.from_settings(settings) as engine:
+    with build_engine(settings) as engine:
         results = engine.generate(prompts, max_new_tokens=MAX_TOKENS)
     answers = {}
     for prompt, result in zip(prompts, results, strict=True):

@@ -25,7 +25,7 @@ import torch
 
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
-from eagletree.app.distributed import free_port
+from eagletree.app.parallel.process_group import free_port
 from tests.integration.parallel.test_launch import settings_env
 from tests.integration.parallel.test_tensor_parallel import SIZES
 from tests.integration.spec.harness import WEIGHT_STD
@@ -74,7 +74,14 @@ class Launch:
         self.log = log
         env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLETREE_")}
         env.update(settings_env(*checkpoints), PYTHONPATH=str(ROOT))
-        command = [sys.executable, "-m", "eagletree.app.cli", "serve", "--port", str(self.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "eagletree.app.cli.main",
+            "serve",
+            "--port",
+            str(self.port),
+        ]
         command += ["--served-model-name", MODEL]
         if torchrun:  # torchrun starts the ranks; each joins its group
             launcher = ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]

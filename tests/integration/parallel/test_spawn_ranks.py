@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from eagletree.app.distributed import RankFailed, spawn_ranks
+from eagletree.app.parallel.spawned_group import RankFailed, spawn_ranks
 from tests.integration.parallel.tp_rank import fail_on_rank_one, hang_on_rank_one
 
 

@@ -16,18 +16,18 @@ from typing import Any
 import pytest
 import torch
 
+from eagletree.adapters.models.draft_loading import DraftKind
 from eagletree.adapters.models.eagle import EagleDraft
-from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
-from eagletree.app.distributed import spawn_ranks
-from eagletree.app.engine import Engine
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
+from eagletree.app.parallel.spawned_group import spawn_ranks
 from tests.integration.parallel.tp_rank import run_cases
 from tests.integration.spec.harness import WEIGHT_STD, ragged_prompts
 
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
-from eagletree.app.container import build_engine_container
+from eagletree.app.composition.container import build_engine, build_engine_container
 from eagletree.config.settings import EngineSettings
 
 SIZES = ModelSizes(
@@ -121,7 +121,7 @@ def tp_results(checkpoints: Path, tmp_path_factory: pytest.TempPathFactory) -> l
 def test_two_tensor_parallel_ranks_emit_the_single_process_tokens(
     name: str, checkpoints: Path, tp_results: list[Any]
 ) -> None:
-    single = Engine.from_settings(EngineSettings(**case_options(name, checkpoints, tp_size=1)))
+    single = build_engine(EngineSettings(**case_options(name, checkpoints, tp_size=1)))
     expected = [r.output_ids for r in single.generate(PROMPTS, **generate_options(name))]
     rank0, rank1 = (results[name] for results in tp_results)
     assert rank0["outputs"] == expected

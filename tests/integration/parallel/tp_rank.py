@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from eagletree.adapters.models.eagle import EagleDraft
-from eagletree.app.container import build_engine_container
+from eagletree.app.composition.container import build_engine_container
 from eagletree.config.settings import EngineSettings
 
 

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from eagletree import Engine
-from eagletree.app.process_group import free_port
-from eagletree.app.run_settings import load_settings, settings_for_run
+from eagletree.app.composition.container import build_engine
+from eagletree.app.composition.run_settings import load_settings, settings_for_run
+from eagletree.app.parallel.process_group import free_port
 
 # The serve extra and the openai client are absent on the GPU machine: collect nothing there.
 if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn", "openai")):
@@ -81,7 +82,7 @@ def server(server_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     log = tmp_path_factory.mktemp("serve-log") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLETREE_")}
     env.update(SERVER_ENV, XDG_CACHE_HOME=str(server_cache), PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "eagletree.app.cli", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "eagletree.app.cli.main", "serve", "--port", str(port)]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink)
     handle = Server(f"http://127.0.0.1:{port}", process, log)
@@ -122,7 +123,7 @@ def server_engine(server_cache: Path) -> Engine:
         for name, value in SERVER_ENV.items():
             patch.setenv(name, value)
         patch.setenv("XDG_CACHE_HOME", str(server_cache))
-        return Engine.from_settings(settings_for_run(load_settings(None), lambda _: None))
+        return build_engine(settings_for_run(load_settings(None), lambda _: None))
 
 
 @pytest.fixture

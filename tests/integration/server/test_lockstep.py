@@ -7,10 +7,11 @@ from __future__ import annotations
 import threading
 
 from eagletree import Engine
+from eagletree.app.engine.streaming import StreamEvent
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.lockstep import STOP, StepCommand, SubmitCommand, follow
-from eagletree.app.streaming import StreamEvent
-from eagletree.domain.request import Request, SamplingParams
+from eagletree.domain.request import Request
+from eagletree.domain.sampling_params import SamplingParams
 
 WAIT_S = 60.0
 

@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from eagletree import Engine
+from eagletree.app.engine.streaming import StreamEvent
 from eagletree.app.server.lockstep import STOP, PlacedSubmit, StepCommand
 from eagletree.app.server.replica_loop import (
     DataParallelLoop,
@@ -19,8 +20,8 @@ from eagletree.app.server.replica_loop import (
     ReplicaReport,
     follow_replica,
 )
-from eagletree.app.streaming import StreamEvent
-from eagletree.domain.request import FinishReason, SamplingParams
+from eagletree.domain.request import FinishReason
+from eagletree.domain.sampling_params import SamplingParams
 
 WAIT_S = 60.0
 PROMPTS = ([1, 40, 41, 42], [7, 8], [3, 30, 31], [9, 90, 91, 92, 93])

@@ -12,11 +12,14 @@ import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel, load_models
-from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
+from eagletree.adapters.models.draft_loading import DraftKind, DraftModel
+from eagletree.adapters.models.loading import load_models
+from eagletree.adapters.models.model_building import TargetModel
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
-from eagletree.app.engine import Engine
-from eagletree.app.scheduler import PrefillStep
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.tree import TreeMaskMode

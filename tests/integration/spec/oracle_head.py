@@ -26,14 +26,15 @@ from typing import TYPE_CHECKING
 import torch
 from dependency_injector import providers
 
-from eagletree.adapters.models import loading
+from eagletree.adapters.models import draft_loading
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
+    from eagletree.adapters.models.draft_loading import DraftKind, DraftModel
     from eagletree.adapters.models.layers import AttentionContext
-    from eagletree.adapters.models.loading import DraftKind, DraftModel, TargetModel
+    from eagletree.adapters.models.model_building import TargetModel
     from eagletree.adapters.models.stack import KVLayout
-    from eagletree.app.container import Container
+    from eagletree.app.composition.container import Container
 
 ON_PATH_LOGIT = 20.0  # the topk proposals of an on-path row share almost all probability
 RANK_STEP = 0.01  # keeps the proposals' probabilities distinct (no exact ties)
@@ -151,7 +152,7 @@ def install_oracle_heads(
     def load_oracle_draft(
         path: str, kind: DraftKind, target: TargetModel, dtype: torch.dtype
     ) -> list[OracleHead]:
-        loaded = loading.load_draft(path, kind, target, dtype)
+        loaded = draft_loading.load_draft(path, kind, target, dtype)
         oracles = [OracleHead(h, sequence_of_row, topk, i) for i, h in enumerate(loaded)]
         heads.extend(oracles)
         return oracles

@@ -20,11 +20,14 @@ from eagletree.adapters.memory.row_movers import TorchRowMover
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import KVLayout, MHALayout
-from eagletree.app.engine import Engine
-from eagletree.app.scheduler import PrefillStep, SchedulePlan, free_window_tail
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.scheduler import PrefillStep, free_window_tail
+from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
-from eagletree.app.workers.step import StepOutput
-from eagletree.domain.request import FinishReason, Request, SamplingParams
+from eagletree.domain.request import FinishReason, Request
+from eagletree.domain.sampling_params import SamplingParams
 from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner
 from tests.conftest import requires_triton
@@ -513,13 +516,13 @@ def test_settings_with_page_size_4_and_a_tree_run_v1_end_to_end(
     common = {"model": model, "backend": {"attention": "torch", "kv_move": "torch"}}
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
     prompts = prompts_for(3, seed=70)
-    plain = Engine.from_settings(EngineSettings(**common, memory=memory))
+    plain = build_engine(EngineSettings(**common, memory=memory))
     expected = greedy_outputs(plain, prompts, 10)
     settings = EngineSettings(
         **common,
         memory={**memory, "page_size": 4},
         speculative={"algorithm": "eagle", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8},
     )
-    engine = Engine.from_settings(settings)
+    engine = build_engine(settings)
     assert greedy_outputs(engine, prompts, 10) == expected
     assert engine.stats.acceptance is not None

@@ -16,16 +16,19 @@ import pytest
 import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
-from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch, write_random_checkpoint
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
 from eagletree.adapters.models.stack import MHALayout
-from eagletree.app.scheduler import SchedulePlan
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.plan import SchedulePlan
 from eagletree.domain.batch import DraftDecodeSpec, ForwardBatch, ForwardMode
 from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.model_output import ModelOutput
-from eagletree.domain.request import FinishReason, SamplingParams
+from eagletree.domain.request import FinishReason
 from eagletree.domain.sampling import probs_from_logits
+from eagletree.domain.sampling_params import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner
@@ -680,7 +683,6 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
 ) -> None:
     pytest.importorskip("pydantic_settings")
     pytest.importorskip("dependency_injector")
-    from eagletree.app.engine import Engine
     from eagletree.config.settings import EngineSettings
 
     case = SETTINGS_CASES[name]
@@ -690,10 +692,10 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
     backend = {"attention": "torch", "kv_move": "torch"}
     memory = {"max_total_tokens": 1024, "max_running_requests": 4}
     model = {"target_path": target_path, "device": str(device), "dtype": "float32"}
-    plain = Engine.from_settings(EngineSettings(model=model, backend=backend, memory=memory))
+    plain = build_engine(EngineSettings(model=model, backend=backend, memory=memory))
     assert plain.overlap is (device.type == "cuda")  # auto: the plain worker runs ahead on CUDA
     overlap = case.worker != "EagleWorkerV1"  # "on" is kept for the v2 workers, even on the CPU
-    engine = Engine.from_settings(
+    engine = build_engine(
         EngineSettings(
             model={**model, "draft_path": draft_path},
             speculative={"algorithm": case.kind, **case.speculative},
@@ -714,7 +716,7 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
 
 def test_generate_prints_the_mean_acceptance_length_and_the_histogram(tmp_path: Path) -> None:
     pytest.importorskip("pydantic_settings")
-    from eagletree.app import generate_cli
+    from eagletree.app.cli import generate as generate_cli
 
     target_path, draft_path = random_checkpoints(tmp_path, "llama", "eagle")
     settings_file = tmp_path / "settings.toml"

@@ -15,14 +15,17 @@ import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.adapters.models.random_checkpoint import sizes_with
+from eagletree.adapters.models.random_checkpoint_config import sizes_with
 from eagletree.adapters.models.runner import DraftModelRunner, TargetModelRunner
-from eagletree.app.engine import Engine
-from eagletree.app.scheduler import PrefillStep, SchedulePlan
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
-from eagletree.domain.request import FinishReason, SamplingParams
+from eagletree.domain.request import FinishReason
+from eagletree.domain.sampling_params import SamplingParams
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool, ReqToTokenPool
 from eagletree.ports.model import DraftRunner
@@ -546,14 +549,14 @@ def test_settings_with_mtp_on_a_target_with_two_mtp_layers_run_the_multi_layer_w
         "memory": {"max_total_tokens": 1024, "max_running_requests": 4},
     }
     prompts = prompts_for([3, 6, 1], seed=70)
-    plain = Engine.from_settings(EngineSettings(**common, model={**model, "max_context_len": 64}))
+    plain = build_engine(EngineSettings(**common, model={**model, "max_context_len": 64}))
     expected = greedy_outputs(plain, prompts, 10)
     settings = EngineSettings(
         **common,
         model={**model, "draft_path": str(draft_dir), "max_context_len": 64},
         speculative={"algorithm": "mtp", "num_steps": 2, "eagle_topk": 1, "num_draft_tokens": 3},
     )
-    engine = Engine.from_settings(settings)
+    engine = build_engine(settings)
     assert greedy_outputs(engine, prompts, 10) == expected
     assert engine.stats.acceptance is not None
 

@@ -14,14 +14,16 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.adapters.models.random_checkpoint import ModelSizes, sizes_with
-from eagletree.app.engine import Engine
-from eagletree.app.engine_reports import GenerationResult
-from eagletree.app.scheduler import SchedulePlan
+from eagletree.adapters.models.random_checkpoint_config import ModelSizes, sizes_with
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.reports import GenerationResult
 from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
-from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.conftest import requires_cuda
 from tests.integration.spec.harness import (
@@ -266,7 +268,7 @@ def test_settings_with_overlap_on_run_the_plain_worker_ahead(tmp_path: Path) -> 
         settings = EngineSettings(
             model=model, backend=backend, memory=memory, scheduler={"overlap": overlap}
         )
-        engine = Engine.from_settings(settings)
+        engine = build_engine(settings)
         assert engine.overlap is (overlap == "on")
         assert engine._worker.reserve_per_step == (2 if overlap == "on" else 1)
         runs.append([r.output_ids for r in engine.generate(prompts, MAX_NEW)])

@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.adapters.models.random_checkpoint import sizes_with
-from eagletree.app.engine import Engine
-from eagletree.app.scheduler import PrefillStep, SchedulePlan
-from eagletree.app.workers.step import StepOutput
-from eagletree.domain.request import RequestStatus, SamplingParams
+from eagletree.adapters.models.random_checkpoint_config import sizes_with
+from eagletree.app.composition.container import build_engine
+from eagletree.app.engine.loop import Engine
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.scheduler import PrefillStep
+from eagletree.app.engine.worker import StepOutput
+from eagletree.domain.request import RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,
@@ -185,7 +188,7 @@ def test_settings_carry_prefill_step_to_the_scheduler(tmp_path: Path) -> None:
             memory={"max_total_tokens": 512, "max_running_requests": 2},
             scheduler={"prefill_step": prefill_step},
         )
-        engine = Engine.from_settings(settings)
+        engine = build_engine(settings)
         assert engine.scheduler.prefill_step == prefill_step
         outputs.append([r.output_ids for r in engine.generate(prompts, 6)])
     assert outputs[0] == outputs[1]

@@ -20,12 +20,13 @@ from typing import Any
 import pytest
 import torch
 
-from eagletree.adapters.models.loading import DraftKind
-from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
-from eagletree.app.container import build_engine_container
-from eagletree.app.engine import Engine
-from eagletree.app.platform import resolve_platform
-from eagletree.domain.request import SamplingParams
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
+from eagletree.app.composition.container import build_engine_container
+from eagletree.app.composition.platform import resolve_platform
+from eagletree.app.engine.loop import Engine
+from eagletree.domain.sampling_params import SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import WEIGHT_STD, greedy_outputs, ragged_prompts
 from tests.integration.spec.oracle_head import install_oracle_heads
@@ -33,6 +34,7 @@ from tests.integration.spec.oracle_head import install_oracle_heads
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
+from eagletree.app.composition.container import build_engine
 from eagletree.config.settings import EngineSettings
 
 SIZES = ModelSizes(
@@ -157,9 +159,9 @@ def test_greedy_speculation_with_the_default_backends_emits_the_plain_greedy_tok
     case = CASES[name]
     dirs = checkpoints(case)
     prompts = prompts_for(seed=70)
-    plain = Engine.from_settings(engine_settings(case, device, dirs, speculative=False))
+    plain = build_engine(engine_settings(case, device, dirs, speculative=False))
     expected = greedy_outputs(plain, prompts, MAX_NEW)
-    engine = Engine.from_settings(engine_settings(case, device, dirs, speculative=True))
+    engine = build_engine(engine_settings(case, device, dirs, speculative=True))
     results = engine.generate(prompts, max_new_tokens=MAX_NEW)
     assert [r.output_ids for r in results] == expected
     assert all(r.acceptance is not None for r in results)
@@ -176,7 +178,7 @@ def test_an_oracle_draft_behind_the_default_backends_is_accepted_deeply_and_stay
     dirs = checkpoints(case)
     prompts = prompts_for(seed=71)
     margin = case.num_steps + 2  # the oracle looks up to S + 1 tokens past the committed ones
-    plain = Engine.from_settings(engine_settings(case, device, dirs, speculative=False))
+    plain = build_engine(engine_settings(case, device, dirs, speculative=False))
     continuation = greedy_outputs(plain, prompts, MAX_NEW + margin)
     sequences = {tuple(p): [*p, *out] for p, out in zip(prompts, continuation, strict=True)}
     engines: list[Engine] = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
-from eagletree.app.engine import Engine
+from eagletree.app.engine.loop import Engine
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
 from eagletree.app.workers.step_graphs import (
     DecodeStepRunner,
@@ -23,7 +23,8 @@ from eagletree.app.workers.step_graphs import (
     bucket_for,
     graph_buckets,
 )
-from eagletree.domain.request import FinishReason, Request, SamplingParams
+from eagletree.domain.request import FinishReason, Request
+from eagletree.domain.sampling_params import SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import (
     SIZES,

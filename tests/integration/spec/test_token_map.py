@@ -19,8 +19,8 @@ from tests.integration.spec.harness import SIZES, WEIGHT_STD, ragged_prompts
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
-from eagletree.app.container import build_engine_container
-from eagletree.app.engine import Engine
+from eagletree.app.composition.container import build_engine, build_engine_container
+from eagletree.app.engine.loop import Engine
 from eagletree.config.settings import EngineSettings
 
 TREE = {"algorithm": "eagle", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8}
@@ -60,8 +60,8 @@ def test_a_shuffled_map_of_every_token_drafts_what_the_whole_vocabulary_does(
     shuffled = torch.randperm(SIZES.vocab_size, generator=torch.Generator().manual_seed(3))
     path = tmp_path / "every-token.json"
     path.write_text(json.dumps(shuffled.tolist()))
-    whole = generate(Engine.from_settings(settings(checkpoints)))
-    mapped = generate(Engine.from_settings(settings(checkpoints, token_map=str(path))))
+    whole = generate(build_engine(settings(checkpoints)))
+    mapped = generate(build_engine(settings(checkpoints, token_map=str(path))))
     assert mapped == whole  # the same tokens and the same accepted length at every step
     assert any(sum(histogram[2:]) for _, histogram in whole if histogram)  # drafts accepted
 
@@ -80,7 +80,7 @@ def test_a_map_of_some_tokens_holds_their_lm_head_rows_and_stays_lossless(
     assert torch.equal(head.mapped_lm_head.weight, lm_head[ids])
     hidden = torch.randn(5, SIZES.hidden_size)
     torch.testing.assert_close(head.compute_logits(hidden), hidden @ lm_head[ids].t())
-    plain = Engine.from_settings(settings(checkpoints, algorithm="none"))
+    plain = build_engine(settings(checkpoints, algorithm="none"))
     expected = [r.output_ids for r in plain.generate(PROMPTS, max_new_tokens=NEW_TOKENS)]
     assert [outputs for outputs, _ in generate(container.engine())] == expected
 
@@ -107,4 +107,4 @@ def test_a_bad_token_map_is_refused_naming_the_setting(
     if content is not None:
         path.write_text(json.dumps(content))
     with pytest.raises(ConfigurationError, match=message):
-        Engine.from_settings(settings(checkpoints, token_map=str(path), **speculative))
+        build_engine(settings(checkpoints, token_map=str(path), **speculative))

@@ -5,15 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eagletree.app.training.acceptance import AcceptanceRow, TreeShape, match_rate, merged
-from eagletree.app.training.acceptance_table import (
+from benchmarks.real_pair.report import Goal, acceptance_goals
+from benchmarks.real_pair.table import (
     HeadTable,
     best_tree_per_budget,
     best_tree_per_depth,
     shape_grid,
 )
-from eagletree.app.training.pair_report import Goal, acceptance_goals
-from eagletree.domain.request import AcceptanceStats
+from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape, match_rate, merged
+from eagletree.domain.acceptance_stats import AcceptanceStats
 
 
 def row(shape: TreeShape, accept: float) -> AcceptanceRow:

@@ -21,8 +21,9 @@ from eagletree.app.bench.measure import (
     token_budget,
     top_kernels,
 )
-from eagletree.app.engine import Engine
-from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
+from eagletree.app.engine.loop import Engine
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.data_parallel_router import route_by_load
+from eagletree.app.parallel.router import route_by_load
 
 
 def test_each_request_goes_to_the_least_loaded_rank_counting_the_ones_placed_before() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.demo import (
+from eagletree.app.cli.demo import (
     NUM_DRAFT_TOKENS,
     TARGET_ARGMAX,
     WINDOW_FIRST_SLOT,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagletree.app import process_group
-from eagletree.app.process_group import ephemeral_port_range, free_port
+from eagletree.app.parallel import process_group
+from eagletree.app.parallel.process_group import ephemeral_port_range, free_port
 
 
 def listens(port: int) -> bool:

@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from eagletree.app import distributed
-from eagletree.app.parallel_launch import add_parallel_flags, launch_ranks, with_parallel
+from eagletree.app.parallel import process_group, spawned_group
+from eagletree.app.parallel.launch import add_parallel_flags, launch_ranks, with_parallel
 from eagletree.config.settings import EngineSettings
 
 
@@ -57,13 +57,13 @@ def test_spawned_ranks_run_the_command_and_a_failed_one_exits_1(
 
     def spawn(main: object, world_size: int, main_args: tuple[object, ...], **_: object) -> None:
         spawned.append((world_size, main_args))
-        raise distributed.RankFailed(2, world_size, "Traceback: boom")
+        raise spawned_group.RankFailed(2, world_size, "Traceback: boom")
 
     def command(_: argparse.Namespace) -> int:
         return 0
 
-    monkeypatch.setattr(distributed, "launched_by_torchrun", lambda: False)
-    monkeypatch.setattr(distributed, "spawn_ranks", spawn)
+    monkeypatch.setattr(process_group, "launched_by_torchrun", lambda: False)
+    monkeypatch.setattr(spawned_group, "spawn_ranks", spawn)
     notes: list[str] = []
     assert launch_ranks(command, args, 4, lambda: 0, notes.append) == 1
     assert spawned == [(4, (command, args))]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from eagletree.app.platform import Platform, cpu_threads, resolve_platform
+from eagletree.app.composition.platform import Platform, cpu_threads, resolve_platform
 from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError

@@ -13,9 +13,10 @@ import dataclasses
 import pytest
 import torch
 
-from eagletree.app.sampler import sample_next_tokens, sampling_inputs
+from eagletree.app.workers.sampler import sample_next_tokens, sampling_inputs
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
-from eagletree.domain.request import Request, SamplingParams
+from eagletree.domain.request import Request
+from eagletree.domain.sampling_params import SamplingParams
 
 VOCAB = 40
 NUM_DRAWS = 4000

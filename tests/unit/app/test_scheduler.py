@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
-from eagletree.app.scheduler import PREFILL_STEPS, PrefillStep, SchedulePlan, Scheduler
-from eagletree.domain.request import FinishReason, Request, RequestStatus, SamplingParams
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.scheduler import PREFILL_STEPS, PrefillStep, Scheduler
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 from tests.hypothesis_profiles import examples
 
 CONTEXT = 40

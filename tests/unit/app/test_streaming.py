@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from eagletree.app.streaming import IncrementalDecoder, OutputWatcher
-from eagletree.domain.request import FinishReason, Request, SamplingParams
+from eagletree.app.engine.streaming import IncrementalDecoder, OutputWatcher
+from eagletree.domain.request import FinishReason, Request
+from eagletree.domain.sampling_params import SamplingParams
 
 
 class ByteTokenizer:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from eagletree.app.training.acceptance import TreeShape, is_looping, per_depth_acceptance
-from eagletree.domain.request import AcceptanceStats
+from eagletree.app.training.acceptance_row import TreeShape, is_looping, per_depth_acceptance
+from eagletree.domain.acceptance_stats import AcceptanceStats
 
 
 def test_per_depth_acceptance_is_conditional_on_reaching_the_depth() -> None:

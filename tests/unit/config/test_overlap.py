@@ -6,7 +6,8 @@ import pytest
 
 from eagletree.config.eagle_hook import WorkerName
 from eagletree.config.overlap import OVERLAP_WORKERS, ResolvedOverlap, resolve_overlap
-from eagletree.config.settings import EngineSettings, SchedulerSettings
+from eagletree.config.sections import SchedulerSettings
+from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
 
 WORKERS: list[WorkerName] = ["none", "eagle_v1", "eagle_v2", "multi_layer_eagle_v2"]

@@ -11,13 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from eagletree.config.eagle_hook import resolve_speculative
-from eagletree.config.settings import (
-    EngineSettings,
-    MemorySettings,
-    SettingsError,
-    env_name,
-    read_settings_file,
-)
+from eagletree.config.sections import MemorySettings
+from eagletree.config.settings import EngineSettings, SettingsError, env_name, read_settings_file
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
@@ -53,7 +48,7 @@ def test_defaults_describe_a_plain_decoder() -> None:
     settings = EngineSettings()
     assert settings.speculative.algorithm == "none"
     assert settings.memory.page_size == 1
-    # the machine decides (eagletree.app.platform): CUDA, bf16 and Triton, or CPU, fp32, torch
+    # the machine decides (app/composition/platform.py): CUDA, bf16 and Triton, or CPU, fp32, torch
     assert (settings.model.device, settings.model.dtype) == ("auto", "auto")
     assert (settings.backend.attention, settings.backend.kv_move) == ("auto", "auto")
 

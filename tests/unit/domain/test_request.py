@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.domain.request import (
-    AcceptanceStats,
-    FinishReason,
-    Request,
-    RequestStatus,
-    SamplingParams,
-)
+from eagletree.domain.acceptance_stats import AcceptanceStats
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
 
 EOS = 2
 

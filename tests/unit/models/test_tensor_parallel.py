@@ -17,7 +17,8 @@ from torch import nn
 
 from eagletree.adapters.models.loading import load_target
 from eagletree.adapters.models.merged_linear import MergedLinear
-from eagletree.adapters.models.random_checkpoint import Arch, ModelSizes, write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
 from eagletree.adapters.models.tensor_files import TensorFiles, fill_module, module_tensors
 from eagletree.adapters.models.tensor_parallel import (
     CheckpointShard,

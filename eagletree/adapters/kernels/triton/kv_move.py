@@ -5,7 +5,7 @@ words, and whether 16-byte vectors fit), so one launch covers every layer. Rows 
 words (int32 when every address, width and stride allows, else int16 or uint8), bit-exact for any
 dtype, fp8 included; buffers whose address, row and stride are multiples of 16 bytes are copied
 with 16-byte vector accesses. The table and the programs' tile shape are built on the host by
-``kv_move_table`` (its names are importable from here too).
+``kv_move_table``.
 
 The pairs are cut into consecutive *segments*. A program owns one segment, one buffer and one
 column tile: it loads the tile of every moving source row of its segment into registers, passes
@@ -33,33 +33,10 @@ import triton
 import triton.language as tl
 
 from eagletree.adapters.kernels.triton.kv_move_table import (
-    MIN_PROGRAMS,
-    VECTOR_BYTES,
     RowTable,
     TileShape,
-    build_row_table,
-    tile_shape,
-    word_dtype,
     word_type,
 )
-
-# the row table and tile shape live in kv_move_table.py; importers name them here too
-__all__ = [
-    "MIN_PROGRAMS",
-    "VECTOR_BYTES",
-    "RowTable",
-    "TileShape",
-    "buffer_rows",
-    "build_row_table",
-    "can_run_on",
-    "move_rows_in_planned_segments",
-    "move_rows_in_segments",
-    "row_tile_pointers",
-    "stage_rows",
-    "tile_shape",
-    "word_dtype",
-    "word_type",
-]
 
 
 @triton.jit

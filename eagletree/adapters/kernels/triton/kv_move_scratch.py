@@ -14,11 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.kv_move import (
+from eagletree.adapters.kernels.triton.kv_move import buffer_rows, row_tile_pointers
+from eagletree.adapters.kernels.triton.kv_move_table import (
     RowTable,
     TileShape,
-    buffer_rows,
-    row_tile_pointers,
     word_dtype,
     word_type,
 )

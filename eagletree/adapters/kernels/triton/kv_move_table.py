@@ -3,8 +3,7 @@
 ``build_row_table`` describes every buffer of a pool as one row of a device table (base address,
 row width and slot stride in words, and whether 16-byte vectors fit), checked once per buffer
 list; ``tile_shape`` cuts one program's register block into pair lanes and a column tile. The
-kernels that read both are in ``kv_move`` (which re-exports these names), ``kv_move_scratch``
-and ``kv_move_plan``.
+kernels that read both are in ``kv_move``, ``kv_move_scratch`` and ``kv_move_plan``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,258 @@
+"""Benchmark: a real target/draft pair trained here, and its acceptance through the engine.
+
+No model can be downloaded, so the pipeline makes one, in one command with fixed seeds:
+
+1. corpus: the Python source files of this machine (standard library, installed packages),
+   shuffled by seed up to ``--corpus-mb``; every 20th file (by a hash of its path) is held out;
+2. tokenizer: byte-level BPE (``tokenizers``) of ``--vocab-size`` trained on the training files,
+   saved as ``target/tokenizer.json`` beside the weights;
+3. target: transformers' ``LlamaForCausalLM`` (about 100 M parameters by default) trained from
+   scratch for ``--target-minutes``;
+4. heads: ``train-draft`` EAGLE and EAGLE-3 heads for ``--head-minutes`` each;
+5. acceptance (``benchmarks/real_pair/table.py``): greedy continuations of held-out prompts
+   for chains S = 3, 5, 7 and trees of those depths at N = 8, 16, 32, 64 with k = 4 and 8;
+   one verify step from fresh held-out contexts and T = 1 continuations for the chains and the
+   best tree of each budget; the prompt-lookup baseline; each head's best shape re-run in
+   float32 against plain float32 decoding;
+6. speed (CUDA): tok/s of plain, the best chain and the best tree of each budget at bs 1, 8, 32.
+
+Checkpoints land under ``--out``, ``report.md`` and ``report.json`` (rewritten after every
+phase, ending with the goals the pair is judged by) under ``--report-dir``. The default budget
+fits one GPU call of under 10 minutes on an H200 (scripts/gpu.sh real-pair):
+
+    python3 -m benchmarks.real_pair --out /tmp/real-pair
+    python3 -m benchmarks.real_pair --out /tmp/rp --device cpu --corpus-mb 1 \
+        --vocab-size 512 --hidden-size 64 --num-layers 3 --num-heads 4 --num-kv-heads 2 \
+        --intermediate-size 128 --target-minutes 0.3 --head-minutes 0.2 --seq-len 128 \
+        --batch-size 8 --eval-prompts 2 --eval-new-tokens 16 --depths 3     # CPU: does it run?
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+
+from benchmarks.real_pair.options import head_options, parser, target_spec, target_training
+from benchmarks.real_pair.report import PairReport
+from benchmarks.real_pair.sources import (
+    EOS,
+    collect_sources,
+    is_held_out,
+    prefix_by_size,
+    source_roots,
+    train_tokenizer,
+)
+from benchmarks.real_pair.speed import measure_speed
+from benchmarks.real_pair.table import (
+    HeadTable,
+    TableInputs,
+    best_tree_per_budget,
+    lookup_table,
+    measure_head,
+    shape_grid,
+)
+from benchmarks.real_pair.target import (
+    held_out_quality,
+    num_parameters,
+    train_target,
+)
+from eagletree.app.training import acceptance, acceptance_row
+from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
+from eagletree.app.training.data import FileTokenizer, prompt_windows, tokenize
+from eagletree.app.training.draft_trainer import train_draft
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = PairReport(args.report_dir or args.out, args)
+    train_files, held_files = _read_corpus(args, report)
+    tokenizer, train_tokens, held_tokens = _tokenize(args, report, train_files, held_files)
+    _train_target(args, report, tokenizer, train_tokens, held_tokens)
+    _train_heads(args, report, train_files, tokenizer.vocab_size)
+    _measure_acceptance(args, report, tokenizer, held_tokens)
+    if args.device.startswith("cuda") and args.speed_batch_sizes and report.heads:
+        _measure_speed(args, report, held_tokens)
+    print(report.markdown())
+    return 0
+
+
+Files = list[tuple[str, str]]
+
+
+def _read_corpus(args: argparse.Namespace, report: PairReport) -> tuple[Files, Files]:
+    sources = collect_sources(source_roots(args.source_dir), int(args.corpus_mb * 2**20), args.seed)
+    train_files = [(p, t) for p, t in sources if not is_held_out(p)]
+    held_files = [(p, t) for p, t in sources if is_held_out(p)]
+    report.data["corpus"] = {
+        "train_files": len(train_files),
+        "held_out_files": len(held_files),
+        "train_chars": sum(len(t) for _, t in train_files),
+        "held_out_chars": sum(len(t) for _, t in held_files),
+    }
+    report.phase("corpus")
+    return train_files, held_files
+
+
+def _tokenize(
+    args: argparse.Namespace, report: PairReport, train_files: Files, held_files: Files
+) -> tuple[FileTokenizer, torch.Tensor, torch.Tensor]:
+    target_dir = args.out / "target"
+    if args.reuse and (target_dir / "tokenizer.json").is_file():
+        tokenizer = FileTokenizer(target_dir / "tokenizer.json")
+    else:
+        tokenizer_texts = prefix_by_size([t for _, t in train_files], args.tokenizer_mb)
+        tokenizer = train_tokenizer(tokenizer_texts, args.vocab_size, target_dir)
+    eos_id = tokenizer.token_id(EOS)
+    assert eos_id is not None, "the tokenizer lost its end-of-text token"
+    train_tokens = tokenize([t for _, t in train_files], tokenizer, [eos_id])
+    held_tokens = tokenize([t for _, t in held_files], tokenizer, [eos_id])
+    report.data["tokenizer"] = {
+        "vocab_size": tokenizer.vocab_size,
+        "train_tokens": int(train_tokens.numel()),
+    }
+    report.phase("tokenizer")
+    return tokenizer, train_tokens, held_tokens
+
+
+def _train_target(
+    args: argparse.Namespace,
+    report: PairReport,
+    tokenizer: FileTokenizer,
+    train_tokens: torch.Tensor,
+    held_tokens: torch.Tensor,
+) -> None:
+    target_dir = args.out / "target"
+    if args.reuse and (target_dir / "training.json").is_file():
+        losses = json.loads((target_dir / "training.json").read_text())["losses"]
+    else:
+        eos_id = tokenizer.token_id(EOS)
+        assert eos_id is not None
+        spec = target_spec(args, tokenizer.vocab_size, eos_id)
+        training = target_training(args)
+        losses = train_target(spec, train_tokens, target_dir, training, args.device)
+        (target_dir / "training.json").write_text(json.dumps({"losses": losses}) + "\n")
+    held_loss, held_top1 = held_out_quality(target_dir, held_tokens, args.seq_len, args.device)
+    report.data["target"] = {
+        "parameters": num_parameters(target_dir),
+        "steps": len(losses),
+        "tokens_seen": len(losses) * args.batch_size * args.seq_len,
+        "final_train_loss": sum(losses[-20:]) / max(len(losses[-20:]), 1),
+        "held_out_loss": held_loss,
+        "held_out_top1": held_top1,
+    }
+    report.phase("target")
+
+
+def _train_heads(
+    args: argparse.Namespace, report: PairReport, train_files: Files, vocab_size: int
+) -> None:
+    draft_data = args.out / "corpus" / "draft_train.jsonl"
+    draft_data.parent.mkdir(parents=True, exist_ok=True)
+    texts = prefix_by_size([t for _, t in train_files], args.draft_data_mb)
+    draft_data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    report.data["heads"] = {}
+    for algorithm in args.algorithms:
+        head_dir = args.out / algorithm
+        if not (args.reuse and (head_dir / "training.json").is_file()):
+            options = head_options(args, algorithm, args.out / "target", draft_data, vocab_size)
+            train_draft(options)
+        trained = json.loads((head_dir / "training.json").read_text())  # what train_draft wrote
+        losses = trained["losses"][-20:]
+        report.data["heads"][algorithm] = {
+            "steps": trained["steps"],
+            "final_loss": sum(losses) / max(len(losses), 1),
+            "accuracy_by_step": trained["accuracy_by_step"],
+        }
+        report.phase(f"train {algorithm}")
+
+
+def _measure_acceptance(
+    args: argparse.Namespace, report: PairReport, tokenizer: FileTokenizer, held: torch.Tensor
+) -> None:
+    target_dir, data = args.out / "target", report.data
+    prompts = prompt_windows(held, args.eval_prompts, args.prompt_len)
+    backend = {"cuda_graph": args.cuda_graph} if args.device.startswith("cuda") else None
+    reference = acceptance.plain_outputs(
+        target_dir, prompts, args.eval_new_tokens, args.device, backend
+    )
+    data["plain_looping_share"] = sum(map(acceptance_row.is_looping, reference)) / len(reference)
+    data["sample"] = {
+        "prompt": tokenizer.decode(prompts[0]),
+        "continuation": tokenizer.decode(reference[0]),
+    }
+    # windows shifted off the evaluation prompts' starts
+    contexts = prompt_windows(
+        held[args.prompt_len // 2 + 1 :], args.fresh_contexts, args.prompt_len
+    )
+    inputs = TableInputs(
+        target_dir, prompts, reference, contexts, args.eval_new_tokens, args.device, backend,
+        args.seed,
+    )  # fmt: skip
+    report.lookup = lookup_table(inputs, args.depths)
+    grid = shape_grid(args.depths, args.tree_sizes, args.tree_topks)
+    exact_reference = None
+    if args.exact_dtype != "none":
+        exact_reference = acceptance.plain_outputs(
+            target_dir, prompts, args.eval_new_tokens, args.device, backend, args.exact_dtype
+        )
+    report.phase("plain references")
+    data["exactness"] = {}
+    for algorithm in args.algorithms:
+        budget = 60 * args.measure_minutes / len(args.algorithms)
+        table = measure_head(inputs, args.out / algorithm, algorithm, grid, budget)
+        report.heads[algorithm] = table
+        if exact_reference is not None and table.greedy:
+            started = time.perf_counter()
+            # the best shape again in a dtype without rounding ties: must equal plain exactly
+            shape = max(table.greedy, key=lambda r: r.mean_accept_length).shape
+            (row,) = acceptance.measure_acceptance(
+                target_dir, args.out / algorithm, algorithm, prompts, [shape],
+                args.eval_new_tokens, args.device, exact_reference, backend,
+                dtype=args.exact_dtype,
+            )  # fmt: skip
+            data["exactness"][algorithm] = {
+                "dtype": args.exact_dtype, "shape": shape.label,
+                "identical": row.matches_plain, "match_rate": row.match_rate,
+            }  # fmt: skip
+            table.seconds[f"{args.exact_dtype} re-run"] = time.perf_counter() - started
+        report.phase(f"measure {algorithm}")
+
+
+def _measure_speed(args: argparse.Namespace, report: PairReport, held: torch.Tensor) -> None:
+    algorithm, shapes = _speed_shapes(report.heads)
+    prompts = prompt_windows(
+        held[args.prompt_len // 3 + 1 :], max(args.speed_batch_sizes), args.prompt_len
+    )
+    report.speed = measure_speed(
+        args.out / "target", args.out / algorithm, algorithm, shapes, prompts,
+        args.speed_batch_sizes, args.speed_new_tokens, args.device,
+    )  # fmt: skip
+    report.data["speed_head"] = algorithm
+    report.phase("speed")
+
+
+def _speed_shapes(heads: dict[str, HeadTable]) -> tuple[str, list[TreeShape | None]]:
+    """The head with the best greedy shape, and plain, its best chain and its best tree of each
+    verify budget: the fastest tree is rarely the one that accepts most (a wide verify costs)."""
+
+    def accept(rows: Sequence[AcceptanceRow]) -> float:
+        return max((r.mean_accept_length for r in rows), default=0.0)
+
+    algorithm = max(heads, key=lambda a: accept(heads[a].greedy))
+    rows = heads[algorithm].greedy
+    chains = [r for r in rows if r.shape.topk == 1]
+    shapes: list[TreeShape | None] = [None]
+    if chains:
+        shapes.append(max(chains, key=lambda r: r.mean_accept_length).shape)
+    shapes += [r.shape for r in best_tree_per_budget(rows).values()]
+    return algorithm, shapes
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""App: the real pair's report — its tables in markdown and the goals it is judged by.
+
+``PairReport`` collects what a run has measured and rewrites ``report.json`` and ``report.md``
+after every phase.
+
+Each goal compares two measured figures and says whether the first reaches ``factor`` × the
+second; a goal whose figures were not measured (time budget, a head left out) is reported as
+such, never as met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.real_pair.speed import SpeedRow
+from benchmarks.real_pair.table import (
+    HeadTable,
+    best_tree_per_budget,
+    best_tree_per_depth,
+    chains_of,
+)
+from eagletree.app.training import acceptance_row
+from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    name: str
+    value: float | None
+    reference: float | None
+    factor: float
+
+    @property
+    def ratio(self) -> float | None:
+        if self.value is None or not self.reference:
+            return None
+        return self.value / self.reference
+
+    @property
+    def met(self) -> bool | None:
+        ratio = self.ratio
+        return None if ratio is None else ratio >= self.factor
+
+    def line(self) -> str:
+        if self.ratio is None:
+            return f"- {self.name}: not measured"
+        verdict = "met" if self.met else "MISSED"
+        return (
+            f"- {self.name}: {self.value:.2f} vs {self.reference:.2f} = {self.ratio:.2f}×"
+            f" (goal ≥ {self.factor:g}×) — {verdict}"
+        )
+
+
+def _accept(row: AcceptanceRow | None) -> float | None:
+    return None if row is None else row.mean_accept_length
+
+
+def _best(rows: Sequence[AcceptanceRow]) -> AcceptanceRow | None:
+    return max(rows, key=lambda r: r.mean_accept_length, default=None)
+
+
+def acceptance_goals(heads: Mapping[str, HeadTable], lookup: Sequence[AcceptanceRow]) -> list[Goal]:
+    goals: list[Goal] = []
+    for name, table in heads.items():
+        for kind, rows in (("greedy continuations", table.greedy), ("fresh contexts", table.fresh)):
+            chains = chains_of(rows)
+            for depth, tree in best_tree_per_depth(rows).items():
+                goals.append(
+                    Goal(
+                        f"{name}, {kind}: best tree (N ≤ 32) vs chain at S = {depth}",
+                        tree.mean_accept_length,
+                        _accept(chains.get(depth)),
+                        1.2,
+                    )
+                )
+        best_chain = _best(list(chains_of(table.greedy).values()))
+        goals.append(
+            Goal(
+                f"{name}: best chain vs best prompt lookup",
+                _accept(best_chain),
+                _accept(_best(lookup)),
+                1.7,
+            )
+        )
+        steady = [r.non_looping_accept_length or 0.0 for r in chains_of(table.greedy).values()]
+        steady_lookup = [r.non_looping_accept_length or 0.0 for r in lookup]
+        goals.append(
+            Goal(
+                f"{name}: the same on the continuations that do not loop",
+                max(steady, default=None),
+                max(steady_lookup, default=None),
+                1.7,
+            )
+        )
+    if "eagle" in heads and "eagle3" in heads:
+        goals.append(
+            Goal(
+                "EAGLE-3 vs EAGLE-1: best greedy shape",
+                _accept(_best(heads["eagle3"].greedy)),
+                _accept(_best(heads["eagle"].greedy)),
+                1.0,
+            )
+        )
+    return goals
+
+
+def speed_goals(rows: Sequence[SpeedRow]) -> list[Goal]:
+    at_bs1 = {row.config: row.tokens_per_s for row in rows if row.batch_size == 1}
+    plain = at_bs1.get("plain")
+    chains = [v for k, v in at_bs1.items() if k.startswith("chain")]
+    trees = [v for k, v in at_bs1.items() if k.startswith("tree")]
+    best_tree = max(trees, default=None)
+    best_spec = max(chains + trees, default=None)
+    return [
+        Goal("tok/s at bs 1: best tree vs best chain", best_tree, max(chains, default=None), 1.15),
+        Goal("tok/s at bs 1: speculative vs plain", best_spec, plain, 2.0),
+    ]
+
+
+def speed_table(rows: Sequence[SpeedRow]) -> str:
+    lines = [
+        "| config | bs | tok/s | ms/step | tokens/step |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row.config} | {row.batch_size} | {row.tokens_per_s:.0f} |"
+            f" {row.ms_per_step:.2f} | {row.tokens_per_step:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def head_sections(name: str, table: HeadTable, trained: Mapping[str, Any] | None) -> list[str]:
+    lines = [f"## {name}", ""]
+    if trained is not None:
+        accuracy = " ".join(f"{a:.2f}" for a in trained["accuracy_by_step"])
+        lines += [
+            f"Trained {trained['steps']} steps, final loss {trained['final_loss']:.3f}, top-1"
+            f" agreement with the target by unrolled step: {accuracy}.",
+            "",
+        ]
+    lines += [
+        "Greedy continuations of held-out prompts:",
+        "",
+        acceptance_row.markdown_table(table.greedy),
+    ]
+    best = best_tree_per_budget(table.greedy)
+    if best:
+        lines += [
+            "Best tree per verify budget: "
+            + ", ".join(
+                f"N {n}: {r.shape.label} {r.mean_accept_length:.2f}" for n, r in best.items()
+            ),
+            "",
+        ]
+    if table.fresh:
+        lines += [
+            "One verify step from fresh held-out contexts:",
+            "",
+            acceptance_row.markdown_table(table.fresh),
+        ]
+    if table.sampled:
+        lines += [
+            "Sampled (T = 1) continuations:",
+            "",
+            acceptance_row.markdown_table(table.sampled),
+        ]
+    if table.not_measured:
+        lines += [f"Not measured (time budget): {', '.join(table.not_measured)}", ""]
+    return lines
+
+
+def projected_speedup(
+    table: HeadTable, shape: acceptance_row.TreeShape, step_ratio: float
+) -> float | None:
+    """Tokens per step of ``shape`` on this pair ÷ that shape's step time in units of a plain
+    step of the big target (``eagletree bench``'s break-even τ there): the speedup the big target
+    would see with this acceptance."""
+    rows = [row for row in table.greedy if row.shape == shape]
+    return rows[0].mean_accept_length / step_ratio if rows else None
+
+
+class PairReport:
+    """The report so far, rewritten to ``out`` after every phase so a run cut short by its time
+    limit still leaves what it measured."""
+
+    def __init__(self, out: Path, args: argparse.Namespace) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.data: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+        self.data["seconds"] = {}
+        self.heads: dict[str, HeadTable] = {}
+        self.lookup: list[AcceptanceRow] = []
+        self.speed: list[SpeedRow] = []
+        self.step_ratios = dict(zip(("eagle", "eagle3"), args.llama8b_step_ratio, strict=True))
+        self._started = time.perf_counter()
+
+    def phase(self, name: str) -> None:
+        timings = self.data["seconds"]
+        timings[name] = time.perf_counter() - self._started - sum(timings.values())
+        print(f"[{name}] {timings[name]:.1f} s", file=sys.stderr, flush=True)
+        self.write()
+
+    def write(self) -> None:
+        self.data["heads_measured"] = {k: t.as_dict() for k, t in self.heads.items()}
+        self.data["prompt_lookup"] = [row.as_dict() for row in self.lookup]
+        self.data["speed"] = [row.as_dict() for row in self.speed]
+        goals = acceptance_goals(self.heads, self.lookup)
+        goals += speed_goals(self.speed)
+        self.data["goals"] = [
+            {"name": g.name, "ratio": g.ratio, "factor": g.factor, "met": g.met} for g in goals
+        ]
+        (self.out / "report.json").write_text(json.dumps(self.data, indent=2) + "\n")
+        (self.out / "report.md").write_text(render(self, goals))
+
+    def markdown(self) -> str:
+        return (self.out / "report.md").read_text()
+
+
+def render(report: PairReport, goals: Sequence[Goal]) -> str:
+    data = report.data
+    lines = ["# Real pair: a Python-source Llama target and its trained draft heads", ""]
+    if "corpus" in data:
+        corpus = data["corpus"]
+        lines.append(
+            f"- corpus: {corpus['train_files']} training files"
+            f" ({corpus['train_chars'] / 2**20:.1f} MiB), {corpus['held_out_files']} held out"
+        )
+    if "tokenizer" in data:
+        lines.append(
+            f"- tokenizer: byte-level BPE, {data['tokenizer']['vocab_size']} tokens;"
+            f" {data['tokenizer']['train_tokens']:,} training tokens"
+        )
+    if "target" in data:
+        target = data["target"]
+        lines.append(
+            f"- target: {target['parameters'] / 1e6:.1f} M parameters, {target['steps']} steps"
+            f" ({target['tokens_seen'] / 1e6:.1f} M tokens), train loss"
+            f" {target['final_train_loss']:.3f}, held-out loss {target['held_out_loss']:.3f},"
+            f" held-out top-1 {target['held_out_top1']:.3f}"
+        )
+    if "plain_looping_share" in data:
+        lines.append(f"- plain greedy continuations that loop: {data['plain_looping_share']:.0%}")
+    lines += ["- time: " + ", ".join(f"{k} {v:.0f} s" for k, v in data["seconds"].items()), ""]
+    for algorithm, check in data.get("exactness", {}).items():
+        verdict = "identical" if check["identical"] else f"{check['match_rate']:.1%} matched"
+        lines.append(
+            f"- {algorithm}, {check['shape']} in {check['dtype']}: output vs plain decoding in"
+            f" {check['dtype']}: {verdict}"
+        )
+    if report.lookup:
+        lines += ["## Prompt lookup (model-free baseline)", "",
+                  acceptance_row.markdown_table(report.lookup, "drafted tokens")]  # fmt: skip
+    for algorithm, table in report.heads.items():
+        lines += head_sections(algorithm, table, data.get("heads", {}).get(algorithm))
+        ratio = report.step_ratios.get(algorithm)
+        projected = None if ratio is None else projected_speedup(
+            table, TreeShape(5, 4, 8), ratio
+        )  # fmt: skip
+        if projected is not None:
+            lines += [
+                f"Projected Llama-3.1-8B speedup at bs 1 with this acceptance: tree S5 k4 N8"
+                f" emits its tokens per step in {ratio:.2f} plain steps → {projected:.2f}×",
+                "",
+            ]
+    if report.speed:
+        lines += [f"## Decode speed ({data.get('speed_head')} head)", "",
+                  speed_table(report.speed)]  # fmt: skip
+    lines += ["## Goals", "", *(goal.line() for goal in goals), ""]
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""App: a read step applied to its requests — tokens, stops, KV commits — and counted in the stats.
+
+``StepPipeline.read`` calls ``commit_step`` for the step it reads (with overlap, the one
+launched by the engine's previous step); ``Engine.step`` calls ``count_step`` once per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING
+
+from eagletree.domain.request import FinishReason
+
+if TYPE_CHECKING:
+    from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.engine.readback import PendingStep
+    from eagletree.app.engine.reports import EngineStats
+    from eagletree.domain.request import Request
+
+
+def commit_step(
+    pending: PendingStep,
+    eos_token_ids: Collection[int],
+    clock: Callable[[], float],
+    stats: EngineStats,
+) -> None:
+    """Append the step's tokens, apply EOS / stop / length; drop those of requests that
+    finished since it was launched (it ran ahead of their last token).
+
+    ``clock`` is read once the step's values are on the host: that instant is the requests'
+    first-token time."""
+    output = pending.output
+    rows = pending.rows()
+    now = clock()
+    for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
+        *tokens, num_emitted, num_committed = row
+        if request.finish_reason is not None:  # finished, aborted or released meanwhile
+            continue
+        if index < output.num_prefill:  # its KV was committed at launch
+            num_committed = 0
+        elif output.speculative:
+            request.emitted_per_step.append(num_emitted)
+        kept = request.append_tokens(tokens[:num_emitted], eos_token_ids, now)
+        stats.num_generated_tokens += kept
+        # a path cut at EOS or max_new_tokens commits no KV past the request's last token
+        request.commit(min(num_committed, request.num_tokens - request.committed_len))
+    stats.num_forwards += output.num_forwards
+
+
+def count_step(
+    stats: EngineStats,
+    plan: SchedulePlan,
+    finished: list[Request],
+    started: float,
+    clock: Callable[[], float],
+) -> None:
+    """Count one ``Engine.step`` call that began at ``started`` and released ``finished``."""
+    stats.num_steps += 1
+    stats.num_prefill_only_steps += bool(plan.prefill) and not plan.decode
+    stats.num_retracted += len(plan.retracted)
+    stats.num_finished += len(finished)
+    stats.num_aborted += sum(r.finish_reason is FinishReason.ABORT for r in finished)
+    for request in finished:
+        stats.emitted_per_step.extend(request.emitted_per_step)
+    stats.busy_s += clock() - started

@@ -1,0 +1,279 @@
+"""Scheduler: continuous batching over req_to_token rows and KV slot windows; retract and abort.
+
+Each iteration ``schedule()`` (1) releases requests that finished or were aborted, (2) grows the
+window of every running request to ``committed + reserve_per_step`` slots — retracting the
+newest running requests while the pool is short — and (3) admits waiting requests for prefill
+while rows, slots and the prefill token budget last (not in an iteration that retracted).
+With ``prefill_step = "alone"`` an iteration that admits runs its prefills as a step of their
+own: the running requests sit it out (``SchedulePlan.paused``) and decode in the next one.
+
+Slots are never freed per step: a request's whole row ``[0, allocated)`` — the committed prefix
+and the window tail ``[committed, allocated)`` — goes back to the allocator exactly once, when
+it finishes, is aborted or is retracted. (The v1 worker alone also frees its rejected draft
+slots every step, through ``free_window_tail``.) With ``reserve_per_step = 2·max(S·k, N)`` a
+speculative worker can run a step on device-side lengths the host learns one step later.
+Every runner of one engine shares the req_to_token pool given here (a slot id indexes every
+KV pool; a row id indexes every runner's view of the request).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+
+from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.domain.errors import OutOfSlots
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
+
+# where a plan's prefills run: in the step of its decode batch, or in a step of their own
+PrefillStep = Literal["with_decode", "alone"]
+PREFILL_STEPS: tuple[PrefillStep, ...] = get_args(PrefillStep)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_admitted: int = 0
+    num_retracted: int = 0
+    num_aborted: int = 0
+    num_finished: int = 0
+
+
+class Scheduler:
+    """FIFO admission, newest-first retraction, one req_to_token row and slot window per request."""
+
+    def __init__(
+        self,
+        allocator: TokenSlotAllocator,
+        req_to_token_pool: ReqToTokenPool,
+        *,
+        max_running_requests: int,
+        reserve_per_step: int = 1,
+        max_prefill_tokens: int = 16_384,
+        prefill_step: PrefillStep = "with_decode",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if prefill_step not in PREFILL_STEPS:
+            raise ValueError(f"prefill_step={prefill_step!r} must be one of {PREFILL_STEPS}")
+        if reserve_per_step < 1 or max_running_requests < 1 or max_prefill_tokens < 1:
+            raise ValueError(
+                f"reserve_per_step={reserve_per_step}, max_running_requests="
+                f"{max_running_requests}, max_prefill_tokens={max_prefill_tokens} must be >= 1"
+            )
+        self._allocator = allocator
+        self._req_to_token_pool = req_to_token_pool
+        self.max_running_requests = max_running_requests
+        self.reserve_per_step = reserve_per_step
+        self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_step: PrefillStep = prefill_step
+        self._clock = clock
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is the newest
+        self.stats = SchedulerStats()
+
+    @property
+    def allocator(self) -> TokenSlotAllocator:
+        return self._allocator
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self._req_to_token_pool
+
+    # -- capacity --------------------------------------------------------------------------------
+
+    def slots_needed(self, max_total_len: int) -> int:
+        """Most slots a request of at most ``max_total_len`` tokens ever holds at once.
+
+        Its last token is never written to the pools, so it commits at most
+        ``max_total_len - 1`` tokens, and its window reaches ``reserve_per_step`` past them.
+        """
+        return max_total_len - 1 + self.reserve_per_step
+
+    def capacity_problem(self, max_total_len: int) -> str | None:
+        """Why the pools could never hold a request of ``max_total_len`` tokens alone, or None."""
+        needed = self.slots_needed(max_total_len)
+        if needed > self._allocator.size:
+            return (
+                f"needs up to {needed} KV slots ({max_total_len} tokens of prompt and output + "
+                f"{self.reserve_per_step} reserved per step) but the pool has "
+                f"{self._allocator.size} (memory.max_total_tokens)"
+            )
+        row_width = int(self._req_to_token_pool.req_to_token.shape[1])
+        if needed > row_width:
+            return f"needs {needed} req_to_token columns but rows have {row_width}"
+        return None
+
+    # -- queue -----------------------------------------------------------------------------------
+
+    def add(self, request: Request) -> None:
+        assert request.status is RequestStatus.WAITING, request
+        problem = self.capacity_problem(request.max_total_len)
+        if problem is not None:
+            raise ValueError(f"request {request.request_id}: {problem}")
+        self.waiting.append(request)
+
+    def abort(self, request_id: int) -> bool:
+        """Mark a queued or running request aborted; it is released at the next ``schedule``."""
+        for request in self._unfinished():
+            if request.request_id == request_id:
+                request.mark_aborted()
+                return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _unfinished(self) -> Iterator[Request]:
+        yield from self.running
+        yield from self.waiting
+
+    # -- one iteration ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulePlan:
+        released = self.release_finished()
+        retracted = self._reserve_decode_windows()
+        decode = list(self.running)
+        prefill = [] if retracted else self._admit()
+        if prefill and self.prefill_step == "alone":  # the running ones decode next step
+            return SchedulePlan(prefill, [], retracted, released, paused=decode)
+        return SchedulePlan(prefill, decode, retracted, released)
+
+    def release_finished(self) -> list[Request]:
+        """Free the rows and windows of finished or aborted requests; mark them FINISHED."""
+        now = self._clock()
+        released = [r for r in self._unfinished() if r.finish_reason is not None]
+        for request in released:
+            if request.status is RequestStatus.RUNNING:
+                self.running.remove(request)
+                self._free_row(request)
+            else:
+                self.waiting.remove(request)
+            if request.finish_reason is FinishReason.ABORT:
+                self.stats.num_aborted += 1
+            self.stats.num_finished += 1
+            request.finish(now)
+        return released
+
+    def _reserve_decode_windows(self) -> list[Request]:
+        """Grow every running window to committed + reserve; retract the newest while short."""
+        retracted: list[Request] = []
+        while True:
+            shortfall = sum(self._window_shortfall(r) for r in self.running)
+            available = self._allocator.available_size()
+            if shortfall <= available:
+                break
+            if len(self.running) == 1:  # cannot happen for requests `add` accepted
+                raise OutOfSlots(shortfall, available)
+            victim = self.running.pop()
+            self._free_row(victim)
+            victim.retract()
+            self.waiting.appendleft(victim)  # the oldest retracted ends up first in line
+            self.stats.num_retracted += 1
+            retracted.append(victim)
+        self._grow_windows([(r, r.committed_len + self.reserve_per_step) for r in self.running])
+        return retracted
+
+    def must_retract(self) -> bool:
+        """Whether the next ``schedule`` would retract: the running windows cannot all grow."""
+        shortfall = sum(self._window_shortfall(r) for r in self.running)
+        return shortfall > self._allocator.available_size()
+
+    def _window_shortfall(self, request: Request) -> int:
+        return max(0, request.committed_len + self.reserve_per_step - request.allocated_len)
+
+    def _admit(self) -> list[Request]:
+        """Admit waiting requests in arrival order while a row, slots and the budget last.
+
+        Each admitted request takes slots for its prefill and keeps ``reserve_per_step`` more
+        (for itself and each running request) free for the next step, so that admitting it does
+        not force a retraction right away.
+        """
+        free_slots = self._allocator.available_size() - self.reserve_per_step * len(self.running)
+        token_budget = self.max_prefill_tokens
+        admitted: list[Request] = []
+        while self.waiting and len(self.running) < self.max_running_requests:
+            request = self.waiting[0]
+            fill_len = request.num_tokens
+            if admitted and fill_len > token_budget:
+                break
+            if fill_len + self.reserve_per_step > free_slots:
+                break
+            rows = self._req_to_token_pool.alloc(1)
+            if rows is None:
+                break
+            self.waiting.popleft()
+            request.admit(rows[0], self._clock())
+            self.running.append(request)
+            admitted.append(request)
+            free_slots -= fill_len + self.reserve_per_step
+            token_budget -= fill_len
+        self._grow_windows([(r, r.num_tokens) for r in admitted])
+        self.stats.num_admitted += len(admitted)
+        return admitted
+
+    # -- slots -----------------------------------------------------------------------------------
+
+    def _grow_windows(self, targets: Sequence[tuple[Request, int]]) -> None:
+        """Back ``req_to_token[row, allocated:target]`` with fresh slots, in one allocation."""
+        growing = [(r, target) for r, target in targets if target > r.allocated_len]
+        if not growing:
+            return
+        # the req_to_token cell of each new slot, request by request, built in Python: a few
+        # hundred ints cost less host time than a chain of small torch calls
+        cells: list[int] = []
+        width = self._req_to_token_pool.req_to_token.shape[1]
+        for request, target in growing:
+            assert request.row is not None, request
+            base = request.row * width
+            cells.extend(range(base + request.allocated_len, base + target))
+        total = len(cells)
+        slots = self._allocator.alloc(total)
+        if slots is None:
+            raise OutOfSlots(total, self._allocator.available_size())
+        table = self._req_to_token_pool.req_to_token
+        flat_cells = to_device(torch.tensor(cells, dtype=torch.int64), table.device)
+        table.view(-1)[flat_cells] = slots.to(table.dtype)
+        for request, target in growing:
+            request.grow_window(target)
+
+    def shrink_window(self, request: Request, new_allocated_len: int) -> None:
+        """Free the slots of ``req_to_token[row, new_allocated_len:allocated]`` now (v1 only)."""
+        free_window_tail(request, new_allocated_len, self._allocator, self._req_to_token_pool)
+
+    def _free_row(self, request: Request) -> None:
+        """Free the request's row and every slot of it, committed prefix and window tail alike."""
+        row, allocated = request.release()
+        table = self._req_to_token_pool.req_to_token
+        if allocated:
+            slots = table[row, :allocated].to(torch.int64)  # a copy: the row is cleared next
+            table[row, :allocated] = 0
+            self._allocator.free(slots)
+        self._req_to_token_pool.free([row])
+
+
+def free_window_tail(
+    request: Request,
+    new_allocated_len: int,
+    allocator: TokenSlotAllocator,
+    req_to_token_pool: ReqToTokenPool,
+) -> None:
+    """Give the slots of ``req_to_token[row, new_allocated_len:allocated]`` back and clear them.
+
+    The per-step free of the v1 worker: after it has moved the accepted slots to the front of
+    the window, the rejected ones form the tail. The committed prefix is never freed this way
+    (``Request.shrink_window`` checks it); the scheduler grows the window again next step.
+    """
+    assert request.row is not None, request
+    start, end = new_allocated_len, request.allocated_len
+    request.shrink_window(new_allocated_len)
+    if end > start:
+        table = req_to_token_pool.req_to_token
+        slots = table[request.row, start:end].to(torch.int64)  # a copy: cleared next
+        table[request.row, start:end] = 0
+        allocator.free(slots)

@@ -1,0 +1,56 @@
+"""What a worker is to the engine: one step over a schedule plan, and what that step produced."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.domain.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """Per request of the step (row i = ``requests[i]``), as device tensors read back once.
+
+    ``tokens`` (bs, max_emitted) int64: the tokens emitted by the step, the first
+    ``num_emitted[i]`` of row i valid (1 without speculation; accept_length + 1 after a
+    verify). ``num_committed`` (bs,) int64: tokens whose KV the step wrote (the whole fill on
+    a prefill, 1 on a plain decode, accept_length + 1 after a verify).
+    """
+
+    requests: list[Request]  # the plan's prefill requests first, then its decode requests
+    tokens: torch.Tensor
+    num_emitted: torch.Tensor
+    num_committed: torch.Tensor
+    num_forwards: int  # model forwards the step ran (target and draft)
+    num_prefill: int  # rows [0, num_prefill) were prefills
+    speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
+
+
+class Worker(Protocol):
+    """Runs one step's device work over a plan from ``Scheduler.schedule``.
+
+    ``reserve_per_step``: slots the scheduler keeps backed past each running request's committed
+    length before every step (1 without speculation, 2 when it may run ahead; ``2·max(S·k, N)``
+    for a v2 tree worker).
+    The plan's ``retracted`` and ``released`` requests no longer own rows: a worker drops any
+    device state it keeps for them. ``step`` must not synchronise with the host.
+
+    ``can_run_ahead(decode)``: whether a decode step over ``decode`` may be launched while the
+    previous step is still in flight, i.e. from the device's own committed lengths, the host's
+    being only lower bounds (``SchedulePlan.exact_lengths`` False). Workers that keep host
+    books per step (v1; the plain worker without ``run_ahead``, whose pending tokens come from
+    the host) say False and the engine runs them synchronously.
+    """
+
+    @property
+    def reserve_per_step(self) -> int: ...
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
+
+    def step(self, plan: SchedulePlan) -> StepOutput: ...
