@@ -1,0 +1,77 @@
+"""Domain: the rank profile of a draft head, learned from committed verify steps.
+
+After a verify step, each request's accepted path says, depth by depth, which of the draft's
+candidates the target took (its *rank*: 0 = the draft's most likely token) and how many
+candidates the tree offered there. A depth the path reached is an *exposure* of every rank the
+tree offered at it; the rank taken, if any, is a *hit*. ``hits / exposures`` per (depth, rank)
+estimates ``RankProfile.hit_rates`` without bias from the tree's width: a rank the tree did not
+offer is not counted against it. Counts decay geometrically (``half_life`` steps), so the
+profile follows the text being generated; a prior (e.g. the head's training report) stands in
+for ``prior_weight`` exposures until real ones outweigh it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from eagletree.domain.draft_shape import RankProfile
+
+
+class AcceptanceProfile:
+    """Decayed per-(depth, rank) hit and exposure counts → a ``RankProfile``."""
+
+    def __init__(
+        self,
+        max_depth: int,
+        max_rank: int,
+        prior: RankProfile,
+        *,
+        prior_weight: float = 8.0,
+        half_life: float = 64.0,
+    ) -> None:
+        if max_depth < 1 or max_rank < 1 or prior_weight < 0 or half_life <= 0:
+            raise ValueError("max_depth, max_rank and half_life must be positive")
+        self.max_depth = max_depth
+        self.max_rank = max_rank
+        self._decay = 0.5 ** (1.0 / half_life)
+        self._hits = [
+            [prior_weight * prior.rate(d, j) for j in range(max_rank)] for d in range(max_depth)
+        ]
+        self._exposures = [[prior_weight] * max_rank for _ in range(max_depth)]
+
+    def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
+        at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
+        candidates the tree offered at that depth under the accepted path (0 where the path did
+        not reach it). The counts so far decay by one step first."""
+        self._decay_counts()
+        for ranks, offered in paths:
+            self._record_path(ranks, offered)
+
+    def _record_path(self, ranks: Sequence[int], offered: Sequence[int]) -> None:
+        for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
+            if depth >= self.max_depth or count <= 0:
+                break
+            exposures = self._exposures[depth]
+            for j in range(min(count, self.max_rank)):
+                exposures[j] += 1.0
+            if rank < 0:
+                break
+            if rank < self.max_rank:
+                self._hits[depth][rank] += 1.0
+
+    def profile(self) -> RankProfile:
+        """The current estimate (every rank's rate ≤ its hits / exposures, rows summing ≤ 1)."""
+        rows = []
+        for hits, exposures in zip(self._hits, self._exposures, strict=True):
+            row = [h / e if e > 0 else 0.0 for h, e in zip(hits, exposures, strict=True)]
+            total = sum(row)
+            rows.append(tuple(r / total for r in row) if total > 1.0 else tuple(row))
+        return RankProfile(tuple(rows))
+
+    def _decay_counts(self) -> None:
+        keep = self._decay
+        for hits, exposures in zip(self._hits, self._exposures, strict=True):
+            for j in range(self.max_rank):
+                hits[j] *= keep
+                exposures[j] *= keep

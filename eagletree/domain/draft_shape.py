@@ -1,0 +1,169 @@
+"""Domain: the shape of a speculative step — draft depth S, beam width k, verified nodes N — and
+how many tokens such a step is expected to commit, given how often the target takes each of the
+draft's candidates.
+
+A step of shape (S, k, N) drafts S levels of a k-wide beam, verifies the N − 1 best candidates
+under the pending token (the root) and commits 1 + the accepted drafts. ``PLAIN`` (S = 0,
+N = 1) is a step without drafts: one token.
+
+**Expected accepted drafts.** Let ``r[d][j]`` be the probability that, with the path accepted
+through depth d, the target's next token is the draft's (j + 1)-th candidate there (the
+*rank profile*, measured from committed steps: ``acceptance_profile``). A node is accepted iff
+every edge of its path is, and siblings exclude each other, so a tree whose nodes are the rank
+paths P commits ``Σ_{p ∈ P} Π_{(d, j) ∈ p} r[d][j]`` drafts in expectation. The nodes of a
+shape are the ones EAGLE's drafting would pick if the draft's path scores were these
+probabilities: the beam keeps the k best paths at every depth, and the N − 1 best of all
+candidates are verified (``tree_rank_paths``). A chain (k = 1) is the special case
+``Σ_{d ≤ S} Π_{e ≤ d} r[e][0]``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+RankPath = tuple[int, ...]  # the candidate rank chosen at each depth, root excluded
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DraftShape:
+    """Draft depth ``num_steps`` (S), beam width ``topk`` (k), nodes verified
+    ``num_draft_tokens`` (N, the root included). S = 0 is plain decoding (k = 1, N = 1)."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    def __post_init__(self) -> None:
+        s, k, n = self.num_steps, self.topk, self.num_draft_tokens
+        if s == 0:
+            if (k, n) != (1, 1):
+                raise ValueError(f"plain decoding has topk 1 and 1 node, got topk {k}, N {n}")
+            return
+        if s < 0 or k < 1 or n < 2:
+            raise ValueError(f"a draft shape needs S >= 1, k >= 1, N >= 2; got {self.label}")
+        if k == 1 and n != s + 1:
+            raise ValueError(f"a chain of depth {s} verifies {s + 1} nodes, got N {n}")
+        if n - 1 > k + (s - 1) * k * k:
+            raise ValueError(
+                f"{self.label}: N - 1 = {n - 1} exceeds the {k + (s - 1) * k * k} candidates "
+                f"a depth-{s}, width-{k} beam drafts"
+            )
+
+    @staticmethod
+    def chain(num_steps: int) -> DraftShape:
+        return DraftShape(num_steps, 1, num_steps + 1)
+
+    @property
+    def is_plain(self) -> bool:
+        return self.num_steps == 0
+
+    @property
+    def max_tokens(self) -> int:
+        """Most tokens one step commits: S accepted drafts and the bonus, within N."""
+        return min(self.num_steps + 1, self.num_draft_tokens)
+
+    @property
+    def label(self) -> str:
+        s, k, n = self.num_steps, self.topk, self.num_draft_tokens
+        if s == 0:
+            return "plain"
+        return f"chain S{s}" if k == 1 else f"tree S{s} k{k} N{n}"
+
+
+PLAIN = DraftShape(0, 1, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RankProfile:
+    """``hit_rates[d][j]``: P(the target takes the draft's (j+1)-th candidate at depth d + 1 |
+    the path is accepted through depth d). Rows may be shorter than a shape needs: a depth past
+    the last row repeats the last row, a rank past a row's end continues the row's last ratio
+    (``rate``), so a profile measured on narrow trees still prices wider ones."""
+
+    hit_rates: tuple[tuple[float, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.hit_rates or not all(self.hit_rates):
+            raise ValueError("a rank profile needs at least one rate at every depth it lists")
+        for depth, row in enumerate(self.hit_rates):
+            if any(not 0.0 <= r <= 1.0 for r in row) or sum(row) > 1.0 + 1e-9:
+                raise ValueError(f"depth {depth + 1}: rates {row} are not disjoint probabilities")
+
+    def rate(self, depth: int, rank: int) -> float:
+        """r[depth][rank] (both 0-based), extrapolated past the measured rows and ranks."""
+        row = self.hit_rates[min(depth, len(self.hit_rates) - 1)]
+        if rank < len(row):
+            return row[rank]
+        if len(row) < 2 or row[-2] <= 0.0:
+            return 0.0
+        ratio = min(row[-1] / row[-2], 1.0)
+        value = row[-1] * ratio ** (rank - len(row) + 1)
+        # never more than the probability the row leaves unclaimed
+        return min(value, max(0.0, 1.0 - sum(row)))
+
+
+def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float, RankPath]]:
+    """The non-root nodes of ``shape`` as (probability the node is accepted, its rank path),
+    best first: a k-wide beam over S depths whose path scores are the profile's products, then
+    the N − 1 best of every drafted candidate (ties towards the shallower, lower-ranked one)."""
+    if shape.is_plain:
+        return []
+    k = shape.topk
+    candidates: list[tuple[float, RankPath]] = []
+    beam: list[tuple[float, RankPath]] = [(1.0, ())]
+    for depth in range(shape.num_steps):
+        expanded = [
+            (score * profile.rate(depth, j), (*path, j)) for score, path in beam for j in range(k)
+        ]
+        candidates.extend(expanded)
+        beam = heapq.nsmallest(k, expanded, key=_best_first)
+    return heapq.nsmallest(shape.num_draft_tokens - 1, candidates, key=_best_first)
+
+
+def expected_accepted(shape: DraftShape, profile: RankProfile) -> float:
+    """Expected accepted drafts of one step of ``shape`` (tokens committed = 1 + this)."""
+    return sum(score for score, _ in tree_rank_paths(shape, profile))
+
+
+def _best_first(node: tuple[float, RankPath]) -> tuple[float, int, RankPath]:
+    score, path = node
+    return (-score, len(path), path)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeChoice:
+    """The shape chosen for a step and the committed tokens per second it is expected to give."""
+
+    shape: DraftShape
+    tokens_per_second: float
+
+
+def choose_shape(
+    candidates: Sequence[DraftShape],
+    step_seconds: Sequence[float],
+    accepted: Sequence[Sequence[float]],
+    current: DraftShape | None = None,
+    hysteresis: float = 0.0,
+) -> ShapeChoice:
+    """The candidate that commits the most tokens per second for one batch.
+
+    ``step_seconds[i]``: the measured time of one step of ``candidates[i]`` at this batch's
+    size and sampling; ``accepted[i]``: each request's expected accepted drafts under it. The
+    step commits ``Σ (1 + accepted)`` tokens. With ``current`` among the candidates, another
+    shape is chosen only when it is more than ``hysteresis`` (a fraction) faster, so that noise
+    in the estimates does not flip the shape every step. Ties go to the earlier candidate.
+    """
+    if not candidates or len(step_seconds) != len(candidates) or len(accepted) != len(candidates):
+        raise ValueError("one step time and one list of accepted drafts per candidate")
+    rates = [
+        sum(1.0 + a for a in per_request) / seconds
+        for per_request, seconds in zip(accepted, step_seconds, strict=True)
+    ]
+    best = max(range(len(candidates)), key=lambda i: (rates[i], -i))
+    if current is not None and current in candidates:
+        kept = candidates.index(current)
+        if rates[best] <= rates[kept] * (1.0 + hysteresis):
+            best = kept
+    return ShapeChoice(candidates[best], rates[best])

@@ -1,0 +1,178 @@
+"""Draft shapes, the tokens a shape is expected to commit under a rank profile, and the choice
+of a batch's shape from measured step times — against hand-computed cases and invariants."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eagletree.domain.acceptance_profile import AcceptanceProfile
+from eagletree.domain.draft_shape import (
+    PLAIN,
+    DraftShape,
+    RankProfile,
+    choose_shape,
+    expected_accepted,
+    tree_rank_paths,
+)
+
+
+def test_shapes_that_cannot_be_drafted_are_refused_naming_the_shape() -> None:
+    with pytest.raises(ValueError, match="plain decoding"):
+        DraftShape(0, 2, 1)
+    with pytest.raises(ValueError, match="chain of depth 3 verifies 4 nodes"):
+        DraftShape(3, 1, 6)
+    with pytest.raises(ValueError, match=r"tree S2 k2 N8: N - 1 = 7 exceeds the 6 candidates"):
+        DraftShape(2, 2, 8)
+    with pytest.raises(ValueError, match="S >= 1"):
+        DraftShape(1, 0, 2)
+    assert DraftShape.chain(5) == DraftShape(5, 1, 6)
+    assert [s.label for s in (PLAIN, DraftShape.chain(3), DraftShape(5, 4, 8))] == [
+        "plain",
+        "chain S3",
+        "tree S5 k4 N8",
+    ]
+    assert (PLAIN.max_tokens, DraftShape.chain(3).max_tokens, DraftShape(6, 8, 4).max_tokens) == (
+        1,
+        4,
+        4,
+    )
+
+
+def test_a_chain_expects_the_sum_of_its_prefix_products() -> None:
+    profile = RankProfile(((0.8,), (0.7,), (0.6,)))
+    # 0.8 + 0.8·0.7 + 0.8·0.7·0.6
+    assert expected_accepted(DraftShape.chain(3), profile) == pytest.approx(1.696)
+    # a depth past the profile repeats its last row: + 0.336·0.6
+    assert expected_accepted(DraftShape.chain(4), profile) == pytest.approx(1.696 + 0.2016)
+    assert expected_accepted(PLAIN, profile) == 0.0
+
+
+def test_a_tree_keeps_the_best_nodes_of_its_beam() -> None:
+    profile = RankProfile(((0.6, 0.3), (0.5, 0.2)))
+    # depth 1: (0) 0.6, (1) 0.3; depth 2: (0,0) 0.3, (0,1) 0.12, (1,0) 0.15, (1,1) 0.06
+    nodes = tree_rank_paths(DraftShape(2, 2, 4), profile)
+    assert [path for _, path in nodes] == [(0,), (1,), (0, 0)]  # the tie goes to the shallower
+    assert expected_accepted(DraftShape(2, 2, 4), profile) == pytest.approx(1.2)
+    assert expected_accepted(DraftShape(2, 2, 7), profile) == pytest.approx(
+        1.2 + 0.15 + 0.12 + 0.06
+    )
+
+
+def test_the_beam_expands_only_its_k_best_paths() -> None:
+    profile = RankProfile(((0.5, 0.2), (0.9, 0.05)))
+    # every candidate a depth-3, width-2 beam drafts: 2 + 4 + 4
+    paths = [path for _, path in tree_rank_paths(DraftShape(3, 2, 11), profile)]
+    assert len(paths) == 10
+    # the beam after depth 2 holds (0,0) 0.45 and (1,0) 0.18: depth 3 grows from those only,
+    # though (0,1,0) = 0.0225 would beat (1,0,1) = 0.009 if (0,1) had stayed in the beam
+    assert {p[:2] for p in paths if len(p) == 3} == {(0, 0), (1, 0)}
+
+
+def test_ranks_past_a_row_continue_its_last_ratio_within_what_is_left() -> None:
+    profile = RankProfile(((0.4, 0.2),))
+    assert profile.rate(0, 2) == pytest.approx(0.1)
+    assert profile.rate(0, 3) == pytest.approx(0.05)
+    assert profile.rate(5, 1) == pytest.approx(0.2)  # deeper: the last row
+    crowded = RankProfile(((0.5, 0.45),))
+    assert crowded.rate(0, 2) == pytest.approx(0.05)  # capped by the unclaimed probability
+
+
+def test_a_profile_with_rates_that_are_not_probabilities_is_refused() -> None:
+    with pytest.raises(ValueError, match="depth 1"):
+        RankProfile(((0.7, 0.5),))
+    with pytest.raises(ValueError, match="at least one rate"):
+        RankProfile(((0.5,), ()))
+
+
+@given(
+    rates=st.lists(st.lists(st.floats(0.0, 0.25), min_size=1, max_size=4), min_size=1, max_size=5),
+    num_steps=st.integers(1, 6),
+    topk=st.integers(1, 4),
+    data=st.data(),
+)
+def test_more_verified_nodes_never_expect_fewer_tokens(
+    rates: list[list[float]], num_steps: int, topk: int, data: st.DataObject
+) -> None:
+    profile = RankProfile(tuple(tuple(row) for row in rates))
+    most = topk + (num_steps - 1) * topk * topk
+    if topk == 1:
+        shapes = [DraftShape.chain(num_steps)]
+    else:
+        n = data.draw(st.integers(2, most))
+        shapes = [DraftShape(num_steps, topk, n), DraftShape(num_steps, topk, min(n + 1, most + 1))]
+    values = [expected_accepted(shape, profile) for shape in shapes]
+    assert values == sorted(values)
+    assert all(0.0 <= v <= num_steps for v in values)
+    nodes = tree_rank_paths(shapes[-1], profile)
+    # ancestor-closed: every node's parent path is a node too
+    paths = {path for _, path in nodes}
+    assert all(len(p) == 1 or p[:-1] in paths for p in paths)
+
+
+def test_the_choice_is_the_fastest_in_committed_tokens_per_second() -> None:
+    candidates = [PLAIN, DraftShape.chain(3), DraftShape(5, 4, 8)]
+    seconds = [1.0, 1.5, 2.0]
+    # two requests; per request: accepted drafts under each shape
+    accepted = [[0.0, 0.0], [1.7, 1.3], [2.2, 2.0]]
+    choice = choose_shape(candidates, seconds, accepted)
+    # plain 2 / 1.0 = 2.0; chain (2.7 + 2.3) / 1.5 = 3.33; tree (3.2 + 3.0) / 2.0 = 3.1
+    assert choice.shape == DraftShape.chain(3)
+    assert choice.tokens_per_second == pytest.approx(5.0 / 1.5)
+    # the tree is 7 % slower than the chain: kept while it is the current shape under 10 %
+    kept = choose_shape(candidates, seconds, accepted, current=DraftShape(5, 4, 8), hysteresis=0.1)
+    assert kept.shape == DraftShape(5, 4, 8)
+    moved = choose_shape(
+        candidates, seconds, accepted, current=DraftShape(5, 4, 8), hysteresis=0.05
+    )
+    assert moved.shape == DraftShape.chain(3)
+    # when nothing is accepted, plain decoding wins
+    assert choose_shape(candidates, seconds, [[0.0], [0.0], [0.0]]).shape == PLAIN
+    with pytest.raises(ValueError, match="one step time"):
+        choose_shape(candidates, seconds[:2], accepted)
+
+
+def test_the_profile_learns_the_rates_it_is_fed_and_ignores_ranks_not_offered() -> None:
+    truth: tuple[tuple[float, ...], ...] = ((0.6, 0.2, 0.1), (0.5, 0.25, 0.05))
+    tracker = AcceptanceProfile(2, 3, RankProfile(((0.1,),)), prior_weight=1.0, half_life=1e9)
+    rng = random.Random(7)
+    for _ in range(4000):
+        ranks, offered = [], []
+        width = rng.choice((1, 2, 3))  # trees of every width: narrower ones censor ranks
+        for row in truth:
+            offered.append(width)
+            draw, rank = rng.random(), -1
+            for j, rate in enumerate(row):
+                draw -= rate
+                if draw < 0:
+                    rank = j
+                    break
+            if rank >= width:
+                rank = -1  # the target's token was not in the tree: the path ends
+            ranks.append(rank)
+            if rank < 0:
+                break
+        ranks += [-1] * (2 - len(ranks))
+        offered += [0] * (2 - len(offered))
+        tracker.record([(ranks, offered)])
+    learned = tracker.profile().hit_rates
+    for row, expected in zip(learned, truth, strict=True):
+        assert row == pytest.approx(expected, abs=0.03)
+
+
+def test_old_steps_fade_with_the_half_life() -> None:
+    tracker = AcceptanceProfile(1, 1, RankProfile(((0.0,),)), prior_weight=0.0, half_life=10)
+    for _ in range(200):
+        tracker.record([([0], [1])])  # always accepted
+    assert tracker.profile().hit_rates[0][0] == pytest.approx(1.0)
+    for _ in range(10):
+        tracker.record([([-1], [1])])  # never accepted, for one half-life
+    # the 200 old hits weigh as much as the 10 new misses' share of the decayed total
+    weights = [0.5 ** (i / 10) for i in range(210)]
+    hits = sum(weights[10:])
+    assert tracker.profile().hit_rates[0][0] == pytest.approx(hits / sum(weights), rel=1e-6)
+    assert math.isclose(sum(weights[:10]) / sum(weights), 1 - hits / sum(weights))
