@@ -575,7 +575,7 @@ def test_a_v2_step_on_cuda_never_synchronises_with_the_host(
 
 
 # The least share of tokens before each request's first divergence, per backend (measured on
-# the H200, docs/benchmarks.md). Triton matches bf16 plain greedy on every configuration.
+# the H200, docs/log/benchmarks-2026.md). Triton matches bf16 plain greedy on every configuration.
 # FlashAttention measured 87.5 % and 95.8 %: its verify merges a prefix pass and a tree pass by
 # log-sum-exp, so it rounds differently from its own decode path and near-tie argmaxes flip (it
 # has no fp32 kernels to show exactness, as the other backends do above). The torch reference
