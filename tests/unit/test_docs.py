@@ -3,7 +3,8 @@
 - every relative path they mention (``eagletree/...``, ``app/...`` and the other package
   folders, ``benchmarks/``, ``scripts/``, ``examples/``, ``docs/``, ``tests/``) is a file or folder,
   and every module or script their code names without a folder is somewhere in the checkout;
-- every markdown link points at a file, and its ``#anchor`` at a heading of that file;
+- every markdown link points at a file, and its ``#anchor`` at a heading of that file; the
+  README links every doc;
 - every command their code shows — ``eagletree …``, ``python -m benchmarks.… / eagletree.…``,
   ``bash scripts/gpu.sh bench|cli|ab|real-pair …`` — answers ``--help`` with status 0 and lists
   each ``--flag`` it is shown with (run in this process: argparse exits before any work);
@@ -181,6 +182,12 @@ def test_every_link_and_anchor_resolves(doc: Path) -> None:
         if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
             broken.append(target)
     assert not broken, f"{doc_id(doc)} links to what does not exist: {broken}"
+
+
+def test_the_readme_links_every_doc() -> None:
+    linked = {(ROOT / target).resolve() for target in LINK.findall(DOCS[0].read_text("utf-8"))}
+    unlisted = [doc_id(doc) for doc in DOCS[1:] if doc.resolve() not in linked]
+    assert not unlisted, f"README.md's list of documentation leaves out {unlisted}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=doc_id)
