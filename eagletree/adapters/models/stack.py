@@ -86,7 +86,8 @@ def run_decoder_stack(
     ctx: AttentionContext,
 ) -> TargetHidden:
     # input_ids, positions: (num_tokens,); each layer: (h, residual) -> (its output, residual),
-    # the stream between layers being residual + h (see LlamaDecoderLayer)
+    # the stream between layers being residual + h, or h alone after a stream layer (which
+    # returns no residual: StreamLlamaDecoderLayer)
     h = embed_tokens(input_ids)
     rope = rotary(positions, h.dtype)
     residual: torch.Tensor | None = None
