@@ -395,7 +395,7 @@ def run_from_poisoned_pools(mtp: MTPEngine, prompts: Sequence[Sequence[int]]) ->
     ends: dict[int, int] = {}
     for _ in range(6):
         ends = {
-            r.request_id: r.committed_len + mtp.worker.num_draft_tokens
+            r.request_id: r.committed_len + mtp.worker.shape.num_draft_tokens
             for r in mtp.engine.scheduler.running
         }
         mtp.engine.step()
