@@ -7,12 +7,13 @@ per call, ``build_tree`` (FULL_MASK with ``seq_lens_sum`` given, and QLEN_ONLY),
 Inputs come from the real beam (``select_top_k_tokens`` S times, ``organize_draft_results``),
 built once outside the timing; the target agrees with each node's first child, so the
 top-ranked path is accepted to full depth.
-Times are medians in µs after warm-up: CUDA events on the GPU, ``time.perf_counter`` on the CPU.
-``--sync-debug`` runs every timed call under ``torch.cuda.set_sync_debug_mode("error")``: a host
-synchronisation inside any of them raises, so a finished table proves the path is sync-free.
+Times are medians in µs per call (``benchmarks.timing.median_us``: CUDA events without an L2
+flush on the GPU, ``time.perf_counter`` on the CPU). ``--sync-debug`` runs every timed call under
+``torch.cuda.set_sync_debug_mode("error")``: a host synchronisation inside any of them raises, so
+a finished table shows the path is free of them.
 
-    PYTHONPATH=$PWD python3 benchmarks/domain_ops.py --sync-debug --out domain_ops.md
-    PYTHONPATH=$PWD python3 benchmarks/domain_ops.py --devices cpu --iters 10   # CPU only
+    python -m benchmarks.domain_ops --sync-debug --out domain_ops.md
+    python -m benchmarks.domain_ops --devices cpu --rep-ms 20   # CPU only
 
 Needs only torch (it imports ``eagletree.domain`` alone).
 """
@@ -20,14 +21,12 @@ Needs only torch (it imports ``eagletree.domain`` alone).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from benchmarks.timing import median_us
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import (
     DraftTree,
@@ -142,46 +141,6 @@ def run_step(x: StepInputs) -> tuple[torch.Tensor, ...]:
     return (*run_compaction(x, result), run_compact_hidden(x, result))
 
 
-@contextmanager
-def sync_checked(device: torch.device, enabled: bool) -> Iterator[None]:
-    """Make any host synchronisation raise while the block runs (CUDA only)."""
-    if not (enabled and device.type == "cuda"):
-        yield
-        return
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-
-
-def cuda_event() -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-
-
-def median_us(
-    fn: Callable[[], object], device: torch.device, warmup: int, iters: int, sync_debug: bool
-) -> float:
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        events = [(cuda_event(), cuda_event()) for _ in range(iters)]
-        with sync_checked(device, sync_debug):
-            for start, end in events:
-                start.record()
-                fn()
-                end.record()
-        torch.cuda.synchronize(device)
-        return statistics.median(float(s.elapsed_time(e)) * 1e3 for s, e in events)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
-
-
 COLUMNS = (
     "build FULL",
     "build QLEN",
@@ -199,10 +158,10 @@ def benchmark_row(
     x = prepare(bs, k, steps, n, args.seq_len, args.hidden_size, device)
     tree = run_build(x, TreeMaskMode.FULL_MASK)
     result = run_verify(x, tree)
-    iters = args.iters if args.iters else (200 if device.type == "cuda" else 20)
 
     def timed(fn: Callable[[], object]) -> float:
-        return median_us(fn, device, args.warmup, iters, args.sync_debug)
+        # no L2 flush: a step's small tensors stay in L2 from one operation to the next
+        return median_us(fn, device, rep_ms=args.rep_ms, flush_l2=False, sync_debug=args.sync_debug)
 
     return [
         timed(lambda: run_build(x, TreeMaskMode.FULL_MASK)),
@@ -221,8 +180,7 @@ def main() -> None:
     parser.add_argument("--bs", nargs="+", type=int, default=list(BATCH_SIZES))
     parser.add_argument("--seq-len", type=int, default=512, help="largest committed length L_b")
     parser.add_argument("--hidden-size", type=int, default=4096)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iters", type=int, default=0, help="0: 200 on CUDA, 20 on the CPU")
+    parser.add_argument("--rep-ms", type=float, default=100.0, help="timed span per cell")
     parser.add_argument("--sync-debug", action="store_true", help="raise on any host sync")
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()

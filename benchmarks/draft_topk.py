@@ -6,11 +6,11 @@ vocabulary), beside the top-k followed by a separate gather of the ids, as befor
 
 Logits are bf16 over Llama-3's 128 256-entry vocabulary and EAGLE-3's 32 000. One CUDA graph runs
 the call over ``COPIES`` distinct logit buffers so that little is served from L2 and no launch is
-timed (``gemm.replay_us``); "µs" is the median replay divided by the calls. Every tile's tokens
+timed (``timing.replay_us``); "µs" is the median replay divided by the calls. Every tile's tokens
 are checked against the reference first. Times are printed, never asserted.
 
-    PYTHONPATH=$PWD python3 benchmarks/draft_topk.py --out draft_topk.md
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/draft_topk.py --smoke
+    python -m benchmarks.draft_topk --out draft_topk.md
+    TRITON_INTERPRET=1 python -m benchmarks.draft_topk --smoke
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from functools import partial
 
 import torch
 
-from benchmarks.gemm import replay_us
+from benchmarks.timing import replay_us
 from eagletree.adapters.kernels.triton.draft_topk import TopKConfig, default_config, top_k_probs
 from eagletree.domain.sampling import top_k_probs as reference_top_k
 

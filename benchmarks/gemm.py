@@ -9,7 +9,7 @@ drafts' 128) measure the two BLAS paths only, which the engine takes there, and 
 kernels cuBLAS launched (in the "best config" column), to set beside a step's profile. As in
 the model, every call reads a different weight: one CUDA graph runs the GEMM over ``LAYERS``
 distinct weights back to back (fewer for the 1 GB lm_head), so nothing is served from L2 and no
-launch is timed. "µs" is the graph's median replay (``triton.testing.do_bench``) divided by
+launch is timed. "µs" is the graph's median replay (``timing.replay_us``) divided by
 the calls in it; "TB/s" counts the weight, input and output bytes once. Each Triton config's
 output is checked against ``F.linear`` first (bf16 tolerance); a config that does not fit the
 shared memory is skipped. Times are printed, never asserted.
@@ -20,17 +20,15 @@ and one of whole MLP blocks as a verify runs them (add + RMSNorm, gate/up, SiLU-
 each replayed for ``--sustain-ms`` (a short burst and a sustained run differ where the GPU's
 clock falls under its power limit; sample ``nvidia-smi`` beside it to see).
 
-    PYTHONPATH=$PWD python3 benchmarks/gemm.py --out gemm.md [--quick] [--shapes …] [--rows …]
-    PYTHONPATH=$PWD python3 benchmarks/gemm.py --in-layer 256 --sustain-ms 30 3000
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/gemm.py --smoke
+    python -m benchmarks.gemm --out gemm.md [--quick] [--shapes …] [--rows …]
+    python -m benchmarks.gemm --in-layer 256 --sustain-ms 30 3000
+    TRITON_INTERPRET=1 python -m benchmarks.gemm --smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import time
-from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -38,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
+from benchmarks.gemm_in_layer import in_layer_table
+from benchmarks.timing import kernel_names, replay_us
 from eagletree.adapters.kernels.triton.skinny_gemm import (
     MAX_ROWS,
     SkinnyConfig,
@@ -74,26 +74,6 @@ def configs(quick: bool) -> list[SkinnyConfig]:
     return [SkinnyConfig(*c) for c in itertools.product(blocks_n, blocks_k, warps, stages)]
 
 
-def replay_us(calls: list[Callable[[], object]], device: torch.device) -> float:
-    """Median µs per call of ``calls`` run back to back, replayed from one CUDA graph."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for call in calls:
-            call()
-        return (time.perf_counter() - start) * 1e6 / len(calls)
-    import triton.testing
-
-    for call in calls:  # compiles, warms cuBLAS's handles
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    ms = triton.testing.do_bench(graph.replay, warmup=5, rep=30, return_mode="median")
-    return float(ms) * 1e3 / len(calls)
-
-
 def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.device) -> str:
     gen = torch.Generator().manual_seed(rows)
     dtype = torch.bfloat16
@@ -118,9 +98,7 @@ def measure(shape: Shape, rows: int, cfgs: list[SkinnyConfig], device: torch.dev
         finally:
             torch.backends.cuda.preferred_blas_library(previous)
     if rows > MAX_ROWS:  # the engine takes cuBLAS here: the two BLAS columns and its kernels
-        from benchmarks.fused_kernels import cuda_kernels
-
-        names = cuda_kernels(partial(F.linear, x, weights[0]), device)
+        names = kernel_names(partial(F.linear, x, weights[0]), device)
         chosen = "—" if names is None else " + ".join(f"`{name[:48]}`" for name in names)
         return (
             f"| {shape.name} {shape.k}→{shape.n} | {rows} | {cublas:.1f} ({tbps(cublas):.2f}) |"
@@ -170,8 +148,6 @@ def main() -> None:
     if args.in_layer:
         if device.type != "cuda":
             parser.error("--in-layer profiles CUDA kernels: it needs the GPU")
-        from benchmarks.gemm_in_layer import in_layer_table
-
         lines = in_layer_table(args.in_layer, args.sustain_ms, device)
         if args.out:
             with open(args.out, "w") as f:

@@ -4,9 +4,9 @@ Llama-3.1-8B's MLP (hidden 4096, intermediate 14 336, bf16) over ``LAYERS`` laye
 weights, so that no weight is served from L2. Two CUDA graphs: the merged gate/up GEMMs back to
 back, and whole blocks as a step runs them at more than 64 rows (add + RMSNorm, gate/up,
 SiLU-and-mul, down). Each graph is replayed for the asked span first — a sustained run is where
-the GPU's clock may fall under its power limit — then three more replays run under the
-profiler, whose per-kernel durations the table reports (µs per call, averaged over the calls of
-one name). Times are printed, never asserted.
+the GPU's clock may fall under its power limit — then timed (the median replay), then three
+more replays run under the profiler, whose per-kernel durations the table reports (µs per call,
+averaged over the calls of one name). Times are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.timing import launched_kernels, median_us
 from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm
 from eagletree.adapters.kernels.triton.silu_and_mul import silu_and_mul
 
@@ -36,7 +36,7 @@ def _graph(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
 
 
 def _kernel_us(
-    graph: torch.cuda.CUDAGraph, sustain_ms: float
+    graph: torch.cuda.CUDAGraph, sustain_ms: float, device: torch.device
 ) -> tuple[dict[str, tuple[float, float]], float]:
     """({kernel name: (calls a replay, µs a call)}, µs a replay) after replaying ``graph``
     for the span."""
@@ -45,24 +45,22 @@ def _kernel_us(
         for _ in range(4):
             graph.replay()
         torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        start.record()
+    replay_us = median_us(graph.replay, device, rep_ms=30, flush_l2=False)
+
+    def replays() -> None:
         for _ in range(PROFILED_REPLAYS):
             graph.replay()
-        stop.record()
-        torch.cuda.synchronize()
+
+    launched = launched_kernels(replays, device)
+    assert launched is not None  # the caller checked for CUDA
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            entry = sums[event.name]
-            entry[0] += 1
-            entry[1] += event.time_range.elapsed_us()
+    for name, us in launched:
+        sums[name][0] += 1
+        sums[name][1] += us
     per_call = {
         name: (count / PROFILED_REPLAYS, total / count) for name, (count, total) in sums.items()
     }
-    return per_call, start.elapsed_time(stop) * 1e3 / PROFILED_REPLAYS
+    return per_call, replay_us
 
 
 def _bodies(
@@ -105,7 +103,7 @@ def in_layer_table(rows_list: list[int], spans_ms: list[float], device: torch.de
         graphs = {"gate/up alone": _graph(gemms_alone), "MLP blocks": _graph(mlp_blocks)}
         for span in spans_ms:
             for label, graph in graphs.items():
-                per_call, replay_us = _kernel_us(graph, span)
+                per_call, replay_us = _kernel_us(graph, span, device)
                 ranked = sorted(per_call.items(), key=lambda item: -item[1][0] * item[1][1])
                 for name, (calls, us) in ranked:
                     line = (

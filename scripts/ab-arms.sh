@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Export branches (or any revisions) as A/B arms for one device call: ab/<name>/ holds the
-# revision's eagletree/, tests/ and pyproject.toml. ab/ is ignored by git, so the device call
-# must carry it:  device run: bash scripts/gpu.sh ab ARM... -- BENCH-ARGS   (carry .whl and ab)
-#   bash scripts/ab-arms.sh main wip/fold-norms-any-rows fp8=wip/fp8-mma-draft
+# revision's eagletree/, tests/ and pyproject.toml — not benchmarks/, so that every arm is
+# measured by this checkout's benchmark code. ab/ is ignored by git, so the device call must
+# carry it (with .whl):
+#   bash scripts/ab-arms.sh base=HEAD~1 new=HEAD
+#   device run: bash scripts/gpu.sh ab base new -- bench attention --key-shapes
+#               bash scripts/gpu.sh ab base new -- cli bench --preset llama3-8b --configs plain
 # An argument NAME=REV names the arm; otherwise the arm is the revision with / turned into -.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,8 +9,10 @@ AttentionKind = Literal["mha", "mla", "dsa"]
 
 ATTENTION_KINDS: tuple[AttentionKind, ...] = get_args(AttentionKind)
 
-# Known architectures and what their checkpoints carry: (attention kind, recurrent layers, MTP
-# layers). Until checkpoints are read (issue 6) this is what `eagletree config show` assumes.
+# Known architectures: (attention kind, recurrent layers, MTP layers). A read checkpoint takes
+# the attention kind and recurrent layers from its row, which its config.json does not state as
+# such, and everything else from config.json (`describe_checkpoint`, `describe_target`);
+# `eagletree config show` assumes the whole row of `--target-arch` when no checkpoint can be read.
 _KNOWN_ARCHITECTURES: dict[str, tuple[AttentionKind, bool, int]] = {
     "LlamaForCausalLM": ("mha", False, 0),
     "Qwen2ForCausalLM": ("mha", False, 0),

@@ -43,13 +43,6 @@ class ForwardMode(enum.Enum):
     DRAFT_EXTEND = "draft_extend"
     IDLE = "idle"
 
-    def is_tree_verify(self) -> bool:
-        return self is ForwardMode.TARGET_VERIFY
-
-    def has_fixed_width(self) -> bool:
-        """Every request brings the same number of tokens (all modes but EXTEND)."""
-        return self is not ForwardMode.EXTEND
-
 
 @dataclass(frozen=True, slots=True)
 class TargetVerifySpec:
@@ -113,20 +106,6 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
-
-    def tokens_per_request(self) -> int:
-        """New tokens per request for the fixed-width modes (EXTEND has no fixed width)."""
-        if self.mode is ForwardMode.DECODE:
-            return 1
-        if isinstance(self.spec, TargetVerifySpec):
-            return self.spec.num_draft_tokens
-        if isinstance(self.spec, DraftDecodeSpec):
-            return self.spec.topk
-        if isinstance(self.spec, DraftExtendSpec):
-            return self.spec.num_tokens_per_request
-        if self.mode is ForwardMode.IDLE:
-            return 0
-        raise ValueError(f"{self.mode.name} batch has no fixed width (spec={self.spec!r})")
 
     @staticmethod
     def idle(device: torch.device | str = "cpu") -> ForwardBatch:

@@ -34,6 +34,7 @@ from eagletree.domain.tree import (
     organize_draft_results,
     select_top_k_tokens,
 )
+from tests.batch_widths import fixed_width
 
 Pool = MHAKVPool | MLAKVPool
 
@@ -331,7 +332,7 @@ def _tail_lists(case: AttentionCase, b: int, first_token: int) -> list[list[int]
     if mode is ForwardMode.DECODE:
         return [[slots[first_token]]]
     if mode is ForwardMode.DRAFT_EXTEND:
-        n = batch.tokens_per_request()
+        n = fixed_width(batch)
         return [slots[first_token : first_token + i + 1] for i in range(n)]
     if mode is ForwardMode.TARGET_VERIFY:
         assert case.tree is not None

@@ -3,7 +3,7 @@ seeded sampling, retract and abort without leaks, and input validation."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +249,9 @@ class OracleChainWorker:
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
         return False  # it reads the requests' tokens on the host
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        return 0.0  # it has no device step to capture
 
     def step(self, plan: SchedulePlan) -> StepOutput:
         rows, emitted, committed = [], [], []

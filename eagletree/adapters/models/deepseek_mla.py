@@ -10,6 +10,7 @@ latent of each head, which the value half of ``kv_b_proj`` maps to the head's ou
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,8 +19,7 @@ from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_stor
 from eagletree.adapters.models.config import MLAConfig
 from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
-from eagletree.adapters.models.kv_rows import mla_kv_buffer
-from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, RMSNorm
+from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, rms_norm
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding, yarn_mscale
 from eagletree.adapters.models.stack import (
@@ -36,6 +36,9 @@ from eagletree.adapters.models.tensor_parallel import (
 )
 from eagletree.domain.attention_layer import AttentionLayer
 
+if TYPE_CHECKING:
+    from eagletree.ports.memory import MLAKVCache
+
 
 def mla_softmax_scale(config: MLAConfig) -> float:
     """1/sqrt(qk_head_dim), times mscale² for scaled rope (transformers' ``yarn_apply_mscale``)."""
@@ -47,10 +50,10 @@ def mla_softmax_scale(config: MLAConfig) -> float:
 
 
 class MLAAttention(nn.Module):
-    """With a q LoRA, ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the same input and run as one
-    GEMM (``fused_qkv_a_proj``, filled from both checkpoint tensors). With ``fused_kernels`` and
-    an MLA pool in the context, one kernel normalises the latent, rotates q_rope and k_rope and
-    stores the pool row, and the backend runs with ``save_kv=False``.
+    """MLA attention through the torch reference: the latent normalised, q_rope and k_rope
+    rotated by ``RopeTables.rotate``, the pool row stored by the backend. With a q LoRA,
+    ``q_a_proj`` and ``kv_a_proj_with_mqa`` read the same input and run as one GEMM
+    (``fused_qkv_a_proj``, filled from both checkpoint tensors).
 
     Tensor-parallel: the latent (``kv_a``, its norm, the pool row) is replicated on every rank;
     a rank owns ``heads / W`` heads — their rows of ``q_b_proj`` / ``q_proj`` and ``kv_b_proj``
@@ -79,15 +82,14 @@ class MLAAttention(nn.Module):
         else:
             parts = (("q_a_proj", config.q_lora_rank), ("kv_a_proj_with_mqa", kv_a_rows))
             self.fused_qkv_a_proj = MergedLinear(hidden, parts, bias=bias)
-            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps, fused_kernels)
+            self.q_a_layernorm = rms_norm(config.q_lora_rank, eps, fused_kernels)
             self.q_b_proj = ColumnParallelLinear(config.q_lora_rank, q_rows, False, tp)
-        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, eps, fused_kernels)
+        self.kv_a_layernorm = rms_norm(config.kv_lora_rank, eps, fused_kernels)
         kv_b_rows = heads * (config.qk_nope_head_dim + config.v_head_dim)
         self.kv_b_proj = ColumnParallelLinear(config.kv_lora_rank, kv_b_rows, False, tp)
         self.o_proj = RowParallelLinear(
             heads * config.v_head_dim, hidden, bias=bias, tp=tp, fused_kernels=fused_kernels
         )
-        self.fused_kernels = fused_kernels
         self.layer = AttentionLayer(
             layer_id=layer_id,
             num_q_heads=self.num_local_heads,
@@ -121,28 +123,8 @@ class MLAAttention(nn.Module):
         kv_b = self.kv_b_proj.weight.view(heads, nope + cfg.v_head_dim, rank)
         # q_latent: (heads, num_tokens, rank) = q_nope · W_uk per head
         q_latent = torch.bmm(q_nope.transpose(0, 1), kv_b[:, :nope, :])
-        kv_buffer = mla_kv_buffer(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
-        if kv_buffer is not None:
-            norm = self.kv_a_layernorm
-            # q: (num_tokens, heads, rank + rope) with its rope columns rotated; the pool rows
-            # at out_cache_loc get [norm(latent); rotate(k_rope)]
-            q = mla_rope_kv_store(
-                q_rope, latent, k_rope, norm.weight, norm.eps, rope.cos, rope.sin,
-                rope.interleaved, ctx.batch.out_cache_loc, kv_buffer,
-            )  # fmt: skip
-            q[..., :rank].copy_(q_latent.transpose(0, 1))
-            # k is ignored with save_kv=False: the backend reads every key from the pool
-            k = compressed.unsqueeze(1)
-            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch, save_kv=False)
-        else:
-            latent = self.kv_a_layernorm(latent)
-            q_rope = rope.rotate(q_rope)
-            k_rope = rope.rotate(k_rope.view(num_tokens, 1, rope_dim))
-            # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
-            q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
-            k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
-            # o_latent: (num_tokens, heads * rank)
-            o_latent = ctx.backend.forward(q, k, None, self.layer, ctx.batch)
+        # o_latent: (num_tokens, heads * rank)
+        o_latent = self._attend_latent(q_latent, q_rope, latent, k_rope, compressed, rope, ctx)
         # o: (heads, num_tokens, v_head_dim) = o_latent · W_uv^T per head
         o = torch.bmm(
             o_latent.view(num_tokens, heads, rank).transpose(0, 1),
@@ -152,10 +134,62 @@ class MLAAttention(nn.Module):
         out: torch.Tensor = self.o_proj(o.transpose(0, 1).reshape(num_tokens, heads * o.shape[-1]))
         return out
 
+    def _attend_latent(
+        self,
+        q_latent: torch.Tensor,
+        q_rope: torch.Tensor,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        compressed: torch.Tensor,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        # q_latent: (heads, n, rank); q_rope: (n, heads, rope); latent: (n, rank) and
+        # k_rope: (n, rope), column blocks of compressed (n, rank + rope) -> (n, heads · rank)
+        num_tokens, rank = latent.shape
+        latent = self.kv_a_layernorm(latent)
+        q_rope = rope.rotate(q_rope)
+        k_rope = rope.rotate(k_rope.view(num_tokens, 1, k_rope.shape[-1]))
+        # q: (num_tokens, heads, rank + rope); k: (num_tokens, 1, rank + rope)
+        q = torch.cat((q_latent.transpose(0, 1), q_rope), dim=-1)
+        k = torch.cat((latent.view(num_tokens, 1, rank), k_rope), dim=-1)
+        return ctx.backend.forward(q, k, None, self.layer, ctx.batch)
+
+
+class FusedMLAAttention(MLAAttention):
+    """``MLAAttention`` whose prologue is one kernel (``mla_rope_kv_store``): it normalises the
+    latent, rotates q_rope and k_rope (either layout) and writes the pool row [latent; k_rope]
+    of the runner's MLA pool at ``out_cache_loc`` itself; the backend runs with
+    ``save_kv=False``."""
+
+    def _attend_latent(
+        self,
+        q_latent: torch.Tensor,
+        q_rope: torch.Tensor,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        compressed: torch.Tensor,
+        rope: RopeTables,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        pool: MLAKVCache = ctx.kv_pool  # type: ignore[assignment]
+        norm, rank = self.kv_a_layernorm, latent.shape[-1]
+        # q: (num_tokens, heads, rank + rope) with its rope columns rotated; the pool rows
+        # at out_cache_loc get [norm(latent); rotate(k_rope)]
+        q = mla_rope_kv_store(
+            q_rope, latent, k_rope, norm.weight, norm.eps, rope.cos, rope.sin,
+            rope.interleaved, ctx.batch.out_cache_loc, pool.get_kv_buffer(self.layer.layer_id),
+        )  # fmt: skip
+        q[..., :rank].copy_(q_latent.transpose(0, 1))
+        # k is ignored with save_kv=False: the backend reads every key from the pool
+        k = compressed.unsqueeze(1)
+        return ctx.backend.forward(q, k, None, self.layer, ctx.batch, save_kv=False)
+
 
 class MLADecoderLayer(PreNormDecoderLayer):
-    """MLA attention and SwiGLU as a ``PreNormDecoderLayer``; ``dense``: the MLP sharded over
-    that data-parallel group instead of ``tp``."""
+    """MLA attention and SwiGLU as a ``PreNormDecoderLayer``, with the Triton kernels' blocks
+    (``FusedMLAAttention``, ``FusedRMSNorm``) or the torch reference's; ``dense``: the MLP
+    sharded over that data-parallel group instead of ``tp``."""
 
     def __init__(
         self,
@@ -165,12 +199,14 @@ class MLADecoderLayer(PreNormDecoderLayer):
         tp: TensorParallel = SINGLE,
         dense: DenseGroup | None = None,
     ) -> None:
-        super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.self_attn = MLAAttention(config, layer_id, fused_kernels, tp)
-        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = swiglu_over(hidden, config.intermediate_size, False, fused_kernels, tp, dense)
+        attention = FusedMLAAttention if fused_kernels else MLAAttention
+        super().__init__(
+            rms_norm(hidden, eps, fused_kernels),
+            attention(config, layer_id, fused_kernels, tp),
+            rms_norm(hidden, eps, fused_kernels),
+            swiglu_over(hidden, config.intermediate_size, False, fused_kernels, tp, dense),
+        )
 
 
 def mla_rotary(config: MLAConfig, fused_kernels: bool = False) -> RotaryEmbedding:
@@ -197,34 +233,20 @@ class DeepseekMLAForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.tp = tp
+        layers, rank, rope = config.num_hidden_layers, config.kv_lora_rank, config.qk_rope_head_dim
+        self.kv_layout = MLALayout(layers, rank, rope)
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
         self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
         self.layers = nn.ModuleList(
             MLADecoderLayer(config, i, fused_kernels, tp, dense)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
+        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
         self.rotary = mla_rotary(config, fused_kernels)
         self.tie_weights()
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def aux_hidden_size(self) -> int:
-        return len(self.aux_layer_ids) * self.config.hidden_size
-
-    @property
-    def kv_layout(self) -> MLALayout:
-        cfg = self.config
-        return MLALayout(cfg.num_hidden_layers, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:

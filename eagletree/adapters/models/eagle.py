@@ -18,9 +18,9 @@ from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.layers import AttentionContext
-from eagletree.adapters.models.llama import LlamaDecoderLayer, fold_layer_norms
+from eagletree.adapters.models.llama import fold_layer_norms, llama_decoder_layer
 from eagletree.adapters.models.rotary import RotaryEmbedding
-from eagletree.adapters.models.stack import MHALayout, mha_layout
+from eagletree.adapters.models.stack import mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 
 
@@ -37,7 +37,7 @@ class EagleDraft(nn.Module):
     output from the previous draft step. Tensor-parallel over the target's ``tp``: the decoder
     layers are sharded as the target's are, the small ``fc`` is replicated."""
 
-    mapped_ids: torch.Tensor | None
+    token_ids: torch.Tensor | None
 
     def __init__(
         self,
@@ -49,32 +49,23 @@ class EagleDraft(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.shared = shared
         self.tp = tp
+        self.kv_layout = mha_layout(config, config.num_hidden_layers, tp, fused_kernels)
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=fc_bias)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(
+            llama_decoder_layer(
                 config, i, skip_input_norm=(i == 0), fused_kernels=fused_kernels, tp=tp
             )
             for i in range(config.num_hidden_layers)
         )
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         self.fused_kernels = fused_kernels
-        # set by restrict_vocabulary: the lm_head rows of the mapped tokens, and their ids
+        # set by restrict_vocabulary: the lm_head rows of the mapped tokens, and their ids (the
+        # target id of each logits column under a token map; None without one)
         self.mapped_lm_head: ColumnParallelLinear | None = None
-        self.register_buffer("mapped_ids", None, persistent=False)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def kv_layout(self) -> MHALayout:
-        return mha_layout(self.config, len(self.layers), self.tp)
+        self.register_buffer("token_ids", None, persistent=False)
 
     def forward(
         self,
@@ -94,12 +85,8 @@ class EagleDraft(nn.Module):
         return out
 
     def fold_norms(self) -> None:
+        """Each layer's norms folded into its projections (``LlamaDecoderLayer.folded``)."""
         fold_layer_norms(self.layers)
-
-    @property
-    def token_ids(self) -> torch.Tensor | None:
-        """The target id of each logits column under a token map; None without one."""
-        return self.mapped_ids
 
     def restrict_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Propose only ``token_ids`` (distinct target ids): the head's logits become those
@@ -116,7 +103,7 @@ class EagleDraft(nn.Module):
             ).to(device=weight.device, dtype=weight.dtype)
             head.weight.copy_(rows.index_select(0, ids))
         self.mapped_lm_head = head
-        self.mapped_ids = ids
+        self.token_ids = ids
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, H) draft output -> (rows, V) logits through the target's lm_head (its dtype),

@@ -14,10 +14,10 @@ from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm, SwiGLU, concat_norms
-from eagletree.adapters.models.llama import LlamaAttention
+from eagletree.adapters.models.layers import AttentionContext, SwiGLU, rms_norm
+from eagletree.adapters.models.llama_attention import llama_attention
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
-from eagletree.adapters.models.stack import MHALayout, mha_layout
+from eagletree.adapters.models.stack import mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, ColumnParallelLinear, TensorParallel
 
 
@@ -27,12 +27,12 @@ class Eagle3MidLayer(nn.Module):
     ) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.hidden_norm = RMSNorm(hidden, eps, fused_kernels)
-        self.self_attn = LlamaAttention(
+        self.input_layernorm = rms_norm(hidden, eps, fused_kernels)
+        self.hidden_norm = rms_norm(hidden, eps, fused_kernels)
+        self.self_attn = llama_attention(
             config, layer_id=0, input_size=2 * hidden, fused_kernels=fused_kernels, tp=tp
         )
-        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
+        self.post_attention_layernorm = rms_norm(hidden, eps, fused_kernels)
         self.mlp = SwiGLU(hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp)
 
     def forward(
@@ -40,7 +40,7 @@ class Eagle3MidLayer(nn.Module):
     ) -> torch.Tensor:
         # embeds, h: (num_tokens, H); the residual stream starts at the fused hidden state, which
         # may be the caller's tensor, so the first add writes a new one
-        x = concat_norms(self.input_layernorm, embeds, self.hidden_norm, h)
+        x = self.input_layernorm.concat(embeds, self.hidden_norm, h)
         attn = self.self_attn(x, rope, ctx)
         x, residual = self.post_attention_layernorm.add(attn, h, reuse_residual=False)
         out: torch.Tensor = residual + self.mlp(x)
@@ -73,12 +73,14 @@ class Eagle3Draft(nn.Module):
                 " apart"
             )
         self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.shared = shared
         self.tp = tp
+        self.kv_layout = mha_layout(config, 1, tp, fused_kernels)
         self.draft_vocab_size = draft_vocab_size
         self.fc = nn.Linear(3 * target_hidden_size, config.hidden_size, bias=False)
         self.midlayer = Eagle3MidLayer(config, fused_kernels, tp)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
+        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         # replicated under tensor parallelism: a ColumnParallelLinear of one block
         self.lm_head = ColumnParallelLinear(
             config.hidden_size, draft_vocab_size, False, fused_kernels=fused_kernels
@@ -89,18 +91,6 @@ class Eagle3Draft(nn.Module):
         self.register_buffer(
             "draft_to_target", torch.arange(draft_vocab_size, dtype=torch.int64), persistent=False
         )
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def kv_layout(self) -> MHALayout:
-        return mha_layout(self.config, 1, self.tp)
 
     def reset_vocab_map(self) -> None:
         """Recompute ``draft_to_target`` after ``d2t`` was loaded."""

@@ -1,10 +1,11 @@
-"""Adapter: the pool buffers into which a layer's fused kernel may write its new KV rows.
+"""Adapter: whether a model's fused layers may write their new KV rows into an MHA pool's
+buffers themselves — asked once, when a runner is built over the pool (``check_pool_fits``).
 
 A layer that stores its own k/v (fused with RoPE) writes rows of these buffers at
 ``out_cache_loc``, as the pool's ``set_kv_buffer`` would, and calls its backend with
 ``save_kv=False``. Pools that translate slots or hold other layouts (hybrid sliding-window
-pools), and pools that store fp8 (whose conversion stays torch's), give None, and the layer
-lets the backend store.
+pools), and pools that store fp8 (whose conversion stays torch's), give None: they take a model
+built without fused kernels, whose backend stores. MLA pools always take such writes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from eagletree.adapters.attention.pool_access import is_mla_pool
 
 if TYPE_CHECKING:
-    from eagletree.ports.memory import KVPool, MHAKVCache, MLAKVCache
+    from eagletree.ports.memory import KVPool, MHAKVCache
 
 
 def mha_kv_buffers(pool: KVPool | None, layer_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -28,11 +29,3 @@ def mha_kv_buffers(pool: KVPool | None, layer_id: int) -> tuple[torch.Tensor, to
     if keys.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return None
     return keys, mha.get_value_buffer(layer_id)
-
-
-def mla_kv_buffer(pool: KVPool | None, layer_id: int) -> torch.Tensor | None:
-    """The (slots, 1, kv_lora_rank + qk_rope_head_dim) latent + rope buffer of an MLA pool."""
-    if pool is None or not is_mla_pool(pool):
-        return None
-    mla: MLAKVCache = pool  # type: ignore[assignment]
-    return mla.get_kv_buffer(layer_id)

@@ -1,13 +1,15 @@
 """Adapter: the building blocks every model here shares — RMSNorm, SwiGLU MLP, the pre-norm layer.
 
 The arithmetic follows Hugging Face transformers operation for operation (norms in fp32), so
-that fp32 logits match it to rounding. With ``fused_kernels`` a block runs its Triton kernels
-instead (``adapters.kernels.triton``), which round the same way; the torch code stays the
-reference and the CPU path. The rotary embedding the layers take is in ``models/rotary.py``.
+that fp32 logits match it to rounding. A block built with ``fused_kernels`` holds the Triton
+kernels' variant instead (``FusedRMSNorm``, SwiGLU's ``silu_and_mul``; ``adapters.kernels.triton``),
+which round the same way; the torch code stays the reference and the CPU path. The rotary
+embedding the layers take is in ``models/rotary.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -26,16 +28,17 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float, fused_kernels: bool = False) -> None:
+    """The torch reference: statistics in fp32, the normalised row cast to the input dtype
+    before the weight multiplies it (transformers' ``LlamaRMSNorm``). ``rms_norm`` builds it
+    or ``FusedRMSNorm``."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
-        self.fused_kernels = fused_kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden); the statistics are computed in fp32 whatever the input dtype
-        if self.fused_kernels and x.dim() == 2 and x.stride(-1) == 1:
-            return rmsnorm(x, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -43,8 +46,6 @@ class RMSNorm(nn.Module):
     def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``self(x)`` written into ``out`` (e.g. one half of a concatenation), returned."""
         # x, out: (num_tokens, hidden); out may be a column block of a wider tensor
-        if self.fused_kernels and x.dim() == 2 and x.stride(-1) == 1:
-            return rmsnorm(x, self.weight, self.eps, out)
         return out.copy_(self(x))
 
     def add(
@@ -56,11 +57,46 @@ class RMSNorm(nn.Module):
         (the fused kernel does; the torch reference always returns a new tensor).
         """
         # x, residual: (num_tokens, hidden)
-        if self.fused_kernels:
-            out = None if reuse_residual else torch.empty_like(residual)
-            return fused_add_rmsnorm(x, residual, self.weight, self.eps, out)
         summed = residual + x
         return self(summed), summed
+
+    def concat(self, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
+        """``cat((self(x), second(y)), -1)``; ``second`` is built as this norm is."""
+        # x: (num_tokens, H1), y: (num_tokens, H2) -> (num_tokens, H1 + H2)
+        return torch.cat((self(x), second(y)), dim=-1)
+
+
+class FusedRMSNorm(RMSNorm):
+    """``RMSNorm`` through the Triton kernels, which round as the reference does: one launch
+    per norm, the residual add fused in, a concatenation's halves written in place. An input
+    the kernel cannot read (not 2-D, or a column stride other than 1) takes the reference."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.stride(-1) == 1:
+            return rmsnorm(x, self.weight, self.eps)
+        return super().forward(x)
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.stride(-1) == 1:
+            return rmsnorm(x, self.weight, self.eps, out)
+        return super().into(x, out)
+
+    def add(
+        self, x: torch.Tensor, residual: torch.Tensor, reuse_residual: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = None if reuse_residual else torch.empty_like(residual)
+        return fused_add_rmsnorm(x, residual, self.weight, self.eps, out)
+
+    def concat(self, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(x.shape[0], x.shape[1] + y.shape[1])
+        self.into(x, out[:, : x.shape[1]])
+        second.into(y, out[:, x.shape[1] :])
+        return out
+
+
+def rms_norm(hidden_size: int, eps: float, fused_kernels: bool) -> RMSNorm:
+    """The norm a block built with (or without) ``fused_kernels`` holds."""
+    return FusedRMSNorm(hidden_size, eps) if fused_kernels else RMSNorm(hidden_size, eps)
 
 
 def input_step(
@@ -84,17 +120,6 @@ def fold_rms_weight(norm: RMSNorm, linear: nn.Linear) -> None:
         folded = linear.weight.float() * norm.weight.float()[None, :]
         linear.weight.copy_(folded.to(linear.weight.dtype))
         norm.weight.fill_(1.0)
-
-
-def concat_norms(first: RMSNorm, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
-    """``cat((first(x), second(y)), -1)``; the fused kernels write their halves in place."""
-    # x: (num_tokens, H1), y: (num_tokens, H2) -> (num_tokens, H1 + H2)
-    if not first.fused_kernels:
-        return torch.cat((first(x), second(y)), dim=-1)
-    out = x.new_empty(x.shape[0], x.shape[1] + y.shape[1])
-    first.into(x, out[:, : x.shape[1]])
-    second.into(y, out[:, x.shape[1] :])
-    return out
 
 
 class SwiGLU(nn.Module):
@@ -123,39 +148,41 @@ class SwiGLU(nn.Module):
             what="intermediate_size",
             fused_kernels=fused_kernels,
         )
-        self.fused_kernels = fused_kernels
+        # silu(gate) * up: one kernel, or the torch reference
+        self.activation: Callable[[torch.Tensor], torch.Tensor] = (
+            silu_and_mul if fused_kernels else silu_times_up
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, hidden); gate_up: (num_tokens, 2 * intermediate / W)
-        gate_up = self.gate_up_proj(x)
-        if self.fused_kernels:
-            act = silu_and_mul(gate_up)
-        else:
-            gate, up = self.gate_up_proj.split(gate_up)
-            act = nn.functional.silu(gate) * up
-        out: torch.Tensor = self.down_proj(act)
+        out: torch.Tensor = self.down_proj(self.activation(self.gate_up_proj(x)))
         return out
-
-    def runs_on_stream(self, num_tokens: int) -> bool:
-        """Whether ``on_stream`` can run: fused kernels, down_proj streamed on one rank."""
-        return self.fused_kernels and self.down_proj.adds_residual(num_tokens)
 
     def on_stream(self, stream: torch.Tensor, eps: float) -> torch.Tensor:
         """``stream + self(norm(stream))`` where the norm's weight is folded into gate/up:
-        SiLU-and-mul applies the norm's statistic, down_proj's kernel adds the stream."""
+        SiLU-and-mul applies the norm's statistic, down_proj's kernel adds the stream. Only
+        for an MLP built with fused kernels, of rows down_proj streams (a stream layer's)."""
         # stream: (num_tokens, hidden) -> (num_tokens, hidden)
         act = silu_and_mul(self.gate_up_proj(stream), stream, eps)
         return self.down_proj.product(act, residual=stream)
 
 
+def silu_times_up(gate_up: torch.Tensor) -> torch.Tensor:
+    """The torch reference of ``silu_and_mul``: ``silu(gate) * up`` of the two halves."""
+    # gate_up: (num_tokens, 2 * intermediate) -> (num_tokens, intermediate)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return nn.functional.silu(gate) * up
+
+
 class AttentionContext(NamedTuple):
     """Where a layer's attention goes in one forward: the runner's backend, the batch and the
-    runner's KV pool (the one the backend reads), so that a layer may store its new k/v
-    itself — fused with RoPE — and call the backend with ``save_kv=False``."""
+    runner's KV pool (the one the backend reads). A layer built with fused kernels writes its
+    new k/v rows into that pool itself — fused with RoPE — and calls the backend with
+    ``save_kv=False``; the runner checked, when it was built, that the pool takes them."""
 
     backend: AttentionBackend
     batch: ForwardBatch
-    kv_pool: KVPool | None = None
+    kv_pool: KVPool
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -164,14 +191,22 @@ class PreNormDecoderLayer(nn.Module):
 
     ``forward(h, residual)`` -> (mlp output, residual): the stream after this layer is their
     sum, added by the next layer's input norm (or the final norm) in the same kernel. The first
-    layer gets ``residual=None`` and ``h`` is the stream itself. A subclass sets the four
-    parts; ``input_layernorm`` may be None on a stack's first layer.
+    layer gets ``residual=None`` and ``h`` is the stream itself. ``input_layernorm`` may be
+    None on a stack's first layer; ``self_attn`` maps (x, rope, ctx) to (num_tokens, hidden).
     """
 
-    input_layernorm: RMSNorm | None
-    self_attn: nn.Module  # (x, rope, ctx) -> (num_tokens, hidden)
-    post_attention_layernorm: RMSNorm
-    mlp: SwiGLU
+    def __init__(
+        self,
+        input_layernorm: RMSNorm | None,
+        self_attn: nn.Module,
+        post_attention_layernorm: RMSNorm,
+        mlp: SwiGLU,
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = input_layernorm
+        self.self_attn = self_attn
+        self.post_attention_layernorm = post_attention_layernorm
+        self.mlp = mlp
 
     def forward(
         self,

@@ -1,7 +1,11 @@
-"""Adapter: the Llama-architecture target (HF ``LlamaForCausalLM``) with attention through the port.
+"""Adapter: the Llama-architecture target (HF ``LlamaForCausalLM``) with attention through the port,
+and its decoder layers — the pre-norm layer, and the stream layer its norms fold into.
 
 Module and parameter names are those of the HF checkpoint without the ``model.`` prefix, so that
-loading is a rename and a shape check.
+loading is a rename and a shape check. Each layer's blocks are built for the model's
+``fused_kernels``; ``fold_norms`` (the loaders call it with fused kernels) replaces each layer by
+the one that runs its folded weights. Nothing chooses a path per call but the stream layer's
+row rule.
 """
 
 from __future__ import annotations
@@ -11,182 +15,93 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from eagletree.adapters.kernels.triton.rope_kv_store import rope_kv_store
+from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.dense_group import DenseGroup
 from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
-from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import (
     AttentionContext,
     PreNormDecoderLayer,
     RMSNorm,
+    SwiGLU,
     fold_rms_weight,
+    rms_norm,
 )
-from eagletree.adapters.models.merged_linear import MergedLinear
+from eagletree.adapters.models.llama_attention import (
+    FusedLlamaAttention,
+    LlamaAttention,
+    llama_attention,
+)
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.stack import (
-    MHALayout,
     TargetHidden,
     check_aux_layer_ids,
     mha_layout,
     run_decoder_stack,
 )
-from eagletree.adapters.models.tensor_parallel import SINGLE, RowParallelLinear, TensorParallel
-from eagletree.domain.attention_layer import AttentionLayer
-
-
-class LlamaAttention(nn.Module):
-    """GQA attention; ``input_size`` differs from hidden_size only in EAGLE-3's midlayer (2·H).
-
-    q, k and v come from one GEMM (``qkv_proj``, filled from the checkpoint's q/k/v_proj). With
-    ``fused_kernels`` and an MHA pool in the context, one kernel rotates q and k and stores k and
-    v in the pool, and the backend runs with ``save_kv=False``.
-
-    Tensor-parallel: a rank owns ``heads / W`` query heads and ``kv_heads / W`` kv heads (its
-    KV pool holds only those), and ``o_proj`` sums the ranks' head outputs (one all-reduce).
-    """
-
-    def __init__(
-        self,
-        config: LlamaConfig,
-        layer_id: int,
-        input_size: int | None = None,
-        fused_kernels: bool = False,
-        tp: TensorParallel = SINGLE,
-    ) -> None:
-        super().__init__()
-        heads, kv_heads, head_dim = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        width = config.hidden_size if input_size is None else input_size
-        bias = config.attention_bias
-        parts = (
-            ("q_proj", heads * head_dim),
-            ("k_proj", kv_heads * head_dim),
-            ("v_proj", kv_heads * head_dim),
-        )
-        self.qkv_proj = MergedLinear(width, parts, bias=bias, tp=tp)
-        self.o_proj = RowParallelLinear(
-            heads * head_dim, config.hidden_size, bias=bias, tp=tp, fused_kernels=fused_kernels
-        )
-        self.fused_kernels = fused_kernels
-        self.layer = AttentionLayer(
-            layer_id=layer_id,
-            num_q_heads=tp.split(heads, "num_attention_heads"),
-            num_kv_heads=tp.split(kv_heads, "num_key_value_heads"),
-            head_dim=head_dim,
-            v_head_dim=head_dim,
-            scaling=head_dim**-0.5,
-        )
-
-    def forward(self, x: torch.Tensor, rope: RopeTables, ctx: AttentionContext) -> torch.Tensor:
-        # x: (num_tokens, width) -> (num_tokens, hidden)
-        q, k, v = self._heads(x)
-        buffers = mha_kv_buffers(ctx.kv_pool, self.layer.layer_id) if self.fused_kernels else None
-        if buffers is not None and not rope.interleaved:
-            o = self._attend_stored(q, k, v, rope, ctx, buffers)
-        else:
-            q, k = rope.rotate(q), rope.rotate(k)
-            # o: (num_tokens, num_q_heads * head_dim)
-            o = ctx.backend.forward(q, k, v, self.layer, ctx.batch)
-        out: torch.Tensor = self.o_proj(o)
-        return out
-
-    def stream_buffers(
-        self, num_tokens: int, rope: RopeTables, ctx: AttentionContext
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The pool's K and V buffers ``on_stream`` stores into, or None where it cannot run
-        (no fused RoPE store for this pool or layout, o_proj not streamed on one rank)."""
-        if rope.interleaved or not self.o_proj.adds_residual(num_tokens):
-            return None
-        return mha_kv_buffers(ctx.kv_pool, self.layer.layer_id)
-
-    def on_stream(
-        self,
-        stream: torch.Tensor,
-        rope: RopeTables,
-        ctx: AttentionContext,
-        buffers: tuple[torch.Tensor, torch.Tensor],
-        eps: float | None,
-    ) -> torch.Tensor:
-        """``stream + self(norm(stream))`` where the norm's weight is folded into ``qkv_proj``
-        (``eps`` None: no norm, as on an EAGLE head's first layer): the RoPE kernel applies
-        the norm's statistic to q, k and v, and o_proj's kernel adds the stream."""
-        # stream: (num_tokens, hidden) -> (num_tokens, hidden)
-        q, k, v = self._heads(stream)
-        norm_of = None if eps is None else stream
-        o = self._attend_stored(q, k, v, rope, ctx, buffers, norm_of, eps or 0.0)
-        return self.o_proj.product(o, residual=stream)
-
-    def _attend_stored(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        rope: RopeTables,
-        ctx: AttentionContext,
-        buffers: tuple[torch.Tensor, torch.Tensor],
-        norm_of: torch.Tensor | None = None,
-        eps: float = 0.0,
-    ) -> torch.Tensor:
-        # q (n, Hq, D), k, v (n, Hk, D) -> o (n, Hq·D): RoPE and the KV store in one kernel
-        loc = ctx.batch.out_cache_loc
-        q = rope_kv_store(q, k, v, rope.cos, rope.sin, loc, *buffers, norm_of, eps)
-        # k, v are ignored with save_kv=False: the backend reads every key from the pool
-        return ctx.backend.forward(q, k, v, self.layer, ctx.batch, save_kv=False)
-
-    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # x: (num_tokens, width) -> q (n, Hq, D), k, v (n, Hk, D): strided views of one GEMM
-        layer, num_tokens = self.layer, x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
-        return (
-            q.view(num_tokens, layer.num_q_heads, layer.head_dim),
-            k.view(num_tokens, layer.num_kv_heads, layer.head_dim),
-            v.view(num_tokens, layer.num_kv_heads, layer.head_dim),
-        )
+from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
 
 class LlamaDecoderLayer(PreNormDecoderLayer):
-    """Llama attention and SwiGLU as a ``PreNormDecoderLayer``.
-
-    ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
-    goes straight into attention), as SafeAILab's reference and SGLang do. ``dense``: the MLP
-    is sharded over that data-parallel group instead of ``tp`` (``dense_layers``).
-    """
+    """Llama attention and SwiGLU as a ``PreNormDecoderLayer`` (``llama_decoder_layer`` builds
+    one for a config). ``norms_folded``: both norms' weights live in q/k/v and gate/up
+    (``folded``) and the norms have unit weights."""
 
     self_attn: LlamaAttention
 
     def __init__(
         self,
-        config: LlamaConfig,
-        layer_id: int,
-        skip_input_norm: bool = False,
-        fused_kernels: bool = False,
-        tp: TensorParallel = SINGLE,
-        dense: DenseGroup | None = None,
+        input_layernorm: RMSNorm | None,
+        self_attn: LlamaAttention,
+        post_attention_layernorm: RMSNorm,
+        mlp: SwiGLU,
+        norms_folded: bool = False,
     ) -> None:
-        super().__init__()
-        hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = None if skip_input_norm else RMSNorm(hidden, eps, fused_kernels)
-        self.self_attn = LlamaAttention(config, layer_id, fused_kernels=fused_kernels, tp=tp)
-        self.post_attention_layernorm = RMSNorm(hidden, eps, fused_kernels)
-        self.mlp = swiglu_over(
-            hidden, config.intermediate_size, config.mlp_bias, fused_kernels, tp, dense
-        )
-        self.norms_folded = False
+        super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp)
+        self.norms_folded = norms_folded
 
-    def fold_norms(self) -> None:
-        """Fold both norms' weights into q/k/v and gate/up (``fold_rms_weight``), so that a
-        decode step's layer runs on the residual stream without a norm launch. Projections
-        with a bias keep their norms (the statistic would scale the bias too)."""
-        if self.self_attn.qkv_proj.bias is not None or self.mlp.gate_up_proj.bias is not None:
-            return
-        if self.input_layernorm is not None:
-            fold_rms_weight(self.input_layernorm, self.self_attn.qkv_proj)
-        fold_rms_weight(self.post_attention_layernorm, self.mlp.gate_up_proj)
-        self.norms_folded = True
+    def folded(self) -> LlamaDecoderLayer:
+        """The layer to run in this one's place once both norms' weights are folded into q/k/v
+        and gate/up (``fold_rms_weight``, in place): a ``StreamLlamaDecoderLayer`` where its
+        kernels can run on the stream (fused, on one rank), else a pre-norm layer with
+        unit-weight norms. Projections with a bias keep their norms (the statistic would scale
+        the bias too): this layer, unchanged."""
+        norm_in, attn = self.input_layernorm, self.self_attn
+        norm_post, mlp = self.post_attention_layernorm, self.mlp
+        if self.norms_folded or attn.qkv_proj.bias is not None or mlp.gate_up_proj.bias is not None:
+            return self
+        if norm_in is not None:
+            fold_rms_weight(norm_in, attn.qkv_proj)
+        fold_rms_weight(norm_post, mlp.gate_up_proj)
+        one_rank = not (attn.o_proj.tp.is_parallel or mlp.down_proj.tp.is_parallel)
+        if isinstance(attn, FusedLlamaAttention) and one_rank:
+            return StreamLlamaDecoderLayer(norm_in, attn, norm_post, mlp)
+        return LlamaDecoderLayer(norm_in, attn, norm_post, mlp, norms_folded=True)
+
+
+class StreamLlamaDecoderLayer(LlamaDecoderLayer):
+    """A folded layer with fused kernels on one rank, which runs a decode step's rows on the
+    residual stream itself: q/k/v = stream · W′ᵀ, the RoPE store scales them by the input
+    norm's statistic, o_proj's weight-stream kernel adds the stream; the same for gate/up,
+    SiLU-and-mul and down_proj. No norm kernel runs. It returns ``(stream, None)``, which the
+    next layer reads as a first layer's input.
+
+    The one rule it applies per call is the weight-stream kernel's: more than ``MAX_ROWS`` rows
+    go to cuBLAS, which cannot add the residual, so such a forward (a prefill) runs the
+    pre-norm layer, its norms' unit weights leaving the folded projections right."""
+
+    self_attn: FusedLlamaAttention
+
+    def __init__(
+        self,
+        input_layernorm: RMSNorm | None,
+        self_attn: FusedLlamaAttention,
+        post_attention_layernorm: RMSNorm,
+        mlp: SwiGLU,
+    ) -> None:
+        super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp, True)
+        # None: no input norm (an EAGLE head's first layer), so no statistic to apply
+        self.input_eps = None if input_layernorm is None else input_layernorm.eps
 
     def forward(
         self,
@@ -195,24 +110,42 @@ class LlamaDecoderLayer(PreNormDecoderLayer):
         rope: RopeTables,
         ctx: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # h, residual: (num_tokens, hidden). Folded and streamed, the layer returns the stream
-        # itself with no residual beside it, which the next layer reads as a first layer would.
-        num_tokens = h.shape[0]
-        folded = self.norms_folded and self.mlp.runs_on_stream(num_tokens)
-        buffers = self.self_attn.stream_buffers(num_tokens, rope, ctx) if folded else None
-        if buffers is None:
+        # h, residual: (num_tokens, hidden) -> (stream, None), or the pre-norm pair
+        if h.shape[0] > MAX_ROWS:
             return super().forward(h, residual, rope, ctx)
         stream = h if residual is None else residual + h
-        eps = None if self.input_layernorm is None else self.input_layernorm.eps
-        stream = self.self_attn.on_stream(stream, rope, ctx, buffers, eps)
+        stream = self.self_attn.on_stream(stream, rope, ctx, self.input_eps)
         return self.mlp.on_stream(stream, self.post_attention_layernorm.eps), None
 
 
+def llama_decoder_layer(
+    config: LlamaConfig,
+    layer_id: int,
+    skip_input_norm: bool = False,
+    fused_kernels: bool = False,
+    tp: TensorParallel = SINGLE,
+    dense: DenseGroup | None = None,
+) -> LlamaDecoderLayer:
+    """A Llama layer of ``config``, with the Triton kernels' blocks or the torch reference's.
+
+    ``skip_input_norm``: EAGLE-1 heads have no input norm on their first layer (the fc output
+    goes straight into attention), as SafeAILab's reference and SGLang do. ``dense``: the MLP
+    is sharded over that data-parallel group instead of ``tp`` (``dense_layers``).
+    """
+    hidden, eps, mlp_size = config.hidden_size, config.rms_norm_eps, config.intermediate_size
+    return LlamaDecoderLayer(
+        None if skip_input_norm else rms_norm(hidden, eps, fused_kernels),
+        llama_attention(config, layer_id, fused_kernels=fused_kernels, tp=tp),
+        rms_norm(hidden, eps, fused_kernels),
+        swiglu_over(hidden, mlp_size, config.mlp_bias, fused_kernels, tp, dense),
+    )
+
+
 def fold_layer_norms(layers: nn.ModuleList) -> None:
-    """Each Llama layer's norms folded into its projections (``LlamaDecoderLayer.fold_norms``)."""
-    for layer in layers:
+    """Each Llama layer replaced by its ``folded`` self."""
+    for i, layer in enumerate(layers):
         if isinstance(layer, LlamaDecoderLayer):
-            layer.fold_norms()
+            layers[i] = layer.folded()
 
 
 class LlamaForCausalLM(nn.Module):
@@ -233,35 +166,23 @@ class LlamaForCausalLM(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.tp = tp
+        self.kv_layout = mha_layout(config, config.num_hidden_layers, tp, fused_kernels)
         self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
         self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, fused_kernels=fused_kernels, tp=tp, dense=dense)
+            llama_decoder_layer(config, i, fused_kernels=fused_kernels, tp=tp, dense=dense)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, fused_kernels)
+        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
         self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
         self.tie_weights()
 
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def aux_hidden_size(self) -> int:
-        return len(self.aux_layer_ids) * self.config.hidden_size
-
-    @property
-    def kv_layout(self) -> MHALayout:
-        return mha_layout(self.config, self.config.num_hidden_layers, self.tp)
-
     def fold_norms(self) -> None:
+        """Each layer's norms folded into its projections (``LlamaDecoderLayer.folded``): with
+        fused kernels a decode step then runs no norm kernel before the final norm."""
         fold_layer_norms(self.layers)
 
     def tie_weights(self) -> None:

@@ -15,8 +15,8 @@ from torch import nn
 from eagletree.adapters.models.config import LlamaConfig, MLAConfig
 from eagletree.adapters.models.deepseek_mla import MLADecoderLayer, mla_rotary
 from eagletree.adapters.models.eagle import SharedTargetModules
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm, concat_norms
-from eagletree.adapters.models.llama import LlamaDecoderLayer
+from eagletree.adapters.models.layers import AttentionContext, rms_norm
+from eagletree.adapters.models.llama import LlamaDecoderLayer, llama_decoder_layer
 from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.stack import KVLayout, MLALayout, mha_layout
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
@@ -27,13 +27,15 @@ class SharedHead(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float, fused_kernels: bool) -> None:
         super().__init__()
-        self.norm = RMSNorm(hidden_size, eps, fused_kernels)
+        self.norm = rms_norm(hidden_size, eps, fused_kernels)
 
 
 class MTPLayer(nn.Module):
     """``hidden_states``: the target's final-normed features or the previous MTP layer's output.
     Tensor-parallel over the target's ``tp``: the decoder layer is sharded, ``eh_proj`` and the
     norms are replicated."""
+
+    token_ids = None  # the logits are over the whole target vocabulary
 
     def __init__(
         self,
@@ -44,36 +46,24 @@ class MTPLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
         self.shared = shared
         self.tp = tp
         hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.enorm = RMSNorm(hidden, eps, fused_kernels)
-        self.hnorm = RMSNorm(hidden, eps, fused_kernels)
+        self.enorm = rms_norm(hidden, eps, fused_kernels)
+        self.hnorm = rms_norm(hidden, eps, fused_kernels)
         self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.decoder: LlamaDecoderLayer | MLADecoderLayer
         self.rotary: RotaryEmbedding
         if isinstance(config, MLAConfig):
             self.decoder = MLADecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
             self.rotary = mla_rotary(config, fused_kernels)
+            self.kv_layout: KVLayout = MLALayout(1, config.kv_lora_rank, config.qk_rope_head_dim)
         else:
-            self.decoder = LlamaDecoderLayer(config, layer_id=0, fused_kernels=fused_kernels, tp=tp)
+            self.decoder = llama_decoder_layer(config, 0, fused_kernels=fused_kernels, tp=tp)
             self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
+            self.kv_layout = mha_layout(config, 1, tp, fused_kernels)
         self.shared_head = SharedHead(hidden, eps, fused_kernels)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def kv_layout(self) -> KVLayout:
-        cfg = self.config
-        if isinstance(cfg, MLAConfig):
-            return MLALayout(1, cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-        return mha_layout(cfg, 1, self.tp)
 
     def forward(
         self,
@@ -84,16 +74,11 @@ class MTPLayer(nn.Module):
     ) -> torch.Tensor:
         # input_ids, positions: (num_tokens,); hidden_states: (num_tokens, H) -> (num_tokens, H)
         embeds = self.shared.embed_tokens(input_ids)
-        fused = concat_norms(self.enorm, embeds, self.hnorm, hidden_states.to(embeds.dtype))
+        fused = self.enorm.concat(embeds, self.hnorm, hidden_states.to(embeds.dtype))
         h = self.eh_proj(fused)
         h, residual = self.decoder(h, None, self.rotary(positions, h.dtype), ctx)
         out, _ = self.shared_head.norm.add(h, residual)
         return out
-
-    @property
-    def token_ids(self) -> None:
-        """The logits are over the whole target vocabulary."""
-        return None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(rows, H) normed MTP output -> (rows, V) logits through the target's lm_head."""

@@ -2,7 +2,7 @@
 (default, linear, Llama 3, YaRN), one forward's cos/sin tables, and the rotation of q and k.
 
 The arithmetic follows Hugging Face transformers operation for operation (frequencies in fp32,
-cos/sin cast to the activation dtype), so that fp32 logits match it to rounding. With
+cos/sin cast to the activation dtype), so that fp32 logits match it to rounding. Built with
 ``fused_kernels`` the tables come from one Triton kernel (``kernels/triton/rope_tables.py``),
 which rounds the same way; the torch code stays the reference and the CPU path.
 """
@@ -10,6 +10,7 @@ which rounds the same way; the torch code stays the reference and the CPU path.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -79,13 +80,46 @@ def _yarn_frequencies(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq, attention_factor
 
 
+TablesMaker = Callable[
+    [torch.Tensor, torch.Tensor, float, torch.dtype], tuple[torch.Tensor, torch.Tensor]
+]
+
+
+def fused_tables(
+    positions: torch.Tensor, column_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of ``positions`` × ``column_freq``, times the attention factor, in ``dtype``:
+    one ``rope_tables`` launch."""
+    tables = rope_tables(positions, column_freq.float(), attention_factor, dtype)
+    return tables[0], tables[1]
+
+
+def torch_tables(
+    positions: torch.Tensor, column_freq: torch.Tensor, attention_factor: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of ``fused_tables``: four kernels a forward (a tree step runs six
+    forwards): the product promotes the positions itself, cos and sin write into one buffer,
+    one cast; an attention factor of 1 multiplies nothing. The same values as casting each
+    table on its own."""
+    # positions: (num_tokens,) -> cos, sin: (num_tokens, dim)
+    angles = positions[:, None] * column_freq.float()[None, :]
+    tables = torch.empty((2, *angles.shape), dtype=angles.dtype, device=angles.device)
+    torch.cos(angles, out=tables[0])
+    torch.sin(angles, out=tables[1])
+    if attention_factor != 1.0:
+        tables.mul_(attention_factor)
+    cos, sin = tables.to(dtype)
+    return cos, sin
+
+
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for given positions; ``interleaved`` selects DeepSeek's pairwise layout.
 
     ``column_freq`` (dim,), the inverse frequency of every table column (both halves), is a
     non-persistent buffer: after building a model on the meta device and ``to_empty``, call
-    ``reset_parameters`` to compute it on the real device. ``fused_kernels``: build the tables
-    with one Triton launch instead of the torch path's four.
+    ``reset_parameters`` to compute it on the real device. Built with ``fused_kernels`` it
+    makes the tables with one Triton launch (``fused_tables``) instead of the torch path's four
+    (``torch_tables``).
     """
 
     column_freq: torch.Tensor
@@ -98,6 +132,7 @@ class RotaryEmbedding(nn.Module):
         self.dim = dim
         self.interleaved = interleaved
         self.fused_kernels = fused_kernels
+        self.tables: TablesMaker = fused_tables if fused_kernels else torch_tables
         inv_freq, self.attention_factor = rope_inverse_frequencies(rope, dim)
         self.register_buffer("column_freq", torch.cat((inv_freq, inv_freq)), persistent=False)
 
@@ -108,20 +143,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTables:
         # positions: (num_tokens,) -> cos, sin: (num_tokens, dim), views of one (2, n, dim)
-        if self.fused_kernels:
-            tables = rope_tables(positions, self.column_freq.float(), self.attention_factor, dtype)
-            return RopeTables(tables[0], tables[1], self.interleaved)
-        # The reference: four kernels a forward (a tree step runs six forwards): the product
-        # promotes the positions itself, cos and sin write into one buffer, one cast; an
-        # attention factor of 1 multiplies nothing. The same values as casting each table on
-        # its own.
-        angles = positions[:, None] * self.column_freq.float()[None, :]
-        tables = torch.empty((2, *angles.shape), dtype=angles.dtype, device=angles.device)
-        torch.cos(angles, out=tables[0])
-        torch.sin(angles, out=tables[1])
-        if self.attention_factor != 1.0:
-            tables.mul_(self.attention_factor)
-        cos, sin = tables.to(dtype)
+        cos, sin = self.tables(positions, self.column_freq, self.attention_factor, dtype)
         return RopeTables(cos, sin, self.interleaved)
 
 

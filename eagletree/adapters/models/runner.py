@@ -9,10 +9,11 @@ pool the context names) and returns a ``ModelOutput``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import torch
 
+from eagletree.adapters.models.kv_rows import mha_kv_buffers
 from eagletree.adapters.models.layers import AttentionContext
 from eagletree.adapters.models.stack import KVLayout, TargetHidden
 from eagletree.domain.model_output import ModelOutput
@@ -71,12 +72,20 @@ class DraftNetwork(Protocol):
 
 
 def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
-    """Raise ValueError naming every pool dimension that differs from what the model writes."""
+    """Raise ValueError naming every pool dimension that differs from what the model writes,
+    and a pool whose buffers cannot take the rows the model's fused layers write themselves."""
+    wanted = layout._asdict()
+    direct_writes = wanted.pop("direct_writes", False)
     wrong = [
         f"{field} = {getattr(pool, field, '<absent>')} (the model needs {value})"
-        for field, value in layout._asdict().items()
+        for field, value in wanted.items()
         if getattr(pool, field, None) != value
     ]
+    if direct_writes and not wrong and layout.layer_num and mha_kv_buffers(pool, 0) is None:
+        wrong.append(
+            "its K/V buffers cannot take the rows the model's fused layers write themselves"
+            " (fp8 or translated slots): build the model with fused_kernels=False"
+        )
     if wrong:
         raise ValueError(
             f"{what}: the KV pool ({type(pool).__name__}) does not fit the model: "
@@ -84,100 +93,59 @@ def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
         )
 
 
-def _logit_rows(hidden: torch.Tensor, logits_rows: torch.Tensor | None) -> torch.Tensor:
-    # hidden: (num_tokens, H); logits_rows: (num_rows,) int64
-    return hidden if logits_rows is None else hidden.index_select(0, logits_rows)
+Network = TypeVar("Network", TargetNetwork, DraftNetwork)
 
 
-class TargetModelRunner:
-    """Runs a target model; ``hidden_states`` of the output are the final-normed lm_head inputs."""
+class RunnerBody(Generic[Network]):
+    """What a target and a draft runner share: the model, the memory it owns — checked to fit
+    once, here — and each forward's attention plan and logits rows."""
+
+    role = "runner"  # names the runner in errors
 
     def __init__(
         self,
-        model: TargetNetwork,
+        model: Network,
         kv_pool: KVPool,
         req_to_token_pool: ReqToTokenPool,
         attention_backend: AttentionBackend,
     ) -> None:
-        check_pool_fits(model.kv_layout, kv_pool, "target runner")
-        self._model = model
-        self._kv_pool = kv_pool
-        self._req_to_token_pool = req_to_token_pool
-        self._attention_backend = attention_backend
+        check_pool_fits(model.kv_layout, kv_pool, self.role)
+        self.model: Network = model
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.attention_backend = attention_backend
+        self.vocab_size = model.vocab_size
+        self.hidden_size = model.hidden_size
 
-    @property
-    def model(self) -> TargetNetwork:
-        return self._model
+    def _context(self, batch: ForwardBatch) -> AttentionContext:
+        """The backend's metadata planned for ``batch``; the context its layers attend in."""
+        self.attention_backend.init_forward_metadata(batch)
+        return AttentionContext(self.attention_backend, batch, self.kv_pool)
 
-    @property
-    def kv_pool(self) -> KVPool:
-        return self._kv_pool
+    def _logits(self, hidden: torch.Tensor, logits_rows: torch.Tensor | None) -> torch.Tensor:
+        # hidden: (num_tokens, H); logits_rows: (num_rows,) int64 -> (num_rows or num_tokens, V)
+        rows = hidden if logits_rows is None else hidden.index_select(0, logits_rows)
+        logits: torch.Tensor = self.model.compute_logits(rows)
+        return logits
 
-    @property
-    def req_to_token_pool(self) -> ReqToTokenPool:
-        return self._req_to_token_pool
 
-    @property
-    def attention_backend(self) -> AttentionBackend:
-        return self._attention_backend
+class TargetModelRunner(RunnerBody[TargetNetwork]):
+    """Runs a target model; ``hidden_states`` of the output are the final-normed lm_head inputs."""
 
-    @property
-    def vocab_size(self) -> int:
-        return self._model.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self._model.hidden_size
+    role = "target runner"
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, logits_rows: torch.Tensor | None = None) -> ModelOutput:
-        self._attention_backend.init_forward_metadata(batch)
-        ctx = AttentionContext(self._attention_backend, batch, self._kv_pool)
-        out = self._model(batch.input_ids, batch.positions, ctx)
-        logits = self._model.compute_logits(_logit_rows(out.hidden, logits_rows))
+        out = self.model(batch.input_ids, batch.positions, self._context(batch))
+        logits = self._logits(out.hidden, logits_rows)
         return ModelOutput(logits=logits, hidden_states=out.hidden, aux_hidden_states=out.aux)
 
 
-class DraftModelRunner:
+class DraftModelRunner(RunnerBody[DraftNetwork]):
     """Runs one draft head; output ``hidden_states`` are what its next draft step consumes and
     logits are over the draft's vocabulary, whose target ids the output's ``token_ids`` give."""
 
-    def __init__(
-        self,
-        model: DraftNetwork,
-        kv_pool: KVPool,
-        req_to_token_pool: ReqToTokenPool,
-        attention_backend: AttentionBackend,
-    ) -> None:
-        check_pool_fits(model.kv_layout, kv_pool, "draft runner")
-        self._model = model
-        self._kv_pool = kv_pool
-        self._req_to_token_pool = req_to_token_pool
-        self._attention_backend = attention_backend
-
-    @property
-    def model(self) -> DraftNetwork:
-        return self._model
-
-    @property
-    def kv_pool(self) -> KVPool:
-        return self._kv_pool
-
-    @property
-    def req_to_token_pool(self) -> ReqToTokenPool:
-        return self._req_to_token_pool
-
-    @property
-    def attention_backend(self) -> AttentionBackend:
-        return self._attention_backend
-
-    @property
-    def vocab_size(self) -> int:
-        return self._model.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self._model.hidden_size
+    role = "draft runner"
 
     @torch.no_grad()
     def forward(
@@ -191,8 +159,7 @@ class DraftModelRunner:
             raise ValueError(
                 f"draft forward: {hidden_states.shape[0]} hidden rows for {batch.num_tokens} tokens"
             )
-        self._attention_backend.init_forward_metadata(batch)
-        ctx = AttentionContext(self._attention_backend, batch, self._kv_pool)
-        hidden = self._model(batch.input_ids, batch.positions, hidden_states, ctx)
-        logits = self._model.compute_logits(_logit_rows(hidden, logits_rows))
-        return ModelOutput(logits=logits, hidden_states=hidden, token_ids=self._model.token_ids)
+        ctx = self._context(batch)
+        hidden = self.model(batch.input_ids, batch.positions, hidden_states, ctx)
+        logits = self._logits(hidden, logits_rows)
+        return ModelOutput(logits=logits, hidden_states=hidden, token_ids=self.model.token_ids)

@@ -15,16 +15,20 @@ from eagletree.adapters.models.tensor_parallel import TensorParallel
 
 
 class MHALayout(NamedTuple):
-    """What an ``MHAKVPool`` for a model must look like."""
+    """What an ``MHAKVPool`` for a model must look like. ``direct_writes``: the model's layers
+    write their new K and V rows into the pool's buffers themselves (built with fused kernels),
+    so the buffers must be ones the kernel writes — not fp8, indexed by slot (no translation)."""
 
     layer_num: int
     kv_heads: int
     head_dim: int
     v_head_dim: int
+    direct_writes: bool = False
 
 
 class MLALayout(NamedTuple):
-    """What an ``MLAKVPool`` for a model must look like."""
+    """What an ``MLAKVPool`` for a model must look like. A model built with fused kernels
+    writes the rows of ``get_kv_buffer`` itself, which every MLA-family pool's buffer takes."""
 
     layer_num: int
     kv_lora_rank: int
@@ -34,10 +38,12 @@ class MLALayout(NamedTuple):
 KVLayout = MHALayout | MLALayout
 
 
-def mha_layout(config: LlamaConfig, layer_num: int, tp: TensorParallel) -> MHALayout:
+def mha_layout(
+    config: LlamaConfig, layer_num: int, tp: TensorParallel, direct_writes: bool
+) -> MHALayout:
     """The pool of ``layer_num`` GQA layers of ``config``: this rank's kv heads only."""
     kv_heads = tp.split(config.num_key_value_heads, "num_key_value_heads")
-    return MHALayout(layer_num, kv_heads, config.head_dim, config.head_dim)
+    return MHALayout(layer_num, kv_heads, config.head_dim, config.head_dim, direct_writes)
 
 
 class TargetHidden(NamedTuple):
@@ -80,7 +86,8 @@ def run_decoder_stack(
     ctx: AttentionContext,
 ) -> TargetHidden:
     # input_ids, positions: (num_tokens,); each layer: (h, residual) -> (its output, residual),
-    # the stream between layers being residual + h (see LlamaDecoderLayer)
+    # the stream between layers being residual + h, or h alone after a stream layer (which
+    # returns no residual: StreamLlamaDecoderLayer)
     h = embed_tokens(input_ids)
     rope = rotary(positions, h.dtype)
     residual: torch.Tensor | None = None

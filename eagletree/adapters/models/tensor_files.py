@@ -124,12 +124,6 @@ def module_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: tensor for name, (tensor, _) in _checkpoint_entries(module).items()}
 
 
-def module_shards(module: nn.Module) -> dict[str, CheckpointShard]:
-    """The checkpoint names ``module`` holds a block of (tensor parallelism), with the block."""
-    entries = _checkpoint_entries(module)
-    return {name: shard for name, (_, shard) in entries.items() if shard is not None}
-
-
 def _checkpoint_entries(
     module: nn.Module,
 ) -> dict[str, tuple[torch.Tensor, CheckpointShard | None]]:

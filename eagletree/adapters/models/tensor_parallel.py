@@ -13,9 +13,9 @@ MLP's ``down_proj`` (row-parallel), one for the vocabulary-parallel embedding an
 of the lm_head's logits. The reduced result is the same on every rank (a collective returns one
 value to all), so the replicated parts that follow compute the same bits everywhere.
 
-With ``fused_kernels`` the column- and row-parallel layers multiply the few rows of a decode
-step with the weight-stream kernel (``skinny_gemm``: one pass over the weight, no split-K
-reduction); larger inputs go to cuBLAS.
+Built with ``fused_kernels`` the column- and row-parallel layers multiply the few rows of a
+decode step with the weight-stream kernel (``streamed_linear``: one pass over the weight, no
+split-K reduction); larger inputs go to cuBLAS.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS, skinny_gemm
+from eagletree.adapters.models.streamed_linear import StreamedLinear
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -111,30 +111,6 @@ class TensorParallel:
 SINGLE = TensorParallel()
 
 
-class StreamedLinear(nn.Linear):
-    """``nn.Linear`` whose product takes the weight-stream kernel for a decode step's rows."""
-
-    fused_kernels: bool
-
-    def streams(self, x: torch.Tensor) -> bool:
-        """Whether ``product(x)`` runs the weight-stream kernel."""
-        return self.streams_rows(x.shape[0]) and x.dim() == 2 and x.stride(-1) == 1
-
-    def streams_rows(self, rows: int) -> bool:
-        return self.fused_kernels and rows <= MAX_ROWS
-
-    def product(
-        self, x: torch.Tensor, with_bias: bool = True, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``x @ weight.T`` (+ bias) (+ ``residual``, added inside the weight-stream kernel)."""
-        # x: (num_tokens, in), residual: (num_tokens, out) -> (num_tokens, out)
-        bias = self.bias if with_bias else None
-        if self.streams(x):
-            return skinny_gemm(x, self.weight, bias, residual=residual)
-        y = nn.functional.linear(x, self.weight, bias)
-        return y if residual is None else y + residual
-
-
 class ColumnParallelLinear(StreamedLinear):
     """``nn.Linear(in, out)`` holding output rows ``rank·out/W .. (rank+1)·out/W``; each rank's
     output is its block of the full output, or the full output with ``gather_output``."""
@@ -150,10 +126,9 @@ class ColumnParallelLinear(StreamedLinear):
         what: str = "output features",
         fused_kernels: bool = False,
     ) -> None:
-        super().__init__(in_features, tp.split(out_features, what), bias=bias)
+        super().__init__(in_features, tp.split(out_features, what), bias, fused_kernels)
         self.tp = tp
         self.gather_output = gather_output
-        self.fused_kernels = fused_kernels
 
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(0)  # weight (out, in) and bias (out,): rows
@@ -194,17 +169,11 @@ class RowParallelLinear(StreamedLinear):
         what: str = "input features",
         fused_kernels: bool = False,
     ) -> None:
-        super().__init__(tp.split(in_features, what), out_features, bias=bias)
+        super().__init__(tp.split(in_features, what), out_features, bias, fused_kernels)
         self.tp = tp
-        self.fused_kernels = fused_kernels
 
     def checkpoint_shard(self, parameter: str) -> CheckpointShard | None:
         return self.tp.shard(1) if parameter == "weight" else None
-
-    def adds_residual(self, rows: int) -> bool:
-        """Whether ``product(x, residual=…)`` of ``rows`` rows is one kernel: streamed, and on
-        one rank (with several, the sum is complete only after the all-reduce)."""
-        return self.streams_rows(rows) and not self.tp.is_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (num_tokens, in / W) -> (num_tokens, out), the same on every rank

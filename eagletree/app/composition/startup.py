@@ -127,9 +127,7 @@ def with_captured_graphs(
     """``worker`` after capturing its decode step's graphs when they are on (progress lines
     through ``progress``, default: the ``eagletree.engine`` logger)."""
     if use_cuda_graphs:
-        capture = getattr(worker, "capture_graphs", None)
-        assert capture is not None, f"{type(worker).__name__} cannot capture CUDA graphs"
-        capture(progress)
+        worker.capture_graphs(progress)
     return worker
 
 

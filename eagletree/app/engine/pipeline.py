@@ -66,7 +66,10 @@ class StepPipeline:
             if self._in_flight is not None:
                 plan = dataclasses.replace(plan, exact_lengths=False)
                 stats.num_steps_ahead += 1
-            launched = self._launch(plan)
+            output = self._worker.step(plan)
+            for request in plan.prefill:  # a prefill's KV count is known before it runs
+                request.commit(request.num_tokens - request.committed_len)
+            launched = self._readback.start(output)
         finished = [] if self._in_flight is None else self.read(eos_token_ids, stats)
         self._in_flight = launched
         if not self.overlap:
@@ -84,9 +87,3 @@ class StepPipeline:
         """Whether the next step may launch before the one in flight is read."""
         running = self._scheduler.running
         return self._worker.can_run_ahead(running) and not self._scheduler.must_retract()
-
-    def _launch(self, plan: SchedulePlan) -> PendingStep:
-        output = self._worker.step(plan)
-        for request in plan.prefill:  # a prefill's KV count is known before it runs
-            request.commit(request.num_tokens - request.committed_len)
-        return self._readback.start(output)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,11 +46,17 @@ class Worker(Protocol):
     being only lower bounds (``SchedulePlan.exact_lengths`` False). Workers that keep host
     books per step (v1; the plain worker without ``run_ahead``, whose pending tokens come from
     the host) say False and the engine runs them synchronously.
+
+    ``capture_graphs(progress)``: capture the CUDA graphs of the worker's decode steps (one
+    per batch-size bucket it was built with; none without) before the engine runs, reporting
+    progress lines through ``progress`` (default: a logger); returns the seconds it took.
     """
 
     @property
     def reserve_per_step(self) -> int: ...
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...

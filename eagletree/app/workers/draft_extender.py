@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.workers.draft_state import DraftInput
+from eagletree.app.workers.speculative_worker import DraftInput
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 from eagletree.domain.sampling import top_k_probs
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.draft_state import DecodeWindow
+    from eagletree.app.workers.decode_inputs import DecodeWindow
     from eagletree.app.workers.step_kernels import TopK
     from eagletree.domain.model_output import ModelOutput
     from eagletree.ports.model import DraftRunner

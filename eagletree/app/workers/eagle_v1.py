@@ -18,37 +18,36 @@ The scheduler grows each window back to ``committed + max(S·k, N)`` before the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from eagletree.app.engine.host_copy import to_device
 from eagletree.app.engine.scheduler import free_window_tail
-from eagletree.app.engine.worker import StepOutput
-from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
-from eagletree.app.workers.sampler import sampling_inputs
-from eagletree.app.workers.step import speculative_step
+from eagletree.app.workers.decode_inputs import DecodeWindow
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
-from eagletree.app.workers.tree_parts import build_tree_parts, prefill_tree_requests
-from eagletree.app.workers.verifier import Verification
+from eagletree.app.workers.tree_worker import TreeWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.engine.plan import SchedulePlan
+    from collections.abc import Sequence
+
+    from eagletree.app.workers.speculative_worker import DraftInput
+    from eagletree.app.workers.verifier import Verification
     from eagletree.domain.request import Request
     from eagletree.ports.memory import TokenSlotAllocator
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
-class EagleWorkerV1:
+class EagleWorkerV1(TreeWorker):
     """Speculative worker that frees rejected slots every step; serves page_size > 1.
 
-    Arguments as ``EagleWorkerV2``'s, plus the ``allocator`` the scheduler hands slots out of
+    Arguments as ``TreeWorker``'s, plus the ``allocator`` the scheduler hands slots out of
     (v1 gives the rejected ones back itself). The draft must share the target's req_to_token
-    pool: the pointer rewrite has to be seen by both. The page size is the target pool's.
+    pool: the pointer rewrite has to be seen by both. The page size is the target pool's. Its
+    decode steps run eagerly, sized on the host (no graph is captured).
     """
 
     def __init__(
@@ -70,13 +69,7 @@ class EagleWorkerV1:
                 "EagleWorkerV1 rewrites req_to_token rows: the draft runner must share the "
                 "target runner's req_to_token pool"
             )
-        self._target = target
-        self._allocator = allocator
-        self.num_steps = num_steps
-        self.topk = topk
-        self.num_draft_tokens = num_draft_tokens
-        self.page_size = target.kv_pool.page_size
-        self._parts = build_tree_parts(
+        super().__init__(
             target,
             draft,
             num_steps=num_steps,
@@ -86,42 +79,25 @@ class EagleWorkerV1:
             use_aux_hidden=use_aux_hidden,
             mask_mode=mask_mode,
             kernels=kernels,
+            device_lengths=False,  # the host knows every length after each step
         )
-        self._batches, self._drafter, self._verifier, self._extender, self._state, _ = self._parts
-        self.last_verification: Verification | None = None
+        self._allocator = allocator
+        self.page_size = target.kv_pool.page_size
 
     @property
     def reserve_per_step(self) -> int:
         # the draft writes S·k window slots, verify N; the host knows every length in time
-        return max(self.num_steps * self.topk, self.num_draft_tokens)
+        return self.shape.window_len
 
-    @property
-    def tokens_per_step(self) -> int:
-        """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
-        return min(self.num_steps + 1, self.num_draft_tokens)
-
-    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+    def _runs_on_device(self, decode: Sequence[Request]) -> bool:
         return False  # it frees rejected slots on the host, from lengths it reads every step
 
-    @property
-    def num_tracked_requests(self) -> int:
-        return len(self._state)
-
-    def step(self, plan: SchedulePlan) -> StepOutput:
-        """Prefill the plan's new requests, run one tree step over its running ones (an idle
-        tree step, bs == 0, when the plan has neither)."""
-        self._state.retain(plan.live)
-        return speculative_step(plan, self._prefill, self._decode)
-
-    def _prefill(self, requests: list[Request]) -> StepOutput:
-        return prefill_tree_requests(self._parts, self._target, requests, self.tokens_per_step)
-
-    def _decode(self, requests: list[Request]) -> StepOutput:
-        n = self.num_draft_tokens
-        window = DecodeWindow.of(requests, self._batches.device)
-        tree = self._drafter.draft(window, self._state.gather(requests))
-        sampling = sampling_inputs(requests, self._verifier.num_coins, self._batches.device)
-        verification = self._verifier.verify(window, tree, sampling)
+    def _decode_on_host(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.shape.num_draft_tokens
+        inputs = self._steps.buffers.fill(requests, len(requests), self._verifier.num_coins)
+        window = DecodeWindow.of(inputs)
+        tree = self._drafter.draft(window, self._state.gather(inputs.rows))
+        verification = self._verifier.verify(window, tree, inputs.sampling)
         result = verification.result
         # v1 keeps its books on the host: which slots to keep or free, extend lengths
         accept_index: list[list[int]] = result.accept_index.tolist()  # SYNC: v1's bookkeeping
@@ -129,7 +105,7 @@ class EagleWorkerV1:
         paths = [row[: a + 1] for row, a in zip(accept_index, accept_length, strict=True)]
         if self.page_size == 1:
             self._point_rows_at_accepted_slots(requests, paths)
-        elif self.topk > 1:  # a chain's accepted path already sits at the window's front
+        elif self.shape.topk > 1:  # a chain's accepted path already sits at the window's front
             tgt, src = accepted_move_plan(
                 result.accept_index, result.accept_length, verification.verify_slots, n
             )
@@ -143,19 +119,12 @@ class EagleWorkerV1:
                 self._allocator,
                 self._target.req_to_token_pool,
             )
-        self._state.scatter(requests, self._extend_accepted(window, verification, paths))
-        self.last_verification = verification
+        self._state.scatter(inputs.rows, self._extend_accepted(window, verification, paths))
+        self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
         predict = compact_to_front(result.predict, result.accept_index, n)  # (bs·N,)
-        emitted = result.accept_length.to(torch.int64) + 1
-        return StepOutput(
-            requests=requests,
-            tokens=predict.view(bs, n)[:, : self.tokens_per_step].to(torch.int64),
-            num_emitted=emitted,
-            num_committed=emitted,
-            num_forwards=self._drafter.num_forwards + 2,
-            num_prefill=0,
-        )
+        tokens = predict.view(bs, n)[:, : self.shape.tokens_per_step].to(torch.int64)
+        return tokens, result.accept_length.to(torch.int64) + 1
 
     def _kept_window_end(self, request: Request, path_len: int) -> int:
         """Columns of the row the request keeps: its new committed end, up to a page end."""
@@ -172,7 +141,7 @@ class EagleWorkerV1:
         ``L + t`` holds node ``path[t]``'s and the other nodes' slots follow in node order,
         in the tail that ``free_window_tail`` returns. No slot is lost or duplicated.
         """
-        n = self.num_draft_tokens
+        n = self.shape.num_draft_tokens
         rows: list[int] = []
         dst: list[int] = []
         src: list[int] = []

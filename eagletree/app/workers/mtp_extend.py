@@ -21,7 +21,8 @@ from eagletree.app.engine.host_copy import to_device
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
+    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.speculative_worker import DraftInput
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.request import Request
 

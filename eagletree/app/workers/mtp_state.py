@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from eagletree.app.workers.draft_state import DraftInput, DraftStateStore
+from eagletree.app.workers.speculative_worker import DraftInput, DraftStateStore
 
 
 def kept_rows(last_rows: torch.Tensor, keep: int) -> torch.Tensor:
@@ -75,5 +75,5 @@ class MtpStateStore(DraftStateStore):
             topk_index=drafts,
             hidden_states=hidden.reshape(bs, self._keep * self._position_hidden_size),
         )
-        self.scatter_rows(rows, state)
+        self.scatter(rows, state)
         self.front_tokens[rows] = tokens.to(torch.int64)[kept]

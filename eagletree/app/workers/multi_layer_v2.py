@@ -22,35 +22,32 @@ fewer than S − 1 committed tokens extends ``min(S − 1, L) + N`` rows instead
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.engine.worker import StepOutput
-from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
+from eagletree.app.workers.decode_inputs import DecodeWindow
 from eagletree.app.workers.draft_extender import shift_left
-from eagletree.app.workers.draft_state import DecodeWindow
-from eagletree.app.workers.forward_batches import BatchBuilder
 from eagletree.app.workers.mtp_chain import MtpLayerChain
 from eagletree.app.workers.mtp_extend import fixed_extend_batch, ragged_extend_batch
 from eagletree.app.workers.mtp_state import MtpStateStore
-from eagletree.app.workers.sampler import sample_next_tokens, sampling_inputs
-from eagletree.app.workers.step import prefill_output, speculative_step
-from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.speculative_worker import DraftShape, SpeculativeWorker
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
-from eagletree.app.workers.verifier import TreeVerifier, Verification
-from eagletree.domain.tree import DraftTree, TreeMaskMode
+from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
-    from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.workers.decode_inputs import DecodeInputs
+    from eagletree.app.workers.verifier import Verification
     from eagletree.domain.batch import ForwardBatch
+    from eagletree.domain.model_output import ModelOutput
     from eagletree.domain.request import Request
+    from eagletree.domain.tree import DraftTree
     from eagletree.domain.verify import VerifyResult
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
-class MultiLayerEagleWorkerV2:
+class MultiLayerEagleWorkerV2(SpeculativeWorker):
     """Speculative worker over S MTP layers (``drafts[i]`` runs draft step i), topk 1.
 
     Arguments as ``EagleWorkerV2``'s with one runner per MTP layer; ``num_draft_tokens`` must
@@ -62,6 +59,8 @@ class MultiLayerEagleWorkerV2:
     pending bonus token, the S chain drafts with their draft probabilities, and the target
     hidden states of the last S − 1 committed positions with the tokens after them.
     """
+
+    _state: MtpStateStore
 
     def __init__(
         self,
@@ -94,13 +93,6 @@ class MultiLayerEagleWorkerV2:
             )
         if problems:
             raise ValueError("MultiLayerEagleWorkerV2: " + "; ".join(problems))
-        self._target = target
-        self.num_steps = num_steps
-        self.topk = 1
-        self.num_draft_tokens = num_draft_tokens
-        self.mask_mode = mask_mode
-        self._batches = BatchBuilder(target.req_to_token_pool)
-        self._kernels = kernels
         self._chain = MtpLayerChain(
             drafts[:num_steps],
             target.req_to_token_pool,
@@ -108,105 +100,46 @@ class MultiLayerEagleWorkerV2:
             mask_mode=mask_mode,
             kernels=kernels,
         )
-        self._verifier = TreeVerifier(
-            target, num_steps=num_steps, num_draft_tokens=num_draft_tokens, kernels=kernels
-        )
         self._state = MtpStateStore(
             target.req_to_token_pool.size,
             num_steps=num_steps,
             hidden_size=hidden,
             hidden_dtype=drafts[0].kv_pool.dtype,
-            device=self._batches.device,
+            device=target.req_to_token_pool.req_to_token.device,
         )
-        self._steps = DecodeStepRunner(
-            self._decode_on_device,
-            DecodeInputBuffers.for_pool(
-                target.req_to_token_pool, padded=bool(graph_buckets), device_lengths=True
-            ),
-            num_coins=self._verifier.num_coins,
-            buckets=graph_buckets,
-            use_graphs=use_cuda_graphs,
+        super().__init__(
+            target,
+            DraftShape(num_steps, 1, num_draft_tokens),
+            mask_mode=mask_mode,
+            kernels=kernels,
+            graph_buckets=graph_buckets,
+            use_cuda_graphs=use_cuda_graphs,
         )
-        self.last_tree: DraftTree | None = None
-        self.last_verification: Verification | None = None
 
-    @property
-    def step_runner(self) -> DecodeStepRunner:
-        return self._steps
+    def _prefill_draft(
+        self,
+        batch: ForwardBatch,
+        last_rows: torch.Tensor,
+        next_tokens: torch.Tensor,
+        target_out: ModelOutput,
+    ) -> int:
+        tokens = shift_left(batch.input_ids, last_rows, next_tokens)
+        hidden = target_out.hidden_states
+        drafts, probs = self._chain.extend(batch, tokens, hidden, last_rows)
+        self._state.keep(batch.req_pool_indices, tokens, hidden, drafts, probs, last_rows)
+        return self.shape.num_steps
 
-    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
-        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
-        return self._steps.capture(progress)
-
-    @property
-    def reserve_per_step(self) -> int:
-        # verify writes N window slots; twice that lets the host learn lengths one step late
-        return 2 * self.num_draft_tokens
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.num_draft_tokens
-
-    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+    def _runs_on_device(self, decode: Sequence[Request]) -> bool:
         # a lower bound of S − 1 committed tokens is enough for the fixed-width device step;
         # a shorter request takes the ragged step, which is sized from exact host lengths
-        return all(r.committed_len >= self.num_steps - 1 for r in decode)
-
-    @property
-    def num_tracked_requests(self) -> int:
-        return len(self._state)
-
-    def step(self, plan: SchedulePlan) -> StepOutput:
-        """Prefill the plan's new requests, verify the running ones' chains (an idle step,
-        bs == 0, through every phase when the plan has neither)."""
-        self._state.retain(plan.live)
-        exact = plan.exact_lengths
-        return speculative_step(
-            plan, self._prefill, lambda requests: self._decode(requests, exact_lengths=exact)
-        )
-
-    # -- prefill ---------------------------------------------------------------------------------
-
-    def _prefill(self, requests: list[Request]) -> StepOutput:
-        batch, last_rows = self._batches.extend(requests)
-        out = self._target.forward(batch, last_rows)
-        next_tokens = sample_next_tokens(out.logits, requests, self._kernels).to(torch.int64)
-        tokens = shift_left(batch.input_ids, last_rows, next_tokens)
-        drafts, probs = self._chain.extend(batch, tokens, out.hidden_states, last_rows)
-        self._state.keep(
-            batch.req_pool_indices, tokens, out.hidden_states, drafts, probs, last_rows
-        )
-        self._state.own(requests)
-        self._steps.buffers.set_lengths(requests)
-        return prefill_output(requests, next_tokens, self.tokens_per_step, 1 + self.num_steps)
-
-    # -- decode ----------------------------------------------------------------------------------
-
-    def _decode(self, requests: list[Request], *, exact_lengths: bool = True) -> StepOutput:
-        self._state.check_owned(requests)
-        if self.can_run_ahead(requests):  # every request: S − 1 + N rows
-            tokens, emitted = self._steps.run(requests, exact_lengths=exact_lengths)
-        else:
-            assert exact_lengths, "a ragged step is sized from exact host lengths"
-            tokens, emitted = self._decode_ragged(requests)
-        self._state.own(requests)
-        return StepOutput(
-            requests=requests,
-            tokens=tokens,
-            num_emitted=emitted,
-            num_committed=emitted,
-            num_forwards=1 + self.num_steps,
-            num_prefill=0,
-        )
+        return all(r.committed_len >= self.shape.num_steps - 1 for r in decode)
 
     def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Verify, then layer 0..S−1 over a fixed ``S − 1 + N`` rows per request (DRAFT_EXTEND
         from ``L − S + 1``; the S − 1 front rows' tokens are kept per row on the device) →
         tokens (bs, N) int64, emitted (bs,) int64. Device work only."""
-        window = DecodeWindow(
-            inputs.rows, inputs.seq_lens, inputs.seq_lens_cpu, inputs.seq_lens_sum
-        )
-        state = self._state.gather_rows(inputs.rows)
+        window = DecodeWindow.of(inputs)
+        state = self._state.gather(inputs.rows)
         tree = self._chain.verify_tree(window, state)
         verification = self._verifier.verify(window, tree, inputs.sampling)
         predict = self._predict(verification.result, window.batch_size)
@@ -217,28 +150,27 @@ class MultiLayerEagleWorkerV2:
             predict,
             verification,
             self._target.req_to_token_pool.req_to_token,
-            num_steps=self.num_steps,
+            num_steps=self.shape.num_steps,
             hidden_size=self._target.hidden_size,
         )
         accepted = self._extend_chain(window, tree, verification, batch, hidden, last_rows)
         return predict, accepted
 
-    def _decode_ragged(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_on_host(self, requests: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         """The step when a request has fewer than S − 1 committed tokens (eager, host-sized)."""
-        device = self._batches.device
-        window = DecodeWindow.of(requests, device)
-        state = self._state.gather_rows(window.req_pool_indices)
+        inputs = self._steps.buffers.fill(requests, len(requests), self._verifier.num_coins)
+        window = DecodeWindow.of(inputs)
+        state = self._state.gather(inputs.rows)
         tree = self._chain.verify_tree(window, state)
-        sampling = sampling_inputs(requests, self._verifier.num_coins, device)
-        verification = self._verifier.verify(window, tree, sampling)
+        verification = self._verifier.verify(window, tree, inputs.sampling)
         batch, hidden, last_rows = ragged_extend_batch(
             requests,
             window,
             state,
             verification,
             self._target.req_to_token_pool.req_to_token,
-            num_steps=self.num_steps,
-            num_draft_tokens=self.num_draft_tokens,
+            num_steps=self.shape.num_steps,
+            num_draft_tokens=self.shape.num_draft_tokens,
             hidden_size=self._target.hidden_size,
         )
         accepted = self._extend_chain(window, tree, verification, batch, hidden, last_rows)
@@ -265,4 +197,4 @@ class MultiLayerEagleWorkerV2:
 
     def _predict(self, result: VerifyResult, batch_size: int) -> torch.Tensor:
         # (bs·N,) int32 → (bs, N) int64: each node's predicted token, the step's output rows
-        return result.predict.to(torch.int64).view(batch_size, self.num_draft_tokens)
+        return result.predict.to(torch.int64).view(batch_size, self.shape.num_draft_tokens)

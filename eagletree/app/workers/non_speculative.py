@@ -14,30 +14,29 @@ longer than the host's ``committed_len``, and the host's lengths stay exact.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from eagletree.app.engine.host_copy import to_device
 from eagletree.app.engine.worker import StepOutput
-from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
-from eagletree.app.workers.forward_batches import BatchBuilder
 from eagletree.app.workers.sampler import sample_next_tokens, sample_tokens
-from eagletree.app.workers.step_graphs import DecodeStepRunner
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
+from eagletree.app.workers.step_worker import StepWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.workers.decode_inputs import DecodeInputs
     from eagletree.domain.request import Request
     from eagletree.ports.model import ModelRunner
 
 
-class NonSpeculativeWorker:
+class NonSpeculativeWorker(StepWorker):
     """One EXTEND forward for the plan's new requests and one DECODE forward for the running.
 
-    ``kernels``, ``graph_buckets`` and ``use_cuda_graphs`` as ``EagleWorkerV2``'s.
+    ``kernels``, ``graph_buckets`` and ``use_cuda_graphs`` as ``StepWorker``'s.
     ``run_ahead``: keep the pending tokens on the device (one gather and one scatter a step)
     so that ``can_run_ahead`` holds; a step launched ahead writes one slot past the host's
     committed length, so each request keeps two slots reserved instead of one.
@@ -53,18 +52,14 @@ class NonSpeculativeWorker:
         run_ahead: bool = False,
     ) -> None:
         self._runner = runner
-        self._batches = BatchBuilder(runner.req_to_token_pool)
-        self._kernels = kernels
         self._run_ahead = run_ahead
-        buffers = DecodeInputBuffers.for_pool(
-            runner.req_to_token_pool, padded=bool(graph_buckets), device_tokens=run_ahead
-        )
-        self._steps = DecodeStepRunner(
-            self._decode_on_device,
-            buffers,
+        super().__init__(
+            runner.req_to_token_pool,
+            kernels=kernels,
             num_coins=1,
-            buckets=graph_buckets,
-            use_graphs=use_cuda_graphs,
+            graph_buckets=graph_buckets,
+            use_cuda_graphs=use_cuda_graphs,
+            device_tokens=run_ahead,
         )
         # rows the latest step decoded: the step in flight when a plan's lengths are not exact
         self._rows_in_flight: frozenset[int | None] = frozenset()
@@ -77,14 +72,6 @@ class NonSpeculativeWorker:
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
         # without run_ahead the pending tokens come from the host, which has not read them yet
         return self._run_ahead
-
-    @property
-    def step_runner(self) -> DecodeStepRunner:
-        return self._steps
-
-    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
-        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
-        return self._steps.capture(progress)
 
     def step(self, plan: SchedulePlan) -> StepOutput:
         assert plan.exact_lengths or self._run_ahead, "launched ahead without run_ahead"

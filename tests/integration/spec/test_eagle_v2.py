@@ -177,7 +177,8 @@ class PathTracingDraft:
 def test_each_draft_branch_attends_to_its_true_ancestors_at_its_window_slots(
     num_steps: int, topk: int
 ) -> None:
-    from eagletree.app.workers.draft_state import DecodeWindow, DraftInput
+    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.speculative_worker import DraftInput
     from eagletree.app.workers.tree_drafter import TreeDrafter
 
     bs, vocab, k = 3, 40, topk
@@ -287,7 +288,7 @@ def test_an_oracle_draft_is_accepted_deeply_on_side_branches_and_outputs_stay_id
         assert side_branch_accepts == 0 and moved_rows == 0
     for request in requests:  # every verify step is recorded; only the last may overshoot
         overshoot = sum(request.emitted_per_step) - (len(request.output_ids) - 1)
-        assert 0 <= overshoot < spec.worker.tokens_per_step
+        assert 0 <= overshoot < spec.worker.shape.tokens_per_step
     assert oracle.num_on_path_rows > 0
 
 
@@ -541,9 +542,23 @@ def test_an_idle_step_runs_draft_verify_compaction_and_draft_extend_on_empty_ten
     assert isinstance(spec.target.kv_pool, RecordingPool)
     tgt, src = spec.target.kv_pool.moves[-1]
     assert tgt.shape == src.shape == (0,)
-    assert output.requests == [] and output.tokens.shape == (0, spec.worker.tokens_per_step)
+    assert output.requests == [] and output.tokens.shape == (0, spec.worker.shape.tokens_per_step)
     assert output.num_emitted.shape == output.num_committed.shape == (0,)
     assert output.num_forwards == 5 and output.speculative
+
+
+def test_a_step_refuses_to_verify_a_request_whose_draft_state_it_has_dropped(
+    spec_models: ModelCache,
+) -> None:
+    models = spec_models("llama", "eagle", torch.device("cpu"))
+    spec = speculative_engine(models, 3, 2, 4)
+    request = spec.engine.submit(prompts_for(1, seed=70)[0], SamplingParams(MAX_NEW))
+    spec.engine.step()  # the prefill writes the request's draft state
+    assert spec.worker.num_tracked_requests == 1
+    spec.worker.step(SchedulePlan([], [], [], []))  # a plan without it: its row is dropped
+    assert spec.worker.num_tracked_requests == 0
+    with pytest.raises(RuntimeError, match="never prefilled"):
+        spec.worker.step(SchedulePlan([], [request], [], []))
 
 
 @requires_cuda
@@ -570,12 +585,12 @@ def test_a_v2_step_on_cuda_never_synchronises_with_the_host(
         output = spec.worker.step(plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert output.tokens.shape == (4, spec.worker.tokens_per_step)
+    assert output.tokens.shape == (4, spec.worker.shape.tokens_per_step)
     assert bool((output.num_emitted >= 1).all())
 
 
 # The least share of tokens before each request's first divergence, per backend (measured on
-# the H200, docs/benchmarks.md). Triton matches bf16 plain greedy on every configuration.
+# the H200, docs/log/benchmarks-2026.md). Triton matches bf16 plain greedy on every configuration.
 # FlashAttention measured 87.5 % and 95.8 %: its verify merges a prefix pass and a tree pass by
 # log-sum-exp, so it rounds differently from its own decode path and near-tie argmaxes flip (it
 # has no fp32 kernels to show exactness, as the other backends do above). The torch reference

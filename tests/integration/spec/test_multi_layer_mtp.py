@@ -29,6 +29,7 @@ from eagletree.domain.sampling_params import SamplingParams
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool, ReqToTokenPool
 from eagletree.ports.model import DraftRunner
+from tests.batch_widths import fixed_width
 from tests.conftest import requires_cuda, requires_triton
 from tests.integration.models.harness import Memory, Requests, make_backend, make_pool
 from tests.integration.spec.harness import (
@@ -131,7 +132,7 @@ class LayerOracle:
             owners = torch.repeat_interleave(batch.req_pool_indices, batch.extend_lens).tolist()
         else:  # the fixed-width draft extend: S − 1 + N rows per request
             assert batch.mode is ForwardMode.DRAFT_EXTEND
-            width = batch.tokens_per_request()
+            width = fixed_width(batch)
             owners = torch.repeat_interleave(batch.req_pool_indices, width).tolist()
         ids, positions = batch.input_ids.tolist(), batch.positions.tolist()
         logits = out.logits.clone()
@@ -394,7 +395,7 @@ def run_from_poisoned_pools(mtp: MTPEngine, prompts: Sequence[Sequence[int]]) ->
     ends: dict[int, int] = {}
     for _ in range(6):
         ends = {
-            r.request_id: r.committed_len + mtp.worker.num_draft_tokens
+            r.request_id: r.committed_len + mtp.worker.shape.num_draft_tokens
             for r in mtp.engine.scheduler.running
         }
         mtp.engine.step()

@@ -1,4 +1,5 @@
-"""Tests of the per-forward value objects: forward modes and ForwardBatch."""
+"""Tests of the per-forward value objects: forward modes and ForwardBatch (and the tests' rule
+for a fixed-width batch's tokens per request, ``tests/batch_widths.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from eagletree.domain.batch import (
     TargetVerifySpec,
 )
 from eagletree.domain.tree import TreeMaskMode
+from tests.batch_widths import fixed_width
 
 from .strategies import DEVICES
 
@@ -33,14 +35,6 @@ def make_batch(
         out_cache_loc=torch.arange(1, num_tokens + 1),
         spec=spec,
     )
-
-
-def test_only_target_verify_is_a_tree_verify() -> None:
-    assert [m for m in ForwardMode if m.is_tree_verify()] == [ForwardMode.TARGET_VERIFY]
-
-
-def test_every_mode_but_extend_has_a_fixed_width() -> None:
-    assert [m for m in ForwardMode if not m.has_fixed_width()] == [ForwardMode.EXTEND]
 
 
 def test_tokens_per_request_follows_the_mode_and_its_spec() -> None:
@@ -61,7 +55,7 @@ def test_tokens_per_request_follows_the_mode_and_its_spec() -> None:
     ]
     for mode, width, spec in cases:
         batch = make_batch(mode, bs, width, spec)
-        assert batch.tokens_per_request() == width
+        assert fixed_width(batch) == width
         assert batch.batch_size == bs
         assert batch.num_tokens == bs * width
 
@@ -69,7 +63,7 @@ def test_tokens_per_request_follows_the_mode_and_its_spec() -> None:
 def test_an_extend_batch_has_no_fixed_width() -> None:
     batch = make_batch(ForwardMode.EXTEND, 2, 3)
     with pytest.raises(ValueError, match="EXTEND"):
-        batch.tokens_per_request()
+        fixed_width(batch)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -77,7 +71,7 @@ def test_the_idle_batch_is_empty_on_its_device_with_a_host_length_sum_of_zero(de
     batch = ForwardBatch.idle(device)
     assert batch.mode is ForwardMode.IDLE
     assert batch.batch_size == 0 and batch.num_tokens == 0
-    assert batch.tokens_per_request() == 0
+    assert fixed_width(batch) == 0
     assert batch.seq_lens_sum == 0
     assert batch.seq_lens_cpu is not None and batch.seq_lens_cpu.device.type == "cpu"
     assert batch.seq_lens_cpu.shape == (0,)

@@ -6,15 +6,17 @@ import pytest
 import torch
 
 from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm, rmsnorm
-from eagletree.adapters.models.layers import RMSNorm
+from eagletree.adapters.models.layers import RMSNorm, rms_norm
 from tests.conftest import requires_triton
 from tests.unit.kernels.tolerances import assert_computed_close, assert_rounded_sum_equal
 
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def reference_norm(hidden: int, dtype: torch.dtype, device: torch.device) -> RMSNorm:
-    norm = RMSNorm(hidden, eps=1e-5)
+def reference_norm(
+    hidden: int, dtype: torch.dtype, device: torch.device, fused: bool = False
+) -> RMSNorm:
+    norm = rms_norm(hidden, eps=1e-5, fused_kernels=fused)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(hidden, generator=torch.Generator().manual_seed(1)))
     return norm.to(device=device, dtype=dtype)
@@ -69,8 +71,7 @@ def test_fused_add_rmsnorm_can_leave_the_residual_untouched(device: torch.device
 def test_the_fused_rmsnorm_module_path_matches_its_reference_path(device: torch.device) -> None:
     requires_triton(device)
     reference = reference_norm(80, torch.float32, device)
-    fused = reference_norm(80, torch.float32, device)
-    fused.fused_kernels = True
+    fused = reference_norm(80, torch.float32, device, fused=True)
     x, residual = rows(13, 80, 7, device), rows(13, 80, 8, device)
     assert_computed_close(fused(x), reference(x))
     out, summed = fused.add(x, residual.clone(), reuse_residual=False)

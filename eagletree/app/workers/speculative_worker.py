@@ -1,0 +1,275 @@
+"""SpeculativeWorker: the step every speculative worker shares, the shape it drafts, its state.
+
+A step prefills the plan's new requests — the target's prefill, each request's first token, the
+draft's prefill whose proposals root the request's first tree — then verifies the running ones:
+a draft of ``DraftShape`` (S, k, N) per request, one target forward over it, the accepted path
+committed, the draft re-extended. The workers differ in how they draft and re-extend (the hooks
+``_prefill_draft`` and ``_decode_on_device``): ``TreeWorker``'s beam for EAGLE v1 / v2
+(``tree_worker.py``), a chain of MTP layers for ``MultiLayerEagleWorkerV2``.
+
+Per-request device state between steps (``DraftInput``: the bonus token, the draft's top-k after
+it, the draft hidden state) lives in a ``DraftStateStore`` indexed by req_to_token row, so that a
+step reads and writes it without the host ever seeing its values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.worker import StepOutput
+from eagletree.app.workers.sampler import sample_next_tokens
+from eagletree.app.workers.step_worker import StepWorker
+from eagletree.app.workers.verifier import TreeVerifier
+from eagletree.domain.tree import TreeMaskMode
+
+if TYPE_CHECKING:
+    from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.workers.step_kernels import StepKernels
+    from eagletree.app.workers.verifier import Verification
+    from eagletree.domain.batch import ForwardBatch
+    from eagletree.domain.model_output import ModelOutput
+    from eagletree.domain.request import Request
+    from eagletree.domain.tree import DraftTree
+    from eagletree.ports.model import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class DraftShape:
+    """(S, k, N): draft depth, beam width, verify tree nodes including the root."""
+
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
+        return min(self.num_steps + 1, self.num_draft_tokens)
+
+    @property
+    def window_len(self) -> int:
+        """Window slots one step writes past the committed length: the draft's S·k, verify's N."""
+        return max(self.num_steps * self.topk, self.num_draft_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftInput:
+    """Per request: the state a draft phase starts from (one row per request)."""
+
+    bonus_tokens: torch.Tensor  # (bs,) int64 pending token: the root of the next tree
+    topk_p: torch.Tensor  # (bs, k) float32 draft probabilities of the root's children
+    topk_index: torch.Tensor  # (bs, k) int64 their tokens
+    hidden_states: torch.Tensor  # (bs, H_draft) draft hidden state that proposed them
+
+
+class DraftStateStore:
+    """``DraftInput`` of every live request in device tensors indexed by req_to_token row.
+
+    ``gather`` and ``scatter`` are device ops over rows. The host remembers only which request
+    owns each row (``own``), so a stale row (a request retracted, aborted or finished since it
+    was written) is never read: ``retain`` drops every row whose owner is not in the step's
+    plan, and ``check_owned`` refuses requests whose rows it does not hold.
+    """
+
+    def __init__(
+        self,
+        num_rows: int,
+        topk: int,
+        hidden_size: int,
+        hidden_dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self._owner: dict[int, int] = {}  # row -> request id
+        self.bonus_tokens = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        self.topk_p = torch.zeros(num_rows, topk, dtype=torch.float32, device=device)
+        self.topk_index = torch.zeros(num_rows, topk, dtype=torch.int64, device=device)
+        self.hidden_states = torch.zeros(num_rows, hidden_size, dtype=hidden_dtype, device=device)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+    def retain(self, live: Sequence[Request]) -> None:
+        """Forget every row not owned by one of ``live`` (the requests of the current plan)."""
+        keep = {r.row: r.request_id for r in live if r.row is not None}
+        self._owner = {row: rid for row, rid in self._owner.items() if keep.get(row) == rid}
+
+    def check_owned(self, requests: Sequence[Request]) -> None:
+        """Raise unless the store holds a state written for each of ``requests`` (host only)."""
+        for request in requests:
+            if request.row is None or self._owner.get(request.row) != request.request_id:
+                raise RuntimeError(f"no draft state for {request}: it was never prefilled")
+
+    def own(self, requests: Sequence[Request]) -> None:
+        """Record that the rows of ``requests`` now hold their states (host only)."""
+        for request in requests:
+            assert request.row is not None, request
+            self._owner[request.row] = request.request_id
+
+    def gather(self, rows: torch.Tensor) -> DraftInput:
+        """The states at ``rows`` (bs,) int64 device; device ops only."""
+        return DraftInput(
+            bonus_tokens=self.bonus_tokens[rows],
+            topk_p=self.topk_p[rows],
+            topk_index=self.topk_index[rows],
+            hidden_states=self.hidden_states[rows],
+        )
+
+    def scatter(self, rows: torch.Tensor, state: DraftInput) -> None:
+        """Write row i of ``state`` at ``rows[i]``; device ops only (padding rows repeat one row:
+        whichever write lands is never read)."""
+        self.bonus_tokens[rows] = state.bonus_tokens.to(torch.int64)
+        self.topk_p[rows] = state.topk_p.float()
+        self.topk_index[rows] = state.topk_index.to(torch.int64)
+        self.hidden_states[rows] = state.hidden_states.to(self.hidden_states.dtype)
+
+
+class SpeculativeWorker(StepWorker):
+    """A worker that verifies drafts of ``shape`` with ``target``: the template ``step``.
+
+    A subclass sets ``_state`` and implements ``_prefill_draft`` and ``_decode_on_device``; a
+    worker whose decode step is sized on the host for some batches says so in
+    ``_runs_on_device`` and implements ``_decode_on_host``. ``device_lengths``: the committed
+    lengths live on the device (a decode step may run ahead of the host); ``last_tree`` /
+    ``last_verification`` keep the latest decode step's device results for inspection (tests,
+    debugging; a verification's predict and hidden states may be compacted in place, see
+    ``Verification``); nothing reads them back on the host.
+    """
+
+    _state: DraftStateStore
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        shape: DraftShape,
+        *,
+        mask_mode: TreeMaskMode,
+        kernels: StepKernels,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
+        device_lengths: bool = True,
+    ) -> None:
+        self._target = target
+        self.shape = shape
+        self.mask_mode = mask_mode
+        self._device_lengths = device_lengths
+        self._verifier = TreeVerifier(
+            target,
+            num_steps=shape.num_steps,
+            num_draft_tokens=shape.num_draft_tokens,
+            kernels=kernels,
+        )
+        super().__init__(
+            target.req_to_token_pool,
+            kernels=kernels,
+            num_coins=self._verifier.num_coins,
+            graph_buckets=graph_buckets,
+            use_cuda_graphs=use_cuda_graphs,
+            device_lengths=device_lengths,
+        )
+        self.last_tree: DraftTree | None = None
+        self.last_verification: Verification | None = None
+
+    @property
+    def reserve_per_step(self) -> int:
+        # one step writes window_len slots; twice that lets the host learn lengths late
+        return 2 * self.shape.window_len
+
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool:
+        # committed lengths live on the device; only FULL_MASK sizes its mask from Σ L_b, and
+        # a step sized on the host needs exact host lengths
+        return self.mask_mode is TreeMaskMode.QLEN_ONLY and self._runs_on_device(decode)
+
+    @property
+    def num_tracked_requests(self) -> int:
+        """Requests whose draft state the worker holds (the live ones after a step)."""
+        return len(self._state)
+
+    def step(self, plan: SchedulePlan) -> StepOutput:
+        """Prefill the plan's new requests, then one verify step over its running ones; the
+        rows of the two phases joined in that order. A plan with neither runs an idle verify
+        step (bs == 0) through every phase, as a data-parallel rank without requests must; a
+        group sharing its dense layers runs the phases it agreed on (``plan.phases``), some
+        maybe with zero rows."""
+        self._state.retain(plan.live)
+        phases = plan.phases
+        outputs: list[StepOutput] = []
+        if phases.prefill:
+            outputs.append(self._prefill(plan.prefill))
+        if phases.decode or not phases.prefill:
+            decode = plan.decode
+            self._state.check_owned(decode)
+            if self._runs_on_device(decode):
+                tokens, emitted = self._steps.run(decode, exact_lengths=plan.exact_lengths)
+            else:
+                assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
+                tokens, emitted = self._decode_on_host(decode)
+            self._state.own(decode)
+            # the verify and the draft's S forwards (a tree's S − 1 draft steps and its extend)
+            forwards = 1 + self.shape.num_steps
+            outputs.append(StepOutput(decode, tokens, emitted, emitted, forwards, num_prefill=0))
+        return _joined(outputs, num_prefill=len(plan.prefill))
+
+    def _prefill(self, requests: list[Request]) -> StepOutput:
+        """Target prefill, each request's first token, and the draft prefill whose proposals
+        root the request's first tree: one emitted token, the whole fill committed."""
+        batch, last_rows = self._batches.extend(requests)
+        out = self._target.forward(batch, last_rows)
+        next_tokens = sample_next_tokens(out.logits, requests, self._kernels).to(torch.int64)
+        num_draft_forwards = self._prefill_draft(batch, last_rows, next_tokens, out)
+        self._state.own(requests)
+        if self._device_lengths:
+            self._steps.buffers.set_lengths(requests)
+        committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
+        return StepOutput(
+            requests=requests,
+            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.shape.tokens_per_step - 1)),
+            num_emitted=torch.ones_like(next_tokens),
+            num_committed=to_device(committed, next_tokens.device),
+            num_forwards=1 + num_draft_forwards,
+            num_prefill=len(requests),
+        )
+
+    @abstractmethod
+    def _prefill_draft(
+        self,
+        batch: ForwardBatch,
+        last_rows: torch.Tensor,
+        next_tokens: torch.Tensor,
+        target_out: ModelOutput,
+    ) -> int:
+        """The draft's prefill after the target's EXTEND ``batch`` (``last_rows`` (bs,) each
+        request's last row, ``next_tokens`` (bs,) int64 the target's first tokens): store each
+        request's state at its row; returns the draft forwards it ran. Device work only."""
+
+    def _runs_on_device(self, decode: Sequence[Request]) -> bool:
+        """Whether the decode step over ``decode`` is ``_decode_on_device`` (run by the step
+        runner, from a graph where one is captured) rather than ``_decode_on_host``."""
+        return True
+
+    def _decode_on_host(self, decode: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode step sized from the requests' exact host lengths → (tokens, emitted),
+        as ``_decode_on_device``'s."""
+        raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
+
+
+def _joined(outputs: list[StepOutput], num_prefill: int) -> StepOutput:
+    """One ``StepOutput`` of the phases' rows, in order; a speculative step's."""
+    if len(outputs) == 1:  # one phase: its tensors as they are (no joining kernels)
+        return dataclasses.replace(outputs[0], num_prefill=num_prefill, speculative=True)
+    return StepOutput(
+        requests=[r for part in outputs for r in part.requests],
+        tokens=torch.cat([part.tokens for part in outputs]),
+        num_emitted=torch.cat([part.num_emitted for part in outputs]),
+        num_committed=torch.cat([part.num_committed for part in outputs]),
+        num_forwards=sum(part.num_forwards for part in outputs),
+        num_prefill=num_prefill,
+        speculative=True,
+    )

@@ -1,0 +1,91 @@
+"""StepWorker: what every worker is built on — prefill batches, decode inputs, the step runner.
+
+A worker's decode step is one device function of the step's ``DecodeInputs``
+(``_decode_on_device``), which a ``DecodeStepRunner`` runs eagerly or replays from the CUDA graph
+of a batch-size bucket; the request data of every step goes through the runner's
+``DecodeInputBuffers`` (one pinned host block, one copy). The base holds those, the builder of
+prefill batches and the step's fused kernels, and captures the graphs; each worker adds its
+``step`` and its window reserve.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from eagletree.app.workers.decode_inputs import DecodeInputBuffers
+from eagletree.app.workers.forward_batches import BatchBuilder
+from eagletree.app.workers.step_graphs import DecodeStepRunner
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.engine.worker import StepOutput
+    from eagletree.app.workers.decode_inputs import DecodeInputs
+    from eagletree.app.workers.step_kernels import StepKernels
+    from eagletree.domain.request import Request
+    from eagletree.ports.memory import ReqToTokenPool
+
+
+class StepWorker(ABC):
+    """The base of the ``Worker`` implementations.
+
+    ``kernels``: the fused device functions of a step (``StepKernels``). ``graph_buckets``:
+    batch sizes whose decode step runs padded to a fixed shape (and, with ``use_cuda_graphs``,
+    from a captured CUDA graph; ``capture_graphs`` records them); this takes one req_to_token
+    row for padding. ``num_coins``: coins a decode step reserves per sampling request.
+    ``device_lengths`` / ``device_tokens``: the buffers keep every row's committed length /
+    pending token on the device (``DecodeInputBuffers``).
+    """
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        *,
+        kernels: StepKernels,
+        num_coins: int,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
+        device_lengths: bool = False,
+        device_tokens: bool = False,
+    ) -> None:
+        self._batches = BatchBuilder(req_to_token_pool)
+        self._kernels = kernels
+        buffers = DecodeInputBuffers.for_pool(
+            req_to_token_pool,
+            padded=bool(graph_buckets),
+            device_lengths=device_lengths,
+            device_tokens=device_tokens,
+        )
+        self._steps = DecodeStepRunner(
+            self._decode_on_device,
+            buffers,
+            num_coins=num_coins,
+            buckets=graph_buckets,
+            use_graphs=use_cuda_graphs,
+        )
+
+    @property
+    def step_runner(self) -> DecodeStepRunner:
+        return self._steps
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
+        return self._steps.capture(progress)
+
+    @property
+    @abstractmethod
+    def reserve_per_step(self) -> int: ...
+
+    @abstractmethod
+    def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
+
+    @abstractmethod
+    def step(self, plan: SchedulePlan) -> StepOutput: ...
+
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """The decode step over ``inputs`` as one device function (what a graph replays):
+        device work only, reading the inputs and persistent device state."""
+        raise NotImplementedError(f"{type(self).__name__} has no decode step a graph replays")

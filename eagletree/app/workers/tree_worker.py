@@ -1,0 +1,96 @@
+"""TreeWorker: the EAGLE tree workers' parts and prefill (v1 and v2 share them).
+
+One draft runner drafts a k-wide beam over S levels per request (``TreeDrafter``) and
+re-extends over committed tokens (``DraftExtender``); each request's draft state is a
+``DraftInput`` row of a ``DraftStateStore``. The prefill is the draft's extend over the prompt
+shifted by one, whose last row proposes the root's children of the first tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from eagletree.app.workers.draft_extender import DraftExtender
+from eagletree.app.workers.speculative_worker import (
+    DraftShape,
+    DraftStateStore,
+    SpeculativeWorker,
+)
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
+from eagletree.app.workers.tree_drafter import TreeDrafter
+from eagletree.domain.tree import TreeMaskMode
+
+if TYPE_CHECKING:
+    import torch
+
+    from eagletree.domain.batch import ForwardBatch
+    from eagletree.domain.model_output import ModelOutput
+    from eagletree.ports.model import DraftRunner, ModelRunner
+
+
+class TreeWorker(SpeculativeWorker):
+    """A speculative worker drafting trees of (S, k, N) = (``num_steps``, ``topk``,
+    ``num_draft_tokens``) with ``draft``.
+
+    ``draft_hidden_size`` is the width of the draft's own hidden state (what it feeds its next
+    draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
+    (EAGLE-3). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
+    """
+
+    def __init__(
+        self,
+        target: ModelRunner,
+        draft: DraftRunner,
+        *,
+        num_steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        draft_hidden_size: int,
+        use_aux_hidden: bool = False,
+        mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        kernels: StepKernels = REFERENCE_KERNELS,
+        graph_buckets: Sequence[int] = (),
+        use_cuda_graphs: bool = False,
+        device_lengths: bool = True,
+    ) -> None:
+        self._drafter = TreeDrafter(  # checks the shape first
+            draft,
+            num_steps=num_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            mask_mode=mask_mode,
+            top_k=kernels.top_k,
+            build=kernels.build_tree,
+            step=kernels.beam_step,
+        )
+        self._extender = DraftExtender(
+            draft, topk=topk, use_aux_hidden=use_aux_hidden, top_k=kernels.top_k
+        )
+        self._state = DraftStateStore(
+            num_rows=target.req_to_token_pool.size,
+            topk=topk,
+            hidden_size=draft_hidden_size,
+            hidden_dtype=draft.kv_pool.dtype,
+            device=target.req_to_token_pool.req_to_token.device,
+        )
+        super().__init__(
+            target,
+            DraftShape(num_steps, topk, num_draft_tokens),
+            mask_mode=mask_mode,
+            kernels=kernels,
+            graph_buckets=graph_buckets,
+            use_cuda_graphs=use_cuda_graphs,
+            device_lengths=device_lengths,
+        )
+
+    def _prefill_draft(
+        self,
+        batch: ForwardBatch,
+        last_rows: torch.Tensor,
+        next_tokens: torch.Tensor,
+        target_out: ModelOutput,
+    ) -> int:
+        state = self._extender.extend_prefill(batch, last_rows, next_tokens, target_out)
+        self._state.scatter(batch.req_pool_indices, state)
+        return 1
