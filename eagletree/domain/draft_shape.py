@@ -60,9 +60,14 @@ class DraftShape:
         return self.num_steps == 0
 
     @property
-    def max_tokens(self) -> int:
+    def tokens_per_step(self) -> int:
         """Most tokens one step commits: S accepted drafts and the bonus, within N."""
         return min(self.num_steps + 1, self.num_draft_tokens)
+
+    @property
+    def window_len(self) -> int:
+        """Window slots one step writes past the committed length: the draft's S·k, verify's N."""
+        return max(self.num_steps * self.topk, self.num_draft_tokens)
 
     @property
     def label(self) -> str:

@@ -32,8 +32,9 @@ from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.mtp_chain import MtpLayerChain
 from eagletree.app.workers.mtp_extend import fixed_extend_batch, ragged_extend_batch
 from eagletree.app.workers.mtp_state import MtpStateStore
-from eagletree.app.workers.speculative_worker import DraftShape, SpeculativeWorker
+from eagletree.app.workers.speculative_worker import SpeculativeWorker
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.sampler import sample_next_tokens
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
@@ -39,25 +40,6 @@ if TYPE_CHECKING:
     from eagletree.domain.request import Request
     from eagletree.domain.tree import DraftTree
     from eagletree.ports.model import ModelRunner
-
-
-@dataclass(frozen=True, slots=True)
-class DraftShape:
-    """(S, k, N): draft depth, beam width, verify tree nodes including the root."""
-
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Most tokens one verify step emits: S accepted drafts and the bonus, within N."""
-        return min(self.num_steps + 1, self.num_draft_tokens)
-
-    @property
-    def window_len(self) -> int:
-        """Window slots one step writes past the committed length: the draft's S·k, verify's N."""
-        return max(self.num_steps * self.topk, self.num_draft_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.speculative_worker import (
-    DraftShape,
     DraftStateStore,
     SpeculativeWorker,
 )
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_drafter import TreeDrafter
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:

@@ -36,7 +36,11 @@ def test_shapes_that_cannot_be_drafted_are_refused_naming_the_shape() -> None:
         "chain S3",
         "tree S5 k4 N8",
     ]
-    assert (PLAIN.max_tokens, DraftShape.chain(3).max_tokens, DraftShape(6, 8, 4).max_tokens) == (
+    assert (
+        PLAIN.tokens_per_step,
+        DraftShape.chain(3).tokens_per_step,
+        DraftShape(6, 8, 4).tokens_per_step,
+    ) == (
         1,
         4,
         4,
