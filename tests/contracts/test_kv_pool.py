@@ -26,11 +26,9 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, 
 MOVERS: dict[str, Callable[[], RowMover]] = {
     "torch": TorchRowMover,
     "triton": TritonRowMover,
-    # Tiny caps force the large-move path: the device segment plan with a short window (so
-    # hypothesis moves both pass and fail it), the planned move and the scratch fallback rounds.
-    "triton_planned": lambda: TritonRowMover(
-        max_staged_moves=4, register_words=64, plan_lanes=8, plan_window=2, scratch_bytes=512
-    ),
+    # Tiny caps: moves (or groups) of up to 4 pairs take the kernel, a segment per group of
+    # narrow register blocks; larger ones the gather/scatter fallback.
+    "triton_capped": lambda: TritonRowMover(max_staged_moves=4, register_words=64, group_lanes=4),
 }
 POOLS = ["mha", "mla", "dsa", "swa"]
 FAST = settings(
@@ -433,6 +431,20 @@ def test_compaction_plans_of_many_requests_match_the_reference(
     fill_random(pool, 9)
     expected = reference_move(pool, slots(tgt, device), slots(src, device))
     pool.move_kv_cache(slots(tgt, device), slots(src, device))
+    assert_bytes_equal(pool, expected)
+
+
+@pool_matrix
+def test_compaction_moves_with_the_workers_grouping_hint_match_the_reference(
+    pool_kind: str, mover_name: str, dtype_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), dtype_name, device)
+    tgt, src = compaction_plan(num_requests=5, window=4, depth=3, seed=2)
+    fill_random(pool, 13)
+    expected = reference_move(pool, slots(tgt, device), slots(src, device))
+    # the workers' call: groups of S + 1 pairs, one request's window each
+    pool.move_kv_cache(slots(tgt, device), slots(src, device), independent_groups=4)
     assert_bytes_equal(pool, expected)
 
 
