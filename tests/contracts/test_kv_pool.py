@@ -15,7 +15,6 @@ from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
-from eagletree.adapters.memory.swa_pool import SWAHybridKVPool
 from eagletree.domain.kv_move import move_rows_reference
 from eagletree.ports.memory import KVPool, RowMover
 from tests.conftest import requires_triton
@@ -30,7 +29,7 @@ MOVERS: dict[str, Callable[[], RowMover]] = {
     # narrow register blocks; larger ones the gather/scatter fallback.
     "triton_capped": lambda: TritonRowMover(max_staged_moves=4, register_words=64, group_lanes=4),
 }
-POOLS = ["mha", "mla", "dsa", "swa"]
+POOLS = ["mha", "mla", "dsa"]
 FAST = settings(
     max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -54,15 +53,8 @@ def make_pool(
         return MHAKVPool(SIZE, layers, 2, 4, 3, compute, device, mover, store, page, checks)
     if kind == "mla":
         return MLAKVPool(SIZE, layers, 8, 4, dtype, device, mover, page, checks)
-    if kind == "dsa":
-        return DSAKVPool(SIZE, layers, 8, 4, dtype, device, mover, 16, page, checks)
-    assert kind == "swa"
-    full = MHAKVPool(SIZE, 1, 1, 4, 4, compute, device, mover, store, page, checks)
-    swa = MHAKVPool(SIZE + 5, layers - 1, 2, 2, 2, compute, device, mover, store, page, checks)
-    gen = torch.Generator().manual_seed(7)
-    full_to_swa = torch.zeros(full.num_rows, dtype=torch.int64)
-    full_to_swa[1:] = torch.randperm(SIZE + 5, generator=gen)[: full.num_rows - 1] + 1
-    return SWAHybridKVPool(full, swa, full_to_swa.to(device))
+    assert kind == "dsa"
+    return DSAKVPool(SIZE, layers, 8, 4, dtype, device, mover, 16, page, checks)
 
 
 def raw(buf: torch.Tensor) -> torch.Tensor:
@@ -85,18 +77,9 @@ def fill_slot_ids(pool: KVPool) -> None:
 
 
 def reference_move(pool: KVPool, tgt: torch.Tensor, src: torch.Tensor) -> list[torch.Tensor]:
-    """Byte copies of the pool's buffers after the reference move (SWA: translated slots)."""
+    """Byte copies of the pool's buffers after the reference move."""
     after = [raw(buf).clone() for buf in pool.buffers()]
-    if pool.layer_num == 0:
-        return after
-    if isinstance(pool, SWAHybridKVPool):
-        num_full = len(pool.full.buffers())
-        move_rows_reference(after[:num_full], tgt, src)
-        swa_tgt = pool.translate_loc_from_full_to_swa(tgt)
-        swa_src = torch.where(swa_tgt == 0, 0, pool.translate_loc_from_full_to_swa(src))
-        move_rows_reference(after[num_full:], swa_tgt, swa_src)
-    else:
-        move_rows_reference(after, tgt, src)
+    move_rows_reference(after, tgt, src)
     return after
 
 
@@ -170,16 +153,9 @@ def test_every_buffer_the_pool_owns_receives_its_source_rows(
     before = [raw(buf).clone() for buf in pool.buffers()]
     pool.move_kv_cache(slots(tgt, device), slots(src, device))
     moved = dict(zip(tgt, src, strict=True))
-    full_buffers = len(pool.full.buffers()) if isinstance(pool, SWAHybridKVPool) else None
     for b, (buf, old) in enumerate(zip(pool.buffers(), before, strict=True)):
-        if full_buffers is not None and b >= full_buffers:
-            assert isinstance(pool, SWAHybridKVPool)
-            to_swa = pool.full_to_swa.tolist()
-            moved_here = {to_swa[t]: to_swa[s] for t, s in moved.items()}
-        else:
-            moved_here = moved
         for row in range(buf.shape[0]):
-            want = old[moved_here.get(row, row)]
+            want = old[moved.get(row, row)]
             assert torch.equal(raw(buf)[row], want), f"buffer {b}, row {row}"
 
 
@@ -189,21 +165,17 @@ def test_buffers_lists_every_slot_indexed_tensor(pool_kind: str, device: torch.d
     listed = {buf.data_ptr() for buf in pool.buffers()}
     assert len(listed) == len(pool.buffers())
     owned: list[torch.Tensor] = []
-    layer_pools: list[KVPool] = (
-        [pool.full, pool.swa] if isinstance(pool, SWAHybridKVPool) else [pool]
-    )
-    for sub in layer_pools:
-        for layer in range(sub.layer_num):
-            if isinstance(sub, MHAKVPool):
-                owned += [sub.get_key_buffer(layer), sub.get_value_buffer(layer)]
-            if isinstance(sub, MLAKVPool | DSAKVPool):
-                owned.append(sub.get_kv_buffer(layer))
-            if isinstance(sub, DSAKVPool):
-                owned += [sub.get_index_k_buffer(layer), sub.get_index_scale_buffer(layer)]
+    for layer in range(pool.layer_num):
+        if isinstance(pool, MHAKVPool):
+            owned += [pool.get_key_buffer(layer), pool.get_value_buffer(layer)]
+        if isinstance(pool, MLAKVPool | DSAKVPool):
+            owned.append(pool.get_kv_buffer(layer))
+        if isinstance(pool, DSAKVPool):
+            owned += [pool.get_index_k_buffer(layer), pool.get_index_scale_buffer(layer)]
     assert {buf.data_ptr() for buf in owned} == listed
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 @pytest.mark.parametrize("mover_name", list(MOVERS))
 def test_a_page_size_above_one_moves_token_rows(
     pool_kind: str, mover_name: str, device: torch.device
@@ -238,7 +210,7 @@ class RecordingMover:
         TorchRowMover().move(buffers, tgt, src, independent_groups=independent_groups)
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_one_mover_call_moves_all_buffers(pool_kind: str, device: torch.device) -> None:
     mover = RecordingMover()
     pool = make_pool(pool_kind, mover, "fp32", device, layers=3)
@@ -263,43 +235,10 @@ def test_an_empty_move_changes_nothing(
 @pytest.mark.parametrize("pool_kind", POOLS)
 def test_a_zero_layer_pool_returns_at_once(pool_kind: str, device: torch.device) -> None:
     mover = RecordingMover()
-    if pool_kind == "swa":
-        full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-        swa = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-        pool: KVPool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
-    else:
-        pool = make_pool(pool_kind, mover, "fp16", device, layers=0)
+    pool = make_pool(pool_kind, mover, "fp16", device, layers=0)
     assert pool.buffers() == []
     pool.move_kv_cache(slots([10_000], device), slots([-5], device))  # not even checked
     assert mover.calls == []
-
-
-def test_an_all_swa_model_moves_only_its_swa_layers(device: torch.device) -> None:
-    mover = RecordingMover()
-    full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-    swa = MHAKVPool(SIZE, 2, 1, 4, 4, torch.float16, device, mover)
-    pool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
-    fill_random(pool, 11)
-    tgt, src = slots([1, 2, 3], device), slots([2, 3, 1], device)
-    expected = reference_move(pool, tgt, src)
-    pool.move_kv_cache(tgt, src)
-    assert_bytes_equal(pool, expected)
-    assert mover.calls == [(4, 3)]
-
-
-def test_swa_pairs_without_a_window_slot_leave_every_real_row_alone(device: torch.device) -> None:
-    full = MHAKVPool(SIZE, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
-    swa = MHAKVPool(8, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
-    full_to_swa = torch.zeros(SIZE + 1, dtype=torch.int64)
-    full_to_swa[16:24] = torch.arange(1, 9)  # only the 8 newest tokens keep an SWA slot
-    pool = SWAHybridKVPool(full, swa, full_to_swa.to(device))
-    fill_slot_ids(pool)
-    before = raw(swa.get_key_buffer(0)).clone()
-    pool.move_kv_cache(slots([3, 17, 18], device), slots([4, 18, 20], device))
-    after = raw(swa.get_key_buffer(0))
-    # full 17←18 is SWA 2←3, full 18←20 is SWA 3←5; 3←4 has no SWA slot and moves nothing.
-    assert torch.equal(after[2], before[3]) and torch.equal(after[3], before[5])
-    assert torch.equal(after[:2], before[:2]) and torch.equal(after[4:], before[4:])
 
 
 @pytest.mark.parametrize("pool_kind", POOLS)
@@ -448,7 +387,7 @@ def test_compaction_moves_with_the_workers_grouping_hint_match_the_reference(
     assert_bytes_equal(pool, expected)
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.device) -> None:
     if device.type != "cuda":
         pytest.skip("counts CUDA kernels with the profiler")
@@ -465,7 +404,7 @@ def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.
     assert len(kernels) == 1, kernels
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_the_pool_hands_the_independent_groups_promise_to_its_mover(
     pool_kind: str, device: torch.device
 ) -> None:
