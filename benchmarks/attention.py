@@ -190,7 +190,7 @@ def build_backends(
             backends[name] = TritonAttentionBackend(setup.pool, setup.table, **triton_options)
         elif name == "triton-base":
             backends[name] = BaselineTritonAttentionBackend(setup.pool, setup.table)
-        elif name == "flash" and setup.pool.device.type == "cuda":
+        elif name == "flash" and setup.pool.geometry.device.type == "cuda":
             backends[name] = FlashAttentionBackend(setup.pool, setup.table)
     return backends
 

@@ -533,7 +533,7 @@ class BaselineTritonAttentionBackend:
             raise ValueError(f"max_kv_splits must be >= 1, got {max_kv_splits}")
         self._pool = kv_pool
         self._req_to_token_pool = req_to_token_pool
-        self._device = kv_pool.device
+        self._device = kv_pool.geometry.device
         self._on_cpu = self._device.type == "cpu"
         self._buffers = PlanBuffers(max_batch_size, self._device)
         self._max_kv_splits = max_kv_splits

@@ -165,7 +165,7 @@ def test_buffers_lists_every_slot_indexed_tensor(pool_kind: str, device: torch.d
     listed = {buf.data_ptr() for buf in pool.buffers()}
     assert len(listed) == len(pool.buffers())
     owned: list[torch.Tensor] = []
-    for layer in range(pool.layer_num):
+    for layer in range(pool.geometry.layer_num):
         if isinstance(pool, MHAKVPool):
             owned += [pool.get_key_buffer(layer), pool.get_value_buffer(layer)]
         if isinstance(pool, MLAKVPool | DSAKVPool):
@@ -272,9 +272,8 @@ def test_mha_set_kv_buffer_converts_to_the_storage_dtype(
     stored_k = pool.get_key_buffer(1)[loc]
     assert stored_k.dtype == pool.store_dtype
     # Readers convert gathered rows to the compute dtype.
-    torch.testing.assert_close(
-        stored_k.to(pool.dtype), k.to(pool.store_dtype).to(pool.dtype), rtol=0, atol=0
-    )
+    dtype = pool.geometry.dtype
+    torch.testing.assert_close(stored_k.to(dtype), k.to(pool.store_dtype).to(dtype), rtol=0, atol=0)
     assert torch.equal(raw(pool.get_value_buffer(1)[loc]), raw(v.to(pool.store_dtype)))
 
 

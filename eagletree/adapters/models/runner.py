@@ -71,12 +71,14 @@ class DraftNetwork(Protocol):
 
 
 def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
-    """Raise ValueError naming every pool dimension that differs from what the model writes."""
-    wrong = [
-        f"{field} = {getattr(pool, field, '<absent>')} (the model needs {value})"
-        for field, value in layout._asdict().items()
-        if getattr(pool, field, None) != value
-    ]
+    """Raise ValueError naming every pool dimension that differs from what the model writes
+    (the layer count is the pool's geometry's, the widths are the pool's own)."""
+    wrong = []
+    for field, value in layout._asdict().items():
+        have = pool.geometry.layer_num if field == "layer_num" else getattr(pool, field, None)
+        if have != value:
+            shown = "<absent>" if have is None else have
+            wrong.append(f"{field} = {shown} (the model needs {value})")
     if wrong:
         raise ValueError(
             f"{what}: the KV pool ({type(pool).__name__}) does not fit the model: "

@@ -75,7 +75,7 @@ class EagleWorkerV1:
         self.num_steps = num_steps
         self.topk = topk
         self.num_draft_tokens = num_draft_tokens
-        self.page_size = target.kv_pool.page_size
+        self.page_size = target.kv_pool.geometry.page_size
         self._parts = build_tree_parts(
             target,
             draft,

@@ -115,7 +115,7 @@ class MultiLayerEagleWorkerV2:
             target.req_to_token_pool.size,
             num_steps=num_steps,
             hidden_size=hidden,
-            hidden_dtype=drafts[0].kv_pool.dtype,
+            hidden_dtype=drafts[0].kv_pool.geometry.dtype,
             device=self._batches.device,
         )
         self._steps = DecodeStepRunner(

@@ -67,7 +67,7 @@ def build_tree_parts(
             num_rows=target.req_to_token_pool.size,
             topk=topk,
             hidden_size=draft_hidden_size,
-            hidden_dtype=draft.kv_pool.dtype,
+            hidden_dtype=draft.kv_pool.geometry.dtype,
             device=batches.device,
         ),
         kernels=kernels,
