@@ -15,6 +15,7 @@ from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
+from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.kv_move import move_rows_reference
 from eagletree.ports.memory import KVPool, RowMover
 from tests.conftest import requires_triton
@@ -372,18 +373,45 @@ def test_compaction_plans_of_many_requests_match_the_reference(
     assert_bytes_equal(pool, expected)
 
 
+def accepted_path_moves(
+    gen: torch.Generator,
+    bs: int,
+    num_nodes: int,
+    num_steps: int,
+    num_slots: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A real ``accepted_move_plan`` over random accepted paths and scattered verify windows:
+    pair ``b·(S+1) + t`` moves node t of request b, so groups of S + 1 pairs are requests."""
+    rows, lengths = [], []
+    for b in range(bs):
+        length = int(torch.randint(0, num_steps + 1, (1,), generator=gen))
+        nodes = torch.randperm(num_nodes - 1, generator=gen)[:length].add(1).sort().values
+        path = [0, *nodes.tolist()]
+        rows.append([b * num_nodes + node for node in path] + [-1] * (num_steps - length))
+        lengths.append(length)
+    verify_slots = torch.randperm(num_slots - 1, generator=gen)[: bs * num_nodes] + 1
+    return accepted_move_plan(
+        torch.tensor(rows, dtype=torch.int32, device=device),
+        torch.tensor(lengths, dtype=torch.int32, device=device),
+        verify_slots.to(device),
+        num_draft_tokens=num_nodes,
+    )
+
+
 @pool_matrix
 def test_compaction_moves_with_the_workers_grouping_hint_match_the_reference(
     pool_kind: str, mover_name: str, dtype_name: str, device: torch.device
 ) -> None:
     needs_triton(mover_name, device)
     pool = make_pool(pool_kind, MOVERS[mover_name](), dtype_name, device)
-    tgt, src = compaction_plan(num_requests=5, window=4, depth=3, seed=2)
     fill_random(pool, 13)
-    expected = reference_move(pool, slots(tgt, device), slots(src, device))
-    # the workers' call: groups of S + 1 pairs, one request's window each
-    pool.move_kv_cache(slots(tgt, device), slots(src, device), independent_groups=4)
-    assert_bytes_equal(pool, expected)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(2):  # the workers' call: groups of S + 1 = 4 pairs, one request each
+        tgt, src = accepted_path_moves(gen, 4, 5, 3, SIZE + 1, device)
+        expected = reference_move(pool, tgt, src)
+        pool.move_kv_cache(tgt, src, independent_groups=4)
+        assert_bytes_equal(pool, expected)
 
 
 @pytest.mark.parametrize("pool_kind", POOLS)

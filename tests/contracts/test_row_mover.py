@@ -19,10 +19,9 @@ from eagletree.adapters.kernels.triton.kv_move_table import (
     tile_shape,
 )
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
-from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.kv_move import move_rows_reference
 from tests.conftest import requires_triton
-from tests.contracts.test_kv_pool import move_sets, raw
+from tests.contracts.test_kv_pool import accepted_path_moves, move_sets, raw
 
 NUM_SLOTS = 64
 FAST = settings(
@@ -186,21 +185,7 @@ def test_a_hint_off_by_one_pair_names_the_pair_slot_and_groups(
 def compaction_pairs(
     gen: torch.Generator, bs: int, num_nodes: int, num_steps: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A real ``accepted_move_plan`` over random accepted paths and scattered verify windows."""
-    rows, lengths = [], []
-    for b in range(bs):
-        length = int(torch.randint(0, num_steps + 1, (1,), generator=gen))
-        nodes = torch.randperm(num_nodes - 1, generator=gen)[:length].add(1).sort().values
-        path = [0, *nodes.tolist()]
-        rows.append([b * num_nodes + node for node in path] + [-1] * (num_steps - length))
-        lengths.append(length)
-    verify_slots = torch.randperm(NUM_SLOTS - 1, generator=gen)[: bs * num_nodes] + 1
-    return accepted_move_plan(
-        torch.tensor(rows, dtype=torch.int32, device=device),
-        torch.tensor(lengths, dtype=torch.int32, device=device),
-        verify_slots.to(device),
-        num_draft_tokens=num_nodes,
-    )
+    return accepted_path_moves(gen, bs, num_nodes, num_steps, NUM_SLOTS, device)
 
 
 @pytest.mark.parametrize("mover_name", list(HINTED_MOVERS))
