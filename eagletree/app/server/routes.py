@@ -26,6 +26,7 @@ from eagletree.app.server.protocol import (
     new_id,
     now,
 )
+from eagletree.app.server.token_limits import max_new_tokens
 from eagletree.domain.sampling_params import SamplingParams
 
 State = Annotated[ServerState, Depends(server_state)]
@@ -54,18 +55,18 @@ async def models(state: State) -> dict[str, Any]:
 
 
 async def completions(body: CompletionBody, request: Request, state: State) -> Response:
-    _check_common(state, body)
+    max_tokens = _check_common(state, body)
     if body.echo:
         raise BadRequest("echo is not supported", "echo")
     choices = [
         Choice(i, _encode(state, prompt), StopStrings(body.stop_strings))
         for i, prompt in enumerate(body.prompts())
     ]
-    return await _serve(request, state, body, choices, body.max_tokens or 16, chat=False)
+    return await _serve(request, state, body, choices, max_tokens, chat=False)
 
 
 async def chat(body: ChatBody, request: Request, state: State) -> Response:
-    _check_common(state, body)
+    max_tokens = _check_common(state, body)
     tokenizer = state.tokenizer
     if tokenizer is None or not tokenizer.has_chat_template:
         raise BadRequest("the model has no chat template: use /v1/completions", "messages")
@@ -75,24 +76,18 @@ async def chat(body: ChatBody, request: Request, state: State) -> Response:
     except ValueError as error:
         raise BadRequest(str(error), "messages") from None
     choices = [Choice(0, ids, StopStrings(body.stop_strings))]
-    limit = state.max_tokens_limit
-    max_tokens = body.max_completion_tokens or body.max_tokens or min(256, limit)
     return await _serve(request, state, body, choices, max_tokens, chat=True)
 
 
-def _check_common(state: ServerState, body: CompletionBody | ChatBody) -> None:
+def _check_common(state: ServerState, body: CompletionBody | ChatBody) -> int:
+    """Check what both endpoints share; the most tokens the request generates."""
     if body.model != state.model_name:
         raise BadRequest(
             f"model {body.model!r} is not served here; use {state.model_name!r}", "model"
         )
     if body.logprobs not in (None, False):
         raise BadRequest("logprobs are not supported", "logprobs")
-    limit = body.max_tokens or getattr(body, "max_completion_tokens", None) or 0
-    if limit > state.max_tokens_limit:
-        raise BadRequest(
-            f"max_tokens = {limit} exceeds this server's limit of {state.max_tokens_limit}",
-            "max_tokens",
-        )
+    return max_new_tokens(body, state.max_tokens_limit)
 
 
 def _encode(state: ServerState, prompt: str | list[int]) -> list[int]:
