@@ -108,10 +108,13 @@ async def _serve(
     chat: bool,
 ) -> Response:
     """Run the choices; the whole response, or its stream of server-sent events."""
+    vocab_size = state.loop.engine.vocab_size
     params = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=body.temperature,
-        top_k=body.top_k if body.temperature > 0 else None,
+        # a top_k past the vocabulary keeps every token, as the vocabulary does, and fits the
+        # engine's int64 sampling tensors
+        top_k=min(body.top_k, vocab_size) if body.top_k and body.temperature > 0 else None,
         top_p=body.top_p if body.temperature > 0 else None,
         seed=body.seed,
     )

@@ -1,6 +1,7 @@
 """The server's limits hold for every request: no combination of ``max_tokens``,
 ``max_completion_tokens`` and the defaults generates past ``--max-tokens-limit`` (a property
-over the request schema, through the application and a real engine)."""
+over the request schema, through the application and a real engine), and a ``top_k`` past any
+integer the engine holds is served, not a crash of the engine loop."""
 
 from __future__ import annotations
 
@@ -131,3 +132,14 @@ def test_a_request_without_token_fields_generates_the_default_lowered_to_the_lim
     # a chat's default, 256 tokens, is checked without generating them
     chat = ChatBody(model=MODEL, messages=[ChatMessage(role="user", content="x")])
     assert max_new_tokens(chat, 4096) == DEFAULTS["chat"]
+
+
+def test_a_top_k_past_int64_keeps_every_token_and_the_engine_serves_on(
+    loop: RecordingLoop,
+) -> None:
+    fields = {"max_tokens": 3, "temperature": 0.7, "seed": 5}
+    for top_k in (10**30, 2**63, loop.engine.vocab_size):
+        answer = post(loop, 8, "completion", {**fields, "top_k": top_k})
+        assert answer.status_code == 200, answer.text
+        assert loop.submitted[0].top_k == loop.engine.vocab_size
+    assert loop.alive
