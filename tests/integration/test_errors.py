@@ -2,9 +2,8 @@
 
 Each case prepares files or variables, runs the `eagletree` command line, and checks the exit
 status, that stderr holds exactly one `error:` line (or the `warning:` line) with the expected
-words, and that no traceback was printed. The server cases send a request to the server's
-application and check its OpenAI error body. The ids are the rows of the tables in
-docs/errors.md.
+words, and that no traceback was printed. The ids are the rows of the tables in docs/errors.md,
+with the server's bad requests (tests/integration/server/bad_requests.py).
 """
 
 from __future__ import annotations
@@ -12,15 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from eagletree.app.cli.main import main
+from tests.integration.server.bad_requests import SERVER_CASES
 
 SMALL = {"EAGLETREE_MEMORY__MAX_TOTAL_TOKENS": "1024"}
 TOKEN_MAP_TREE = 'algorithm = "eagle"\nnum_steps = 2\neagle_topk = 4\nnum_draft_tokens = 5\n'
@@ -359,37 +358,6 @@ CASES: dict[str, tuple[Setup, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class ServerCase:
-    """A request ``eagletree serve`` refuses: its body, the words of the message, the field."""
-
-    body: bytes
-    words: str
-    param: str | None
-    status: int = 400
-    path: str = "/v1/completions"
-
-
-SERVED = "m"  # the model name of the server the cases run on; its --max-tokens-limit is 8
-CHAT = b'"model": "m", "messages": [{"role": "user", "content": "hi"}]'
-SERVER_CASES: dict[str, ServerCase] = {
-    "server-max-tokens-above-limit": ServerCase(
-        b'{"model": "m", "prompt": "x", "max_tokens": 9}', "limit of 8", "max_tokens"
-    ),
-    "server-max-completion-tokens-above-limit": ServerCase(
-        b"{" + CHAT + b', "max_tokens": 1, "max_completion_tokens": 100}',
-        "max_completion_tokens = 100 exceeds this server's limit of 8",
-        "max_completion_tokens",
-        path="/v1/chat/completions",
-    ),
-    "server-max-tokens-boolean": ServerCase(
-        b'{"model": "m", "prompt": "x", "max_tokens": true}', "not a boolean", "max_tokens"
-    ),
-    "server-temperature-boolean": ServerCase(
-        b'{"model": "m", "prompt": "x", "temperature": true}', "not a boolean", "temperature"
-    ),
-}
-
 WARNINGS: dict[str, tuple[Setup, str]] = {
     "top-k-with-greedy": (_generate_flags("--top-k", "5"), "--top-k has no effect"),
     "seed-with-greedy": (_generate_flags("--seed", "5"), "--seed has no effect"),
@@ -430,33 +398,6 @@ def test_an_ignored_flag_is_a_warning(
     err = capfd.readouterr().err
     assert status == 0, err
     assert any(line.startswith("warning:") and words in line for line in err.splitlines()), err
-
-
-@pytest.fixture(scope="module")
-def server(shared: tuple[Path, Path]) -> Iterator[Any]:
-    """The server's application in this process (no socket), over the embedded default model."""
-    testclient = pytest.importorskip("fastapi.testclient")  # the serve extra
-    from eagletree.app.server.engine_loop import EngineLoop
-    from eagletree.app.server.openai_api import create_app
-    from tests.integration.server.conftest import server_engine
-
-    loop = EngineLoop(server_engine(shared[1]))
-    loop.start()
-    app = create_app(loop, SERVED, max_tokens_limit=8)
-    yield testclient.TestClient(app, raise_server_exceptions=False)
-    loop.stop()
-
-
-@pytest.mark.parametrize("case", sorted(SERVER_CASES))
-def test_a_bad_request_is_an_openai_error_naming_the_field(case: str, server: Any) -> None:
-    bad = SERVER_CASES[case]
-    answer = server.post(bad.path, content=bad.body, headers={"content-type": "application/json"})
-    assert answer.status_code == bad.status, answer.text
-    error = answer.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert bad.words in error["message"] and error["param"] == bad.param, error
-    assert error["type"] == "invalid_request_error"
-    assert server.get("/health").json() == {"status": "ok"}
 
 
 def test_the_table_in_the_docs_lists_every_case() -> None:

@@ -18,13 +18,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ServerState:
-    """The started engine loop, the served model's name, the API key (None: none needed) and
-    the largest ``max_tokens`` a request may ask for."""
+    """The started engine loop, the served model's name, the API key (None: none needed), the
+    most tokens a request may generate and the largest body it may send."""
 
     loop: EngineLoop
     model_name: str
     api_key: str | None
     max_tokens_limit: int
+    max_body_bytes: int
 
     @property
     def tokenizer(self) -> Tokenizer | None:

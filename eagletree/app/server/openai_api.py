@@ -12,17 +12,22 @@ from fastapi import Depends, FastAPI
 
 from eagletree.app.server import http_errors, routes
 from eagletree.app.server.app_state import ServerState
+from eagletree.app.server.request_body import MAX_BODY_BYTES
 
 if TYPE_CHECKING:
     from eagletree.app.server.engine_loop import EngineLoop
 
 
 def create_app(
-    loop: EngineLoop, model_name: str, api_key: str | None = None, max_tokens_limit: int = 4096
+    loop: EngineLoop,
+    model_name: str,
+    api_key: str | None = None,
+    max_tokens_limit: int = 4096,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FastAPI:
     """The FastAPI application over a started ``loop``."""
     app = FastAPI(title="eagletree", docs_url=None, redoc_url=None)
-    app.state.server = ServerState(loop, model_name, api_key, max_tokens_limit)
+    app.state.server = ServerState(loop, model_name, api_key, max_tokens_limit, max_body_bytes)
     http_errors.install(app)
     v1 = [Depends(routes.authorize)]
     app.add_api_route("/health", routes.health, methods=["GET"])

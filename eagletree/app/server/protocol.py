@@ -21,6 +21,8 @@ from eagletree.domain.request import FinishReason
 class BadRequest(ValueError):
     """A request the server rejects with 400 (``param`` names the field, when one is at fault)."""
 
+    status = 400
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param

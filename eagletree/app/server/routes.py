@@ -1,6 +1,7 @@
 """The HTTP handlers: OpenAI-compatible completions and chat, models, health, metrics.
 
-Each handler gets its application's ``ServerState`` through a dependency. Handlers never
+Each handler gets its application's ``ServerState`` through a dependency and reads its body
+itself (``request_body``), so that every malformed body is an OpenAI error. Handlers never
 block on the engine: they queue the request's choices on the engine loop (``ChoiceRun``) and
 await the events it posts back. A client that disconnects (a closed stream, or a non-streaming
 request whose connection drops) aborts its requests, which frees their slots at the engine's
@@ -26,6 +27,7 @@ from eagletree.app.server.protocol import (
     new_id,
     now,
 )
+from eagletree.app.server.request_body import read_body
 from eagletree.app.server.token_limits import max_new_tokens
 from eagletree.domain.sampling_params import SamplingParams
 
@@ -54,7 +56,8 @@ async def models(state: State) -> dict[str, Any]:
     return {"object": "list", "data": [card]}
 
 
-async def completions(body: CompletionBody, request: Request, state: State) -> Response:
+async def completions(request: Request, state: State) -> Response:
+    body = await read_body(request, CompletionBody, state.max_body_bytes)
     max_tokens = _check_common(state, body)
     if body.echo:
         raise BadRequest("echo is not supported", "echo")
@@ -65,7 +68,8 @@ async def completions(body: CompletionBody, request: Request, state: State) -> R
     return await _serve(request, state, body, choices, max_tokens, chat=False)
 
 
-async def chat(body: ChatBody, request: Request, state: State) -> Response:
+async def chat(request: Request, state: State) -> Response:
+    body = await read_body(request, ChatBody, state.max_body_bytes)
     max_tokens = _check_common(state, body)
     tokenizer = state.tokenizer
     if tokenizer is None or not tokenizer.has_chat_template:

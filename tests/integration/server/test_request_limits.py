@@ -1,11 +1,13 @@
 """The server's limits hold for every request: no combination of ``max_tokens``,
 ``max_completion_tokens`` and the defaults generates past ``--max-tokens-limit`` (a property
-over the request schema, through the application and a real engine), and a ``top_k`` past any
-integer the engine holds is served, not a crash of the engine loop."""
+over the request schema, through the application and a real engine), a ``top_k`` past any
+integer the engine holds is served, not a crash of the engine loop, and a body past the size
+limit is refused without being read to its end."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterator, MutableMapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -143,3 +145,38 @@ def test_a_top_k_past_int64_keeps_every_token_and_the_engine_serves_on(
         assert answer.status_code == 200, answer.text
         assert loop.submitted[0].top_k == loop.engine.vocab_size
     assert loop.alive
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_body_past_the_size_limit_is_refused_without_reading_the_rest(
+    loop: RecordingLoop, declared: bool
+) -> None:
+    """1 MiB sent in 1 KiB chunks to a 64 KiB limit through the application's ASGI interface:
+    with a Content-Length the body is refused unread; without one (chunked), at the chunk that
+    goes past the limit."""
+    app = create_app(loop, MODEL, max_body_bytes=2**16)
+    chunk, offered = b"x" * 1024, 1024
+    received = 0
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        received += 1
+        return {"type": "http.request", "body": chunk, "more_body": received < offered}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [(b"content-type", b"application/json")]
+    if declared:
+        headers.append((b"content-length", str(len(chunk) * offered).encode()))
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions",
+        "query_string": b"", "root_path": "", "headers": headers,
+        "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80),
+    }  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert received == (0 if declared else 2**16 // len(chunk) + 1)
+    assert b"larger than this server reads (65536 bytes)" in sent[1]["body"]
