@@ -19,7 +19,8 @@ from eagletree.domain.request import FinishReason
 
 
 class BadRequest(ValueError):
-    """A request the server rejects with 400 (``param`` names the field, when one is at fault)."""
+    """A request the server rejects with ``status`` (400; ``request_body.TooLarge`` 413);
+    ``param`` names the field, when one is at fault."""
 
     status = 400
 
