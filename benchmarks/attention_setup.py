@@ -147,6 +147,6 @@ def build_backends(
                 backends[name] = TorchAttentionBackend(setup.pool, setup.table)
         elif name == "triton":
             backends[name] = TritonAttentionBackend(setup.pool, setup.table, **triton_options)
-        elif name == "flash" and setup.pool.device.type == "cuda":
+        elif name == "flash" and setup.pool.geometry.device.type == "cuda":
             backends[name] = FlashAttentionBackend(setup.pool, setup.table)
     return backends

@@ -6,15 +6,15 @@ indexer keys of 128 B and an fp32 scale: 183 buffers). Moves: bs·(S+1) pairs fo
 {1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair move, shaped like compaction plans: every request
 owns a window of N = 16 scattered slots and moves the nodes of an accepted path (increasing, so
 targets and sources overlap) to the window's front. "reversed" is the 65 536-pair move in reverse
-pair order (its groups no longer start at multiples of 6); "cycle" is one 65 536-slot cycle whose
-closing pair spans the whole move, which forces the Triton mover's scratch fallback.
+pair order (its groups no longer start at multiples of 6, so the hint does not hold).
 
 Columns: "triton" is ``TritonRowMover().move(buffers, tgt, src)`` (no hint: one launch up to 512
-pairs, else the device segment plan); "grouped" adds ``independent_groups=6`` (one launch), shown
-only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per slot over all
-buffers (read + written); self-moves are not counted. "exact" says every mover timed on that row
-left the targets equal to the sources gathered before the move and a sample of the other rows
-untouched, bit for bit. Three times per mover, all medians with the L2 flushed before each call:
+pairs, else gather/scatter); "grouped" adds ``independent_groups=6`` — the workers' call, one
+launch — shown only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per
+slot over all buffers (read + written); self-moves are not counted. "exact" says every mover
+timed on that row left the targets equal to the sources gathered before the move and a sample
+of the other rows untouched, bit for bit. Three times per mover, all medians with the L2
+flushed before each call:
 
 * "µs": ``triton.testing.do_bench`` (CUDA events around an eager call). When one call's host
   work (Python, launches) outlasts the 256 MB L2 flush that do_bench runs before it, the GPU
@@ -26,13 +26,20 @@ untouched, bit for bit. Three times per mover, all medians with the L2 flushed b
 The profiler counts kernel launches after every timing of a layout (CUPTI left behind by a
 profiler session would otherwise slow the launches that follow).
 
-``--small`` adds a table for bs = 1, 8, 64 that puts the first mover (commit 82f74ef, frozen in
-``kv_move_baseline.py``) beside the current defaults and configurations between them, with each
-one's grid (programs x warps). ``--variants all`` (or a comma list of names, see ``TUNING``) adds
-one row per (layout, move, variant) with other staging, tile and warp settings.
+``--variants all`` (or a comma list of names, see ``TUNING``) adds one row per (layout, move,
+variant) with other staging, tile, grid and warp settings.
 
-    PYTHONPATH=$PWD python3 benchmarks/kv_move.py --out kv_move.md [--small] [--variants all]
-    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 benchmarks/kv_move.py --smoke --small --variants all
+    PYTHONPATH=$PWD python3 -m benchmarks.kv_move --out kv_move.md [--variants all]
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 -m benchmarks.kv_move --smoke --variants all
+
+A baseline is another revision measured in the same device call, not a copy of its kernel. The
+file needs only the movers' public API (``TorchRowMover``, ``TritonRowMover`` and the keywords
+of ``TUNING``, ``move``, ``check_independent_groups``), so it runs against any arm that has it:
+export the arms with ``bash scripts/ab-arms.sh base=REV new=HEAD`` (carry ``ab``), then run it
+once from each arm's directory, where ``python -m`` imports that arm's ``eagletree`` first:
+
+    for arm in base new; do (cd ab/$arm && PYTHONPATH=../..:$PYTHONPATH \
+        python3 -m benchmarks.kv_move --out $OUT/kv_move-$arm.md); done
 """
 
 from __future__ import annotations
@@ -40,13 +47,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
 import torch
 
-from benchmarks.kv_move_baseline import FirstStagedMover
 from eagletree.adapters.memory.row_movers import (
     TorchRowMover,
     TritonRowMover,
@@ -56,26 +62,8 @@ from eagletree.adapters.memory.row_movers import (
 STEPS_PLUS_ONE = 6
 WINDOW = 16
 BATCH_SIZES = (1, 8, 64, 256)
-SMALL_BATCH_SIZES = (1, 8, 64)
 BIG_MOVE = 65_536
-Mover = TorchRowMover | TritonRowMover | FirstStagedMover
-
-
-class ShapePerCall(TritonRowMover):
-    """The current mover with the launch-shape cache emptied before every call: the host path
-    of the mover before that cache (tile arithmetic with Triton's helpers on every move)."""
-
-    def move(
-        self,
-        buffers: Sequence[torch.Tensor],
-        tgt: torch.Tensor,
-        src: torch.Tensor,
-        *,
-        independent_groups: int | None = None,
-    ) -> None:
-        for prepared in self._prepared.values():
-            prepared.launches.clear()
-        super().move(buffers, tgt, src, independent_groups=independent_groups)
+Mover = TorchRowMover | TritonRowMover
 
 
 class Variant(NamedTuple):
@@ -88,19 +76,6 @@ DEFAULT = {
     "triton": Variant(TritonRowMover, grouped=False),
     "grouped": Variant(TritonRowMover, grouped=True),
 }
-SMALL = {
-    # the first mover: one program per (2 KiB row, buffer) at bs=1, 4-byte words
-    "first 82f74ef": Variant(FirstStagedMover, grouped=False),
-    "triton": Variant(TritonRowMover, grouped=False),
-    "grouped": Variant(TritonRowMover, grouped=True),
-    # the current kernel on the first mover's grid (tiles as wide as the register block allows)
-    "triton first grid": Variant(lambda: TritonRowMover(min_programs=1), grouped=False),
-    "grouped first grid": Variant(lambda: TritonRowMover(min_programs=1), grouped=True),
-    "grouped >=128 programs": Variant(lambda: TritonRowMover(min_programs=128), grouped=True),
-    # the current kernel behind the host path of the previous version
-    "triton shape per call": Variant(ShapePerCall, grouped=False),
-    "grouped shape per call": Variant(ShapePerCall, grouped=True),
-}
 TUNING = {
     # grouped: pairs staged per program (whole groups of 6), register block, warps, tile
     "grouped lanes=8": Variant(lambda: TritonRowMover(group_lanes=8), grouped=True),
@@ -112,18 +87,14 @@ TUNING = {
     "grouped warps=16": Variant(lambda: TritonRowMover(num_warps=16), grouped=True),
     "grouped tile=64": Variant(lambda: TritonRowMover(tile_words=64), grouped=True),
     "grouped tile=512": Variant(lambda: TritonRowMover(tile_words=512), grouped=True),
-    # no hint: where the one-launch staged path stops, and the planned segment size
+    # small moves: tiles as wide as the register block allows (few programs), or >= 128 programs
+    "grouped min_programs=1": Variant(lambda: TritonRowMover(min_programs=1), grouped=True),
+    "grouped min_programs=128": Variant(lambda: TritonRowMover(min_programs=128), grouped=True),
+    # no hint: where the one-launch path stops
     "staged<=64": Variant(lambda: TritonRowMover(max_staged_moves=64), grouped=False),
     "staged<=2048": Variant(
         lambda: TritonRowMover(max_staged_moves=2048, register_words=16384), grouped=False
     ),
-    "plan lanes=32": Variant(lambda: TritonRowMover(plan_lanes=32), grouped=False),
-    "plan lanes=128": Variant(
-        lambda: TritonRowMover(plan_lanes=128, plan_window=32, register_words=16384),
-        grouped=False,
-    ),
-    "plan regs=4096": Variant(lambda: TritonRowMover(register_words=4096), grouped=False),
-    "scratch=1GiB": Variant(lambda: TritonRowMover(scratch_bytes=1 << 30), grouped=False),
 }
 
 
@@ -170,9 +141,6 @@ def compaction_moves(
 def make_moves(
     order: str, num_pairs: int, num_rows: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if order == "cycle":
-        tgt = torch.randperm(num_rows - 1, generator=gen)[:num_pairs] + 1
-        return tgt, tgt.roll(1)
     tgt, src = compaction_moves(num_pairs, num_rows, gen)
     return (tgt.flip(0), src.flip(0)) if order == "reversed" else (tgt, src)
 
@@ -290,27 +258,12 @@ class Timing(NamedTuple):
     host_us: float | None
     launches: int | None
     exact: bool
-    grid: str  # "programs x warps" of a one-launch move, else "—"
-
-
-def describe_grid(
-    mover: Mover, buffers: tuple[torch.Tensor, ...], pairs: int, hint: int | None
-) -> str:
-    if isinstance(mover, FirstStagedMover):
-        programs, warps = mover.grid(buffers, pairs)
-        return f"{programs} x {warps}"
-    if isinstance(mover, TritonRowMover):
-        launch = mover.launch_grid(buffers, pairs, hint)
-        if launch is not None:
-            (segments, num_buffers, tiles), shape = launch
-            return f"{segments * num_buffers * tiles} x {shape.num_warps}"
-    return "—"
 
 
 class Measured(NamedTuple):
     """One table row's moves: every variant's timings, and its call for the launch count."""
 
-    table: str  # "default", "small" or "tuning"
+    table: str  # "default" or "tuning"
     layout: str
     label: str
     pairs: int
@@ -345,12 +298,11 @@ def time_variants(
             host_us=host_us(call, device),
             launches=None,
             exact=exact,
-            grid=describe_grid(mover, buffers, tgt.numel(), hint),
         )
         calls[key] = call
         print(
             f"  {tgt.numel()} pairs, {key}: {t.us:.1f} µs, graph {fmt(t.graph_us)} µs,"
-            f" host {fmt(t.host_us)} µs, {t.grid}, exact {t.exact}",
+            f" host {fmt(t.host_us)} µs, exact {t.exact}",
             flush=True,
         )
     return timings, calls
@@ -387,11 +339,6 @@ def run(args: argparse.Namespace) -> str:
             " | launches torch/triton/grouped | exact |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ],
-        "small": [
-            "| layout | pairs | variant | programs x warps | µs | graph µs | host µs | launches"
-            " | exact |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ],
         "tuning": [
             "| layout | pairs | variant | µs | graph µs | host µs | GB/s | % copy | launches"
             " | exact |",
@@ -400,9 +347,6 @@ def run(args: argparse.Namespace) -> str:
     }
     cases = [(f"bs={bs}", bs * STEPS_PLUS_ONE, "forward") for bs in sizes]
     cases += [(f"{big}", big, "forward"), (f"{big} reversed", big, "reversed")]
-    cases += [(f"{big} cycle", big, "cycle")]
-    small_sizes = sizes if args.smoke else SMALL_BATCH_SIZES
-    small_pairs = {bs * STEPS_PLUS_ONE for bs in small_sizes} if args.small else set()
     for layout in args.layouts.split(","):
         num_rows = -(-big // STEPS_PLUS_ONE) * WINDOW + 1
         buffers = layout_buffers(layout, num_rows, device, layers)
@@ -418,10 +362,7 @@ def run(args: argparse.Namespace) -> str:
             tgt, src = tgt.to(device), src.to(device)
             moved = int((tgt != src).sum())  # SYNC: benchmark set-up
             mb = 2 * moved * slot_bytes / 1e6
-            groups = [("default", DEFAULT), ("tuning", chosen)]
-            if pairs in small_pairs and order == "forward":
-                groups.insert(1, ("small", SMALL))
-            for table, variants in groups:
+            for table, variants in [("default", DEFAULT), ("tuning", chosen)]:
                 timings, calls = time_variants(
                     variants, buffers, tgt, src, untouched, grouped_ok, device, args.rep_ms
                 )
@@ -436,9 +377,6 @@ def run(args: argparse.Namespace) -> str:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     lines = [header, "", *tables["default"]]
-    if args.small:
-        lines += ["", "Small moves (first mover vs current, one row per configuration):", ""]
-        lines += tables["small"]
     if chosen:
         lines += ["", "Variants (one row per mover configuration):", "", *tables["tuning"]]
     return "\n".join(lines)
@@ -450,18 +388,12 @@ def format_rows(row: Measured, copy_gbs: float) -> list[str]:
     lines = []
     for key, t in row.timings.items():
         exact = "yes" if t.exact else "NO"
-        if row.table == "small":
-            lines.append(
-                f"| {row.layout} | {row.label} ({row.pairs}) | {key} | {t.grid} | {t.us:.1f} "
-                f"| {fmt(t.graph_us)} | {fmt(t.host_us)} | {count(t.launches)} | {exact} |"
-            )
-        else:
-            gbs = row.mb / t.us * 1e3
-            lines.append(
-                f"| {row.layout} | {row.label} ({row.pairs}) | {key} | {t.us:.1f} "
-                f"| {fmt(t.graph_us)} | {fmt(t.host_us)} | {gbs:.0f} "
-                f"| {100 * gbs / copy_gbs:.0f} % | {count(t.launches)} | {exact} |"
-            )
+        gbs = row.mb / t.us * 1e3
+        lines.append(
+            f"| {row.layout} | {row.label} ({row.pairs}) | {key} | {t.us:.1f} "
+            f"| {fmt(t.graph_us)} | {fmt(t.host_us)} | {gbs:.0f} "
+            f"| {100 * gbs / copy_gbs:.0f} % | {count(t.launches)} | {exact} |"
+        )
     return lines
 
 
@@ -492,9 +424,6 @@ def main() -> None:
     parser.add_argument("--layouts", default="llama,mla,dsa")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check it runs")
-    parser.add_argument(
-        "--small", action="store_true", help="first mover vs current for bs = 1, 8, 64"
-    )
     parser.add_argument(
         "--variants", default="", help=f"'all' or a comma list of: {', '.join(TUNING)}"
     )

@@ -3,17 +3,20 @@
 
 No GPU needed: Triton compiles for ``GPUTarget("cuda", 90, 64)`` and its bundled ptxas reports
 registers and spills. For the Llama-3.1-8B layout (64 buffers of 2 KiB rows) and bs·6 pairs,
-one row per (move, mover): grid (programs x warps), the register block (pairs x words), and of
-the compiled kernel the registers, spill bytes, 16-byte global loads/stores and how many
-global loads come before the first branch (pair and table loads that the rows wait for in
-parallel). Rows: the first mover (82f74ef, ``kv_move_baseline.py``) and the current one, with
-and without ``independent_groups=6``.
+one row per move, with and without ``independent_groups=6``: grid (programs x warps), the
+register block (pairs x words), and of the compiled kernel the registers, spill bytes, 16-byte
+global loads/stores and how many global loads come before the first branch (pair and table
+loads that the rows wait for in parallel). Moves that take no single launch say so.
 
-    PYTHONPATH=$PWD python3 benchmarks/kv_move_sass.py
+    PYTHONPATH=$PWD python3 -m benchmarks.kv_move_sass
+
+To compare with another revision, run it in that revision's checkout (or an arm of
+``scripts/ab-arms.sh``): the kernel and launch-shape names it uses are this revision's.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -26,9 +29,8 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
-from benchmarks.kv_move_baseline import FirstStagedMover, _first_move_tiles_kernel, _num_warps
 from eagletree.adapters.kernels.triton import kv_move
-from eagletree.adapters.memory.row_movers import TritonRowMover
+from eagletree.adapters.kernels.triton.kv_move_table import Tuning, build_row_table, segment_launch
 
 TARGET = GPUTarget("cuda", 90, 64)
 BATCH_SIZES = (1, 8, 64, 256)
@@ -84,45 +86,32 @@ def report(kernel: Any) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(
+        description="Compile the KV mover's small-move launches for sm_90 and report them."
+    ).parse_args(argv)
     buffers = tuple(torch.zeros(4, 8, 128, dtype=torch.bfloat16) for _ in range(64))
     print(
         "| pairs | mover | programs x warps | pairs x words | registers | spill st/ld bytes"
         " | v4 ld/st of all ld/st | loads before the first branch |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    first = FirstStagedMover()
+    table = build_row_table(buffers)
     for bs in BATCH_SIZES:
         pairs = bs * 6
-        if pairs <= 512:  # the first mover's one-launch staged path
-            chunk = triton.next_power_of_2(pairs)
-            tile = min(8192 // chunk, 512)
-            programs, warps = first.grid(buffers, pairs)
-            kernel = compile_kernel(
-                _first_move_tiles_kernel,
-                {"num_moves": pairs},
-                {"WORD": tl.int32, "CHUNK": chunk, "TILE": tile, "GATED": False},
-                _num_warps(chunk * tile),
-            )
-            print(
-                f"| {pairs} | first 82f74ef | {programs} x {warps} | {chunk} x {tile} "
-                f"| {report(kernel)} |"
-            )
         for hint in (None, 6):
-            mover = TritonRowMover()
-            launch = mover.launch_grid(buffers, pairs, hint)
-            if launch is None:
-                print(f"| {pairs} | {'grouped' if hint else 'triton'} | planned | | | | | |")
-                continue
-            (segments, num_buffers, tiles), shape = launch
-            kernel = compile_kernel(
-                kv_move._move_segments_kernel,
-                {"num_moves": pairs, "pairs_per_segment": -(-pairs // segments)},
-                {"WORD": tl.int32, "VEC": 4, "LANES": shape.lanes, "TILE": shape.tile,
-                 "PLANNED": False},
-                shape.num_warps,
-            )  # fmt: skip
             name = "grouped" if hint else "triton"
+            launch = segment_launch(table, pairs, hint, Tuning())
+            if launch is None:
+                print(f"| {pairs} | {name} | gather/scatter | | | | | |")
+                continue
+            (segments, num_buffers, tiles), shape = launch.grid, launch.shape
+            kernel = compile_kernel(
+                kv_move._move_rows_kernel,
+                {"num_moves": pairs, "pairs_per_segment": launch.pairs_per_segment},
+                {"WORD": tl.int32, "VEC": 4, "LANES": shape.lanes, "TILE": shape.tile},
+                shape.num_warps,
+            )
             print(
                 f"| {pairs} | {name} | {segments * num_buffers * tiles} x {shape.num_warps} "
                 f"| {shape.lanes} x {shape.tile} | {report(kernel)} |"

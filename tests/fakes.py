@@ -21,6 +21,7 @@ from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app.engine.loop import Engine
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode
+from eagletree.domain.kv_geometry import KVGeometry
 from eagletree.domain.kv_move import move_rows_reference
 from eagletree.domain.model_output import ModelOutput
 
@@ -36,28 +37,8 @@ class FakeKVPool:
     """One int64 buffer (size + 1, dim): the "KV row" of each slot; row 0 is the dummy."""
 
     def __init__(self, size: int, dim: int, device: torch.device | str) -> None:
-        self._size = size
+        self.geometry = KVGeometry(size, 1, 1, torch.int64, torch.device(device))
         self.buffer = torch.zeros(size + 1, dim, dtype=torch.int64, device=device)
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def page_size(self) -> int:
-        return 1
-
-    @property
-    def layer_num(self) -> int:
-        return 1
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.int64
-
-    @property
-    def device(self) -> torch.device:
-        return self.buffer.device
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.buffer]
@@ -155,7 +136,8 @@ class FakeRunner:
         self._attention.init_forward_metadata(batch)
         self.records.append(ForwardRecord(batch.mode, batch.batch_size, batch.num_tokens))
         slots = batch.out_cache_loc.cpu()
-        assert bool((slots >= 1).all()) and bool((slots <= self._kv_pool.size).all()), slots
+        size = self._kv_pool.geometry.size
+        assert bool((slots >= 1).all()) and bool((slots <= size).all()), slots
         assert len(set(slots.tolist())) == slots.numel(), "two new tokens share a KV slot"
         input_ids, positions = batch.input_ids.cpu(), batch.positions.cpu()
         self._kv_pool.buffer[batch.out_cache_loc] = self._kv_rows(input_ids, positions).to(

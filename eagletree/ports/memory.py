@@ -7,9 +7,12 @@ the allocator never hands it out, padding writes and padding moves (0 -> 0) land
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from eagletree.domain.kv_geometry import KVGeometry
 
 
 class TokenSlotAllocator(Protocol):
@@ -77,7 +80,8 @@ class RowMover(Protocol):
 class KVPool(Protocol):
     """Slot-indexed KV storage of one model's attention layers.
 
-    Every buffer has ``size + page_size`` rows (row 0 is the dummy). ``move_kv_cache(tgt, src)``
+    ``geometry`` says how many slots, pages and layers, the compute dtype and the device; every
+    buffer has ``geometry.num_rows`` rows (row 0 is the dummy). ``move_kv_cache(tgt, src)``
     sets ``buf[tgt[i]] = buf[src[i]]`` for every buffer in ``buffers()``, reading every source
     before writing any target (the semantics of ``domain.kv_move.move_rows_reference``); targets
     are distinct except (0, 0) padding pairs. A zero-layer pool returns at once. With bounds
@@ -91,19 +95,7 @@ class KVPool(Protocol):
     """
 
     @property
-    def size(self) -> int: ...
-
-    @property
-    def page_size(self) -> int: ...
-
-    @property
-    def layer_num(self) -> int: ...
-
-    @property
-    def dtype(self) -> torch.dtype: ...
-
-    @property
-    def device(self) -> torch.device: ...
+    def geometry(self) -> KVGeometry: ...
 
     def buffers(self) -> list[torch.Tensor]: ...
 
@@ -119,9 +111,9 @@ class KVPool(Protocol):
 class MHAKVCache(KVPool, Protocol):
     """KV pool of multi-head / grouped-query attention: per layer a K and a V buffer.
 
-    ``get_key_buffer(layer)``: (size + page_size, kv_heads, head_dim) in the storage dtype;
-    ``get_value_buffer(layer)``: (size + page_size, kv_heads, v_head_dim). With an fp8 storage
-    dtype the caller converts gathered rows to ``dtype``; ``set_kv_buffer`` converts on write.
+    ``get_key_buffer(layer)``: (num_rows, kv_heads, head_dim) in the storage dtype;
+    ``get_value_buffer(layer)``: (num_rows, kv_heads, v_head_dim). With an fp8 storage dtype
+    the caller converts gathered rows to ``geometry.dtype``; ``set_kv_buffer`` converts on write.
     Row ``slot`` of these buffers is that slot's storage, so a kernel may write new rows there
     directly (converting as ``set_kv_buffer`` does) instead of calling it.
     """
@@ -150,7 +142,7 @@ class MHAKVCache(KVPool, Protocol):
 class MLAKVCache(KVPool, Protocol):
     """KV pool of multi-head latent attention: per layer one buffer of latent + rope key.
 
-    ``get_kv_buffer(layer)``: (size + page_size, 1, kv_lora_rank + qk_rope_head_dim).
+    ``get_kv_buffer(layer)``: (num_rows, 1, kv_lora_rank + qk_rope_head_dim).
     ``set_kv_buffer(layer, loc, kv)`` writes rows of that width (latent first, rope last); as
     for MHA, row ``slot`` is that slot's storage and a kernel may write it directly.
     """

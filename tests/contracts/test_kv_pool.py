@@ -15,7 +15,7 @@ from eagletree.adapters.memory.dsa_pool import DSAKVPool
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
-from eagletree.adapters.memory.swa_pool import SWAHybridKVPool
+from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.kv_move import move_rows_reference
 from eagletree.ports.memory import KVPool, RowMover
 from tests.conftest import requires_triton
@@ -26,13 +26,11 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, 
 MOVERS: dict[str, Callable[[], RowMover]] = {
     "torch": TorchRowMover,
     "triton": TritonRowMover,
-    # Tiny caps force the large-move path: the device segment plan with a short window (so
-    # hypothesis moves both pass and fail it), the planned move and the scratch fallback rounds.
-    "triton_planned": lambda: TritonRowMover(
-        max_staged_moves=4, register_words=64, plan_lanes=8, plan_window=2, scratch_bytes=512
-    ),
+    # Tiny caps: moves (or groups) of up to 4 pairs take the kernel, a segment per group of
+    # narrow register blocks; larger ones the gather/scatter fallback.
+    "triton_capped": lambda: TritonRowMover(max_staged_moves=4, register_words=64, group_lanes=4),
 }
-POOLS = ["mha", "mla", "dsa", "swa"]
+POOLS = ["mha", "mla", "dsa"]
 FAST = settings(
     max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -56,15 +54,8 @@ def make_pool(
         return MHAKVPool(SIZE, layers, 2, 4, 3, compute, device, mover, store, page, checks)
     if kind == "mla":
         return MLAKVPool(SIZE, layers, 8, 4, dtype, device, mover, page, checks)
-    if kind == "dsa":
-        return DSAKVPool(SIZE, layers, 8, 4, dtype, device, mover, 16, page, checks)
-    assert kind == "swa"
-    full = MHAKVPool(SIZE, 1, 1, 4, 4, compute, device, mover, store, page, checks)
-    swa = MHAKVPool(SIZE + 5, layers - 1, 2, 2, 2, compute, device, mover, store, page, checks)
-    gen = torch.Generator().manual_seed(7)
-    full_to_swa = torch.zeros(full.num_rows, dtype=torch.int64)
-    full_to_swa[1:] = torch.randperm(SIZE + 5, generator=gen)[: full.num_rows - 1] + 1
-    return SWAHybridKVPool(full, swa, full_to_swa.to(device))
+    assert kind == "dsa"
+    return DSAKVPool(SIZE, layers, 8, 4, dtype, device, mover, 16, page, checks)
 
 
 def raw(buf: torch.Tensor) -> torch.Tensor:
@@ -87,18 +78,9 @@ def fill_slot_ids(pool: KVPool) -> None:
 
 
 def reference_move(pool: KVPool, tgt: torch.Tensor, src: torch.Tensor) -> list[torch.Tensor]:
-    """Byte copies of the pool's buffers after the reference move (SWA: translated slots)."""
+    """Byte copies of the pool's buffers after the reference move."""
     after = [raw(buf).clone() for buf in pool.buffers()]
-    if pool.layer_num == 0:
-        return after
-    if isinstance(pool, SWAHybridKVPool):
-        num_full = len(pool.full.buffers())
-        move_rows_reference(after[:num_full], tgt, src)
-        swa_tgt = pool.translate_loc_from_full_to_swa(tgt)
-        swa_src = torch.where(swa_tgt == 0, 0, pool.translate_loc_from_full_to_swa(src))
-        move_rows_reference(after[num_full:], swa_tgt, swa_src)
-    else:
-        move_rows_reference(after, tgt, src)
+    move_rows_reference(after, tgt, src)
     return after
 
 
@@ -172,16 +154,9 @@ def test_every_buffer_the_pool_owns_receives_its_source_rows(
     before = [raw(buf).clone() for buf in pool.buffers()]
     pool.move_kv_cache(slots(tgt, device), slots(src, device))
     moved = dict(zip(tgt, src, strict=True))
-    full_buffers = len(pool.full.buffers()) if isinstance(pool, SWAHybridKVPool) else None
     for b, (buf, old) in enumerate(zip(pool.buffers(), before, strict=True)):
-        if full_buffers is not None and b >= full_buffers:
-            assert isinstance(pool, SWAHybridKVPool)
-            to_swa = pool.full_to_swa.tolist()
-            moved_here = {to_swa[t]: to_swa[s] for t, s in moved.items()}
-        else:
-            moved_here = moved
         for row in range(buf.shape[0]):
-            want = old[moved_here.get(row, row)]
+            want = old[moved.get(row, row)]
             assert torch.equal(raw(buf)[row], want), f"buffer {b}, row {row}"
 
 
@@ -191,21 +166,17 @@ def test_buffers_lists_every_slot_indexed_tensor(pool_kind: str, device: torch.d
     listed = {buf.data_ptr() for buf in pool.buffers()}
     assert len(listed) == len(pool.buffers())
     owned: list[torch.Tensor] = []
-    layer_pools: list[KVPool] = (
-        [pool.full, pool.swa] if isinstance(pool, SWAHybridKVPool) else [pool]
-    )
-    for sub in layer_pools:
-        for layer in range(sub.layer_num):
-            if isinstance(sub, MHAKVPool):
-                owned += [sub.get_key_buffer(layer), sub.get_value_buffer(layer)]
-            if isinstance(sub, MLAKVPool | DSAKVPool):
-                owned.append(sub.get_kv_buffer(layer))
-            if isinstance(sub, DSAKVPool):
-                owned += [sub.get_index_k_buffer(layer), sub.get_index_scale_buffer(layer)]
+    for layer in range(pool.geometry.layer_num):
+        if isinstance(pool, MHAKVPool):
+            owned += [pool.get_key_buffer(layer), pool.get_value_buffer(layer)]
+        if isinstance(pool, MLAKVPool | DSAKVPool):
+            owned.append(pool.get_kv_buffer(layer))
+        if isinstance(pool, DSAKVPool):
+            owned += [pool.get_index_k_buffer(layer), pool.get_index_scale_buffer(layer)]
     assert {buf.data_ptr() for buf in owned} == listed
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 @pytest.mark.parametrize("mover_name", list(MOVERS))
 def test_a_page_size_above_one_moves_token_rows(
     pool_kind: str, mover_name: str, device: torch.device
@@ -240,7 +211,7 @@ class RecordingMover:
         TorchRowMover().move(buffers, tgt, src, independent_groups=independent_groups)
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_one_mover_call_moves_all_buffers(pool_kind: str, device: torch.device) -> None:
     mover = RecordingMover()
     pool = make_pool(pool_kind, mover, "fp32", device, layers=3)
@@ -265,43 +236,10 @@ def test_an_empty_move_changes_nothing(
 @pytest.mark.parametrize("pool_kind", POOLS)
 def test_a_zero_layer_pool_returns_at_once(pool_kind: str, device: torch.device) -> None:
     mover = RecordingMover()
-    if pool_kind == "swa":
-        full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-        swa = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-        pool: KVPool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
-    else:
-        pool = make_pool(pool_kind, mover, "fp16", device, layers=0)
+    pool = make_pool(pool_kind, mover, "fp16", device, layers=0)
     assert pool.buffers() == []
     pool.move_kv_cache(slots([10_000], device), slots([-5], device))  # not even checked
     assert mover.calls == []
-
-
-def test_an_all_swa_model_moves_only_its_swa_layers(device: torch.device) -> None:
-    mover = RecordingMover()
-    full = MHAKVPool(SIZE, 0, 1, 4, 4, torch.float16, device, mover)
-    swa = MHAKVPool(SIZE, 2, 1, 4, 4, torch.float16, device, mover)
-    pool = SWAHybridKVPool(full, swa, torch.arange(SIZE + 1, device=device))
-    fill_random(pool, 11)
-    tgt, src = slots([1, 2, 3], device), slots([2, 3, 1], device)
-    expected = reference_move(pool, tgt, src)
-    pool.move_kv_cache(tgt, src)
-    assert_bytes_equal(pool, expected)
-    assert mover.calls == [(4, 3)]
-
-
-def test_swa_pairs_without_a_window_slot_leave_every_real_row_alone(device: torch.device) -> None:
-    full = MHAKVPool(SIZE, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
-    swa = MHAKVPool(8, 1, 1, 4, 4, torch.float32, device, TorchRowMover())
-    full_to_swa = torch.zeros(SIZE + 1, dtype=torch.int64)
-    full_to_swa[16:24] = torch.arange(1, 9)  # only the 8 newest tokens keep an SWA slot
-    pool = SWAHybridKVPool(full, swa, full_to_swa.to(device))
-    fill_slot_ids(pool)
-    before = raw(swa.get_key_buffer(0)).clone()
-    pool.move_kv_cache(slots([3, 17, 18], device), slots([4, 18, 20], device))
-    after = raw(swa.get_key_buffer(0))
-    # full 17←18 is SWA 2←3, full 18←20 is SWA 3←5; 3←4 has no SWA slot and moves nothing.
-    assert torch.equal(after[2], before[3]) and torch.equal(after[3], before[5])
-    assert torch.equal(after[:2], before[:2]) and torch.equal(after[4:], before[4:])
 
 
 @pytest.mark.parametrize("pool_kind", POOLS)
@@ -335,9 +273,8 @@ def test_mha_set_kv_buffer_converts_to_the_storage_dtype(
     stored_k = pool.get_key_buffer(1)[loc]
     assert stored_k.dtype == pool.store_dtype
     # Readers convert gathered rows to the compute dtype.
-    torch.testing.assert_close(
-        stored_k.to(pool.dtype), k.to(pool.store_dtype).to(pool.dtype), rtol=0, atol=0
-    )
+    dtype = pool.geometry.dtype
+    torch.testing.assert_close(stored_k.to(dtype), k.to(pool.store_dtype).to(dtype), rtol=0, atol=0)
     assert torch.equal(raw(pool.get_value_buffer(1)[loc]), raw(v.to(pool.store_dtype)))
 
 
@@ -436,7 +373,48 @@ def test_compaction_plans_of_many_requests_match_the_reference(
     assert_bytes_equal(pool, expected)
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+def accepted_path_moves(
+    gen: torch.Generator,
+    bs: int,
+    num_nodes: int,
+    num_steps: int,
+    num_slots: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A real ``accepted_move_plan`` over random accepted paths and scattered verify windows:
+    pair ``b·(S+1) + t`` moves node t of request b, so groups of S + 1 pairs are requests."""
+    rows, lengths = [], []
+    for b in range(bs):
+        length = int(torch.randint(0, num_steps + 1, (1,), generator=gen))
+        nodes = torch.randperm(num_nodes - 1, generator=gen)[:length].add(1).sort().values
+        path = [0, *nodes.tolist()]
+        rows.append([b * num_nodes + node for node in path] + [-1] * (num_steps - length))
+        lengths.append(length)
+    verify_slots = torch.randperm(num_slots - 1, generator=gen)[: bs * num_nodes] + 1
+    return accepted_move_plan(
+        torch.tensor(rows, dtype=torch.int32, device=device),
+        torch.tensor(lengths, dtype=torch.int32, device=device),
+        verify_slots.to(device),
+        num_draft_tokens=num_nodes,
+    )
+
+
+@pool_matrix
+def test_compaction_moves_with_the_workers_grouping_hint_match_the_reference(
+    pool_kind: str, mover_name: str, dtype_name: str, device: torch.device
+) -> None:
+    needs_triton(mover_name, device)
+    pool = make_pool(pool_kind, MOVERS[mover_name](), dtype_name, device)
+    fill_random(pool, 13)
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(2):  # the workers' call: groups of S + 1 = 4 pairs, one request each
+        tgt, src = accepted_path_moves(gen, 4, 5, 3, SIZE + 1, device)
+        expected = reference_move(pool, tgt, src)
+        pool.move_kv_cache(tgt, src, independent_groups=4)
+        assert_bytes_equal(pool, expected)
+
+
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.device) -> None:
     if device.type != "cuda":
         pytest.skip("counts CUDA kernels with the profiler")
@@ -453,7 +431,7 @@ def test_a_small_triton_move_is_one_kernel_launch(pool_kind: str, device: torch.
     assert len(kernels) == 1, kernels
 
 
-@pytest.mark.parametrize("pool_kind", ["mha", "mla", "dsa"])
+@pytest.mark.parametrize("pool_kind", POOLS)
 def test_the_pool_hands_the_independent_groups_promise_to_its_mover(
     pool_kind: str, device: torch.device
 ) -> None:

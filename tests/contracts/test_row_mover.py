@@ -1,11 +1,10 @@
 """RowMovers on their own: the ``independent_groups`` hint (exact when true, refused when false),
-the device segment plan of large Triton moves against a Python model, the scratch fallback, and
-the row table / tile heuristics. Bit-exact against ``domain.kv_move.move_rows_reference``;
-Triton runs under ``TRITON_INTERPRET=1`` on CPU (small shapes) and natively on CUDA."""
+moves too large for one launch, and the row table / launch shape heuristics. Bit-exact against
+``domain.kv_move.move_rows_reference``; Triton runs under ``TRITON_INTERPRET=1`` on CPU (small
+shapes) and natively on CUDA."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import pytest
@@ -13,11 +12,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eagletree.adapters.kernels.triton.kv_move_table import (
+    Tuning,
+    build_row_table,
+    segment_launch,
+    tile_shape,
+)
 from eagletree.adapters.memory.row_movers import TorchRowMover, TritonRowMover
-from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.kv_move import move_rows_reference
 from tests.conftest import requires_triton
-from tests.contracts.test_kv_pool import move_sets, raw
+from tests.contracts.test_kv_pool import accepted_path_moves, move_sets, raw
 
 NUM_SLOTS = 64
 FAST = settings(
@@ -31,9 +35,9 @@ HINTED_MOVERS: dict[str, Callable[[], Mover]] = {
     "triton_narrow": lambda: TritonRowMover(
         max_staged_moves=8, group_lanes=2, register_words=64, debug_checks=True
     ),
-    # Groups above the staged cap: the hint is unusable and the plan path moves instead.
+    # Groups above the staged cap: no one-launch segmentation, gather/scatter moves instead.
     "triton_capped": lambda: TritonRowMover(
-        max_staged_moves=2, register_words=64, plan_lanes=8, plan_window=2, debug_checks=True
+        max_staged_moves=2, register_words=64, debug_checks=True
     ),
 }
 
@@ -181,32 +185,21 @@ def test_a_hint_off_by_one_pair_names_the_pair_slot_and_groups(
 def compaction_pairs(
     gen: torch.Generator, bs: int, num_nodes: int, num_steps: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A real ``accepted_move_plan`` over random accepted paths and scattered verify windows."""
-    rows, lengths = [], []
-    for b in range(bs):
-        length = int(torch.randint(0, num_steps + 1, (1,), generator=gen))
-        nodes = torch.randperm(num_nodes - 1, generator=gen)[:length].add(1).sort().values
-        path = [0, *nodes.tolist()]
-        rows.append([b * num_nodes + node for node in path] + [-1] * (num_steps - length))
-        lengths.append(length)
-    verify_slots = torch.randperm(NUM_SLOTS - 1, generator=gen)[: bs * num_nodes] + 1
-    return accepted_move_plan(
-        torch.tensor(rows, dtype=torch.int32, device=device),
-        torch.tensor(lengths, dtype=torch.int32, device=device),
-        verify_slots.to(device),
-        num_draft_tokens=num_nodes,
-    )
+    return accepted_path_moves(gen, bs, num_nodes, num_steps, NUM_SLOTS, device)
 
 
 @pytest.mark.parametrize("mover_name", list(HINTED_MOVERS))
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("reverse", [False, True])  # groups stay whole requests either way
 def test_compaction_plans_keep_the_grouping_promise_with_s_plus_one(
-    mover_name: str, seed: int, device: torch.device
+    mover_name: str, seed: int, reverse: bool, device: torch.device
 ) -> None:
     needs_triton(mover_name, device)
     gen = torch.Generator().manual_seed(seed)
     bs, num_nodes, num_steps = 7, 8, 4
     tgt, src = compaction_pairs(gen, bs, num_nodes, num_steps, device)
+    if reverse:
+        tgt, src = tgt.flip(0), src.flip(0)
     mover = HINTED_MOVERS[mover_name]()
     assert_moves_like_the_reference(
         lambda bufs: mover.move(bufs, tgt, src, independent_groups=num_steps + 1),
@@ -217,151 +210,15 @@ def test_compaction_plans_keep_the_grouping_promise_with_s_plus_one(
     )
 
 
-def plan_model(tgt: list[int], src: list[int], pairs: int, window: int) -> list[int] | None:
-    """Python model of ``kv_move_plan``: the segment starts (plus the end), or None on failure."""
-    writer = {t: j for j, (t, s) in enumerate(zip(tgt, src, strict=True)) if t != s}
-    edges = [
-        (min(i, writer[s]), max(i, writer[s]))
-        for i, (t, s) in enumerate(zip(tgt, src, strict=True))
-        if t != s and s in writer
-    ]
-    if any(hi - lo > window for lo, hi in edges):
-        return None
-    starts = []
-    for first in range(0, len(tgt), pairs):
-        usable = [
-            p
-            for p in range(first, first + window)
-            if p <= len(tgt) and not any(lo < p <= hi for lo, hi in edges)
-        ]
-        if not usable:
-            return None
-        starts.append(usable[0])
-    return [*starts, len(tgt)]
-
-
-@st.composite
-def clustered_moves(draw: st.DrawFn) -> tuple[list[int], list[int]]:
-    """Grouped moves of mixed group sizes in either pair order, sometimes one long-range read."""
-    tgt: list[int] = []
-    src: list[int] = []
-    used = 0
-    while used < 40:
-        part_tgt, part_src = draw(grouped_moves(draw(st.integers(1, 4))))
-        offset = {slot: slot if slot == 0 else slot + used for slot in part_tgt + part_src}
-        tgt += [offset[t] for t in part_tgt]
-        src += [offset[s] for s in part_src]
-        used += NUM_SLOTS
-    if draw(st.booleans()):
-        tgt, src = tgt[::-1], src[::-1]
-    if draw(st.booleans()) and len(tgt) > 2:
-        reader = draw(st.integers(0, len(tgt) - 1))
-        src[reader] = tgt[draw(st.integers(0, len(tgt) - 1))]  # may be long, may be local
-    return tgt, src
-
-
-def run_plan(
-    tgt: list[int], src: list[int], pairs: int, window: int, device: torch.device, stale: bool
-) -> tuple[int, list[int]]:
-    from eagletree.adapters.kernels.triton import kv_move_plan
-
-    num_slots = max(tgt + src) + 1
-    gen = torch.Generator().manual_seed(len(tgt))
-    mark = torch.full((num_slots,), -1, dtype=torch.int32)
-    if stale:  # leftovers of an earlier move must not be mistaken for writers
-        mark = torch.randint(-3, len(tgt) + 3, (num_slots,), generator=gen, dtype=torch.int32)
-    flag = torch.full((1,), 7, dtype=torch.int32, device=device)
-    num_segments = kv_move_plan.num_planned_segments(len(tgt), pairs)
-    starts = torch.full((num_segments + 1,), -9, dtype=torch.int32, device=device)
-    kv_move_plan.plan_segments(
-        slots(tgt, device), slots(src, device), mark.to(device), flag, starts, pairs, window
-    )
-    return int(flag[0]), starts.tolist()
-
-
-@settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    moves=st.one_of(clustered_moves(), move_sets(num_rows=NUM_SLOTS)),
-    shape=st.sampled_from([(4, 2), (6, 4), (8, 4), (3, 1)]),
-    stale=st.booleans(),
-)
-def test_the_device_segment_plan_agrees_with_a_python_model(
-    device: torch.device, moves: tuple[list[int], list[int]], shape: tuple[int, int], stale: bool
-) -> None:
-    requires_triton(device)
-    tgt, src = moves
-    if not tgt:
-        return
-    pairs, window = shape
-    flag, starts = run_plan(tgt, src, pairs, window, device, stale)
-    want = plan_model(tgt, src, pairs, window)
-    assert flag == int(want is None)
-    if want is not None:
-        assert starts == want
-
-
-@pytest.mark.parametrize("pairs, window", [(4, 2), (3, 1), (4, 4)])
-def test_the_device_plan_places_every_single_hazard_like_the_python_model(
-    pairs: int, window: int, device: torch.device
-) -> None:
-    requires_triton(device)
-    num_moves = 10
-    for span in range(1, window + 3):
-        for lo in range(num_moves - span):
-            for reader, writer in [(lo, lo + span), (lo + span, lo)]:
-                tgt = list(range(1, num_moves + 1))
-                src = list(range(100, 100 + num_moves))  # read-only slots: no hazard
-                src[reader] = tgt[writer]
-                flag, starts = run_plan(tgt, src, pairs, window, device, stale=False)
-                want = plan_model(tgt, src, pairs, window)
-                assert flag == int(want is None), (span, reader, writer)
-                assert want is None or starts == want, (span, reader, writer)
-
-
-@FAST
-@given(moves=clustered_moves(), shape=st.sampled_from([(4, 2), (6, 4), (12, 4)]))
-def test_a_successful_plan_keeps_every_hazard_inside_one_short_segment(
-    moves: tuple[list[int], list[int]], shape: tuple[int, int]
-) -> None:
-    tgt, src = moves
-    pairs, window = shape
-    starts = plan_model(tgt, src, pairs, window)
-    if starts is None:
-        return
-    segment_of = [sum(1 for start in starts[1:-1] if start <= i) for i in range(len(tgt))]
-    writer = {t: j for j, (t, s) in enumerate(zip(tgt, src, strict=True)) if t != s}
-    for i, (t, s) in enumerate(zip(tgt, src, strict=True)):
-        if t != s and s in writer:
-            assert segment_of[i] == segment_of[writer[s]]
-    assert all(0 < b - a < pairs + window for a, b in itertools.pairwise(starts) if b > a)
-
-
-@pytest.mark.parametrize("reverse", [False, True])
-def test_compaction_plans_in_either_order_never_fail_the_plan(
-    reverse: bool, device: torch.device
-) -> None:
-    requires_triton(device)
-    gen = torch.Generator().manual_seed(3)
-    for num_steps in (1, 3, 5, 7):
-        tgt, src = compaction_pairs(gen, bs=6, num_nodes=10, num_steps=num_steps, device=device)
-        if reverse:
-            tgt, src = tgt.flip(0), src.flip(0)
-        flag, _ = run_plan(tgt.tolist(), src.tolist(), 48, 16, device, stale=True)
-        assert flag == 0
-
-
-@pytest.mark.parametrize("scratch_bytes", [1, 256, 1 << 20])
-def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
-    scratch_bytes: int, device: torch.device
+@pytest.mark.parametrize("max_staged_moves", [512, 4])  # one segment; gather/scatter
+def test_a_long_cycle_without_a_hint_stays_exact(
+    max_staged_moves: int, device: torch.device
 ) -> None:
     requires_triton(device)
     gen = torch.Generator().manual_seed(5)
     cycle = (torch.randperm(NUM_SLOTS - 1, generator=gen)[:40] + 1).tolist()
     tgt, src = cycle, cycle[1:] + cycle[:1]  # one 40-cycle: its closing edge spans every pair
-    assert plan_model(tgt, src, pairs=48, window=16) is None  # the plan fails: scratch moves
-    mover = TritonRowMover(max_staged_moves=4, scratch_bytes=scratch_bytes)
+    mover = TritonRowMover(max_staged_moves=max_staged_moves)
     assert_moves_like_the_reference(
         lambda bufs: mover.move(bufs, slots(tgt, device), slots(src, device)),
         slots(tgt, device),
@@ -373,8 +230,6 @@ def test_long_range_hazards_take_the_scratch_fallback_and_stay_exact(
 def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
     device: torch.device,
 ) -> None:
-    from eagletree.adapters.kernels.triton.kv_move_table import build_row_table
-
     padded = torch.zeros(8, 12, device=device)
     buffers = (
         torch.zeros(8, 4, device=device),  # 16 B rows and stride
@@ -403,10 +258,9 @@ def test_the_row_table_gives_vectors_only_to_16_byte_aligned_buffers(
 def test_tile_shapes_are_vector_multiples_that_cover_the_row_within_budget(
     row_bytes: int, lanes: int, num_segments: int, register_words: int, min_programs: int
 ) -> None:
-    from eagletree.adapters.kernels.triton.kv_move_table import build_row_table, tile_shape
-
     table = build_row_table((torch.zeros(4, row_bytes, dtype=torch.uint8),))
-    shape = tile_shape(table, lanes, num_segments, register_words, min_programs=min_programs)
+    tuning = Tuning(register_words=register_words, min_programs=min_programs)
+    shape = tile_shape(table, lanes, num_segments, tuning)
     vec = table.vector_words
     assert shape.tile & (shape.tile - 1) == 0 and shape.tile % vec == 0
     assert shape.num_tiles * shape.tile >= table.max_row_words > (shape.num_tiles - 1) * shape.tile
@@ -422,15 +276,14 @@ def test_a_small_move_is_one_launch_spread_over_many_programs_within_the_registe
     # 64 buffers as in Llama-3.1-8B: small moves are latency-bound, so they must not fall back
     # to a handful of programs moving many rows each.
     buffers = tuple(torch.zeros(2, 8, 128, dtype=torch.bfloat16) for _ in range(64))
-    mover = TritonRowMover()
-    launch = mover.launch_grid(buffers, pairs, hint)
-    assert launch is not None  # one launch, no device plan
-    (segments, num_buffers, tiles), shape = launch
+    launch = segment_launch(build_row_table(buffers), pairs, hint, Tuning())
+    assert launch is not None  # one launch, no gather/scatter
+    _, (segments, num_buffers, tiles), shape = launch
     assert num_buffers == 64 and segments * num_buffers * tiles >= 128
     assert shape.lanes * shape.tile <= 8192 and shape.tile * tiles >= 512  # 2 KiB rows
 
 
-@pytest.mark.parametrize("max_staged_moves", [512, 4])  # one segment; the device plan
+@pytest.mark.parametrize("max_staged_moves", [512, 4])  # one segment; gather/scatter
 def test_tiles_past_a_narrow_row_move_nothing_and_wide_rows_move_exactly(
     max_staged_moves: int, device: torch.device
 ) -> None:
@@ -447,11 +300,41 @@ def test_tiles_past_a_narrow_row_move_nothing_and_wide_rows_move_exactly(
     expected = [buf.clone() for buf in buffers]
     move_rows_reference(expected, tgt.to(device), src.to(device))
     # 4-word tiles: 16 tiles per row, 15 of them past the 1-word row of the second buffer
-    mover = TritonRowMover(max_staged_moves=max_staged_moves, tile_words=4, plan_lanes=8,
-                           plan_window=4)  # fmt: skip
+    mover = TritonRowMover(max_staged_moves=max_staged_moves, tile_words=4)
     mover.move(buffers, tgt.to(device), src.to(device))
     for buf, want in zip(buffers, expected, strict=True):
         assert torch.equal(buf, want)
+
+
+@pytest.mark.parametrize("odd_bytes", [False, True])  # 4-byte words; single bytes
+def test_a_grouped_move_over_many_buffers_of_odd_widths_stays_exact(
+    odd_bytes: bool, device: torch.device
+) -> None:
+    requires_triton(device)
+    gen = torch.Generator().manual_seed(7)
+    rows: list[tuple[tuple[int, ...], torch.dtype]] = [
+        ((2, 8), torch.bfloat16),  # 32 B: 16-byte vectors
+        ((3,), torch.float32),  # 12 B: single words
+        ((), torch.float32),  # one word per slot
+        ((16,), torch.int32),  # the widest row: tiles past every other row are masked
+    ]
+    if odd_bytes:
+        rows.append(((5,), torch.uint8))  # every buffer copied as single bytes
+    buffers = tuple(
+        torch.randint(0, 256, (NUM_SLOTS, max(1, torch.Size(shape).numel()) * dtype.itemsize),
+                      generator=gen, dtype=torch.uint8).view(dtype).reshape(NUM_SLOTS, *shape)
+        .to(device)
+        for _ in range(6)
+        for shape, dtype in rows
+    )  # fmt: skip
+    tgt, src = compaction_pairs(gen, bs=6, num_nodes=8, num_steps=3, device=device)
+    expected = [buf.clone() for buf in buffers]
+    move_rows_reference(expected, tgt, src)
+    # one group of 4 pairs per segment, 16-word register blocks: many segments and tiles
+    mover = TritonRowMover(max_staged_moves=8, register_words=64, group_lanes=4)
+    mover.move(buffers, tgt, src, independent_groups=4)
+    for i, (buf, want) in enumerate(zip(buffers, expected, strict=True)):
+        assert torch.equal(raw(buf), raw(want)), f"buffer {i} of {len(buffers)} differs"
 
 
 def test_moves_of_one_pair_count_reuse_a_launch_shape_and_stay_exact(device: torch.device) -> None:
@@ -496,6 +379,6 @@ def test_a_grouped_move_of_any_size_and_a_small_move_without_hint_are_one_kernel
     buffers = tuple(torch.zeros(num_slots, 8, 128, dtype=torch.bfloat16, device=device)
                     for _ in range(4))  # fmt: skip
     if hint is None and bs * 6 > 512:
-        pytest.skip("without the hint, moves above max_staged_moves take the device plan")
+        pytest.skip("without the hint, moves above max_staged_moves take gather/scatter")
     mover = TritonRowMover()
     assert count_kernels(lambda: mover.move(buffers, tgt, src, independent_groups=hint)) == 1

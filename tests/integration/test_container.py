@@ -88,9 +88,10 @@ def test_the_target_attention_kind_picks_the_kv_pool(
 ) -> None:
     target = TargetDescription(attention_kind=kind, num_layers=3)  # type: ignore[arg-type]
     pool = build_container(settings(device), target).kv_pool()
-    assert (pool.size, pool.layer_num, pool.page_size) == (64, 3, 1)
-    assert pool.device.type == device
-    assert pool.dtype == (torch.bfloat16 if device == "cuda" else torch.float32)  # dtype "auto"
+    geometry = pool.geometry
+    assert (geometry.size, geometry.layer_num, geometry.page_size) == (64, 3, 1)
+    assert geometry.device.type == device
+    assert geometry.dtype == (torch.bfloat16 if device == "cuda" else torch.float32)  # "auto"
     assert type(pool) is expected
 
 
@@ -143,12 +144,12 @@ def test_the_slot_allocator_and_request_table_are_sized_from_the_settings(device
 
 def test_the_settings_dtype_reaches_the_pool() -> None:
     container = build_container(settings(model={"dtype": "float32"}))
-    assert container.kv_pool().dtype == torch.float32
+    assert container.kv_pool().geometry.dtype == torch.float32
 
 
 def test_the_page_size_reaches_the_pool() -> None:
     container = build_container(settings(memory={"page_size": 4}))
-    assert container.kv_pool().page_size == 4
+    assert container.kv_pool().geometry.page_size == 4
     assert container.worker_name() == "eagle_v1"
 
 

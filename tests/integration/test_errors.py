@@ -2,7 +2,8 @@
 
 Each case prepares files or variables, runs the `eagletree` command line, and checks the exit
 status, that stderr holds exactly one `error:` line (or the `warning:` line) with the expected
-words, and that no traceback was printed. The ids are the rows of the table in docs/errors.md.
+words, and that no traceback was printed. The ids are the rows of the tables in docs/errors.md,
+with the server's bad requests (tests/integration/server/bad_requests.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from eagletree.app.cli.main import main
+from tests.integration.server.bad_requests import SERVER_CASES
 
 SMALL = {"EAGLETREE_MEMORY__MAX_TOTAL_TOKENS": "1024"}
 TOKEN_MAP_TREE = 'algorithm = "eagle"\nnum_steps = 2\neagle_topk = 4\nnum_draft_tokens = 5\n'
@@ -349,7 +351,12 @@ CASES: dict[str, tuple[Setup, str]] = {
     ),
     # serve
     "serve-bad-port": (lambda p, m: ["serve", "--port", "70000"], "is not a TCP port"),
+    "serve-max-tokens-limit-zero": (
+        lambda p, m: ["serve", "--max-tokens-limit", "0"],
+        "--max-tokens-limit 0: must be at least 1",
+    ),
 }
+
 
 WARNINGS: dict[str, tuple[Setup, str]] = {
     "top-k-with-greedy": (_generate_flags("--top-k", "5"), "--top-k has no effect"),
@@ -396,7 +403,7 @@ def test_an_ignored_flag_is_a_warning(
 def test_the_table_in_the_docs_lists_every_case() -> None:
     table = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
     rows = {line.split("|")[1].strip().strip("`") for line in table.splitlines() if "| `" in line}
-    assert set(CASES) | set(WARNINGS) == rows
+    assert set(CASES) | set(WARNINGS) | set(SERVER_CASES) == rows
     assert len(CASES) >= 40
 
 

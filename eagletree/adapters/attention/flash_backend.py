@@ -79,17 +79,16 @@ class FlashAttentionBackend:
         use_flash_attn: bool | None = None,
         varlen_kernel: VarlenKernel | None = None,
     ) -> None:
-        device = kv_pool.device
+        device = kv_pool.geometry.device
         if device.type != "cuda" and varlen_kernel is None:
             raise RuntimeError(
                 f"FlashAttentionBackend needs a CUDA device (the pool is on {device}): "
                 "FlashAttention has no CPU kernels; use TorchAttentionBackend or "
                 "TritonAttentionBackend there"
             )
-        if kv_pool.dtype not in _FLASH_DTYPES:
-            raise ValueError(
-                f"FlashAttention computes in fp16/bf16, the pool's dtype is {kv_pool.dtype}"
-            )
+        dtype = kv_pool.geometry.dtype
+        if dtype not in _FLASH_DTYPES:
+            raise ValueError(f"FlashAttention computes in fp16/bf16, the pool's dtype is {dtype}")
         if is_mla_pool(kv_pool):
             mla: MLAKVCache = kv_pool  # type: ignore[assignment]
             width = mla.kv_lora_rank + mla.qk_rope_head_dim

@@ -18,7 +18,7 @@ KVCache = MHAKVCache | MLAKVCache
 
 
 def is_mla_pool(pool: object) -> bool:
-    """MLA pools hold one latent + rope buffer per layer (MHA pools also have get_kv_buffer)."""
+    """MLA pools hold one latent + rope buffer per layer; only they have a ``kv_lora_rank``."""
     return hasattr(pool, "kv_lora_rank")
 
 

@@ -42,7 +42,7 @@ class TorchAttentionBackend:
     ) -> None:
         self._pool = kv_pool
         self._req_to_token_pool = req_to_token_pool
-        self._buffers = PlanBuffers(max_batch_size, kv_pool.device)
+        self._buffers = PlanBuffers(max_batch_size, kv_pool.geometry.device)
         self._plan: AttentionPlan | None = None
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

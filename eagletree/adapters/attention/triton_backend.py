@@ -84,7 +84,7 @@ class TritonAttentionBackend:
                 raise ValueError(f"{name} must be a power of two >= 16, got {size}")
         self._pool = kv_pool
         self._req_to_token_pool = req_to_token_pool
-        self._device = kv_pool.device
+        self._device = kv_pool.geometry.device
         self._on_cpu = self._device.type == "cpu"
         self._buffers = PlanBuffers(max_batch_size, self._device)
         self._max_kv_splits = max_kv_splits

@@ -1,8 +1,16 @@
-"""Adapter helper: argument and slot-range checks shared by the KV pools."""
+"""Adapter helper: what the KV pools share — argument and slot-range checks, the checked move."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from eagletree.domain.kv_geometry import KVGeometry
+    from eagletree.ports.memory import RowMover
 
 
 def checks_by_default(device: torch.device, debug_checks: bool) -> bool:
@@ -10,7 +18,7 @@ def checks_by_default(device: torch.device, debug_checks: bool) -> bool:
     return debug_checks or device.type == "cpu"
 
 
-def same_device(a: torch.device, b: torch.device) -> bool:
+def _same_device(a: torch.device, b: torch.device) -> bool:
     """``cuda`` and ``cuda:0`` name one device when the current device is 0; compare loosely."""
     return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
@@ -25,7 +33,7 @@ def check_move_args(tgt: torch.Tensor, src: torch.Tensor, device: torch.device) 
     for name, slots in (("tgt", tgt), ("src", src)):
         if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
             raise TypeError(f"{name} must hold integer slot ids, got {slots.dtype}")
-        if not same_device(slots.device, device):
+        if not _same_device(slots.device, device):
             raise ValueError(f"{name} is on {slots.device}, the pool on {device}")
 
 
@@ -41,11 +49,22 @@ def check_slots_in_range(slots: torch.Tensor, num_rows: int, what: str) -> None:
         raise IndexError(f"{what} slot {bad} is out of range: valid slots are [0, {num_rows})")
 
 
-def check_move(
-    tgt: torch.Tensor, src: torch.Tensor, device: torch.device, num_rows: int, checks: bool
+def checked_move(
+    mover: RowMover,
+    buffers: Sequence[torch.Tensor],
+    geometry: KVGeometry,
+    checks: bool,
+    tgt: torch.Tensor,
+    src: torch.Tensor,
+    independent_groups: int | None,
 ) -> None:
-    """What every pool checks before a move: the arguments always, slot ranges when ``checks``."""
-    check_move_args(tgt, src, device)
+    """Every pool's ``move_kv_cache``: nothing for a pool without layers; else the arguments
+    (always) and the slot ranges (when ``checks``), then one mover call over all the buffers."""
+    # tgt, src: (num_moves,) slots; distinct targets except (0, 0) padding
+    if geometry.layer_num == 0:
+        return
+    check_move_args(tgt, src, geometry.device)
     if checks:
-        check_slots_in_range(tgt, num_rows, "move_kv_cache target")
-        check_slots_in_range(src, num_rows, "move_kv_cache source")
+        check_slots_in_range(tgt, geometry.num_rows, "move_kv_cache target")
+        check_slots_in_range(src, geometry.num_rows, "move_kv_cache source")
+    mover.move(buffers, tgt, src, independent_groups=independent_groups)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
 
-from eagletree.adapters.memory.bounds import check_move, check_slots_in_range
+from eagletree.adapters.memory.bounds import check_slots_in_range, checked_move
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.raw_words import as_raw_words
 from eagletree.ports.memory import RowMover
@@ -13,8 +15,8 @@ INDEX_KEY_DTYPE = torch.float8_e4m3fn
 
 
 class DSAKVPool:
-    """MLA buffers plus, per layer, indexer keys (size + page_size, index_head_dim) fp8 and one
-    fp32 scale per token (size + page_size,).
+    """MLA buffers plus, per layer, indexer keys (num_rows, index_head_dim) fp8 and one fp32
+    scale per token (num_rows,).
 
     The indexer cache is token-indexed, like the latent cache, so a move by token slot is right
     at any page size (upstream's page-indexed layout was corrupted by token-slot moves at page
@@ -35,19 +37,16 @@ class DSAKVPool:
         debug_checks: bool = False,
     ) -> None:
         self._latent = MLAKVPool(
-            size,
-            layer_num,
-            kv_lora_rank,
-            qk_rope_head_dim,
-            dtype,
-            device,
-            mover,
-            page_size=page_size,
-            debug_checks=debug_checks,
-        )
+            size, layer_num, kv_lora_rank, qk_rope_head_dim, dtype, device, mover,
+            page_size=page_size, debug_checks=debug_checks,
+        )  # fmt: skip
+        self.geometry: Final = self._latent.geometry
+        self.kv_lora_rank: Final = kv_lora_rank
+        self.qk_rope_head_dim: Final = qk_rope_head_dim
+        self.index_head_dim: Final = index_head_dim
+        self.checks_enabled: Final = self._latent.checks_enabled
         self._mover = mover
-        self._index_head_dim = index_head_dim
-        rows, dev = self._latent.num_rows, self._latent.device
+        rows, dev = self.geometry.num_rows, self.geometry.device
         # index_k[l]: (rows, index_head_dim) fp8; index_scale[l]: (rows,) fp32, token-indexed
         self._index_k = [
             torch.zeros(rows, index_head_dim, dtype=INDEX_KEY_DTYPE, device=dev)
@@ -60,46 +59,6 @@ class DSAKVPool:
         self._all_buffers = tuple(
             b for layer in zip(latent, self._index_k, self._index_scale, strict=True) for b in layer
         )
-
-    @property
-    def size(self) -> int:
-        return self._latent.size
-
-    @property
-    def page_size(self) -> int:
-        return self._latent.page_size
-
-    @property
-    def layer_num(self) -> int:
-        return self._latent.layer_num
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._latent.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._latent.device
-
-    @property
-    def kv_lora_rank(self) -> int:
-        return self._latent.kv_lora_rank
-
-    @property
-    def qk_rope_head_dim(self) -> int:
-        return self._latent.qk_rope_head_dim
-
-    @property
-    def index_head_dim(self) -> int:
-        return self._index_head_dim
-
-    @property
-    def num_rows(self) -> int:
-        return self._latent.num_rows
-
-    @property
-    def checks_enabled(self) -> bool:
-        return self._latent.checks_enabled
 
     def buffers(self) -> list[torch.Tensor]:
         """Every slot-indexed tensor, layer by layer: [latent0, index_k0, index_scale0, …]."""
@@ -117,11 +76,11 @@ class DSAKVPool:
         self._latent.set_mla_kv_buffer(layer, loc, kv_latent, k_rope)
 
     def get_index_k_buffer(self, layer: int) -> torch.Tensor:
-        """(size + page_size, index_head_dim) float8_e4m3fn; dequantise with the scale buffer."""
+        """(num_rows, index_head_dim) float8_e4m3fn; dequantise with the scale buffer."""
         return self._index_k[layer]
 
     def get_index_scale_buffer(self, layer: int) -> torch.Tensor:
-        """(size + page_size,) float32, one scale per token slot."""
+        """(num_rows,) float32, one scale per token slot."""
         return self._index_scale[layer]
 
     def set_index_k(
@@ -134,7 +93,7 @@ class DSAKVPool:
                 f"indexer keys must be quantised to {INDEX_KEY_DTYPE}, got {k_fp8.dtype}"
             )
         if self.checks_enabled:
-            check_slots_in_range(loc, self.num_rows, "set_index_k")
+            check_slots_in_range(loc, self.geometry.num_rows, "set_index_k")
         index = loc.long()
         as_raw_words(self._index_k[layer])[index] = as_raw_words(k_fp8)
         self._index_scale[layer][index] = scale.reshape(-1).to(torch.float32)
@@ -147,8 +106,7 @@ class DSAKVPool:
         independent_groups: int | None = None,
     ) -> None:
         """Latent rows, indexer keys and scales: ``buf[tgt] = buf[src]``, one mover call."""
-        # tgt_loc, src_loc: (num_moves,) slots; distinct targets except (0, 0) padding
-        if self.layer_num == 0:
-            return
-        check_move(tgt_loc, src_loc, self.device, self.num_rows, self.checks_enabled)
-        self._mover.move(self._all_buffers, tgt_loc, src_loc, independent_groups=independent_groups)
+        checked_move(
+            self._mover, self._all_buffers, self.geometry, self.checks_enabled,
+            tgt_loc, src_loc, independent_groups,
+        )  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
 
 from eagletree.domain.errors import DoubleFree
@@ -18,29 +20,15 @@ class TensorReqToTokenPool:
     def __init__(self, max_requests: int, row_width: int, device: torch.device | str) -> None:
         if max_requests < 1 or row_width < 1:
             raise ValueError(f"bad table shape ({max_requests}, {row_width})")
-        self._device = torch.device(device)
+        self.size: Final = max_requests
+        self.row_width: Final = row_width
+        self.device: Final = torch.device(device)
         # req_to_token: (max_requests, row_width) int32 slot ids
-        self._req_to_token = torch.zeros(
-            max_requests, row_width, dtype=torch.int32, device=self._device
+        self.req_to_token: Final = torch.zeros(
+            max_requests, row_width, dtype=torch.int32, device=self.device
         )
         self._free_rows = list(range(max_requests - 1, -1, -1))  # pop() hands out 0, 1, 2, …
         self._is_free = [True] * max_requests
-
-    @property
-    def req_to_token(self) -> torch.Tensor:
-        return self._req_to_token
-
-    @property
-    def size(self) -> int:
-        return self._req_to_token.shape[0]
-
-    @property
-    def row_width(self) -> int:
-        return self._req_to_token.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def available_size(self) -> int:
         return len(self._free_rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import torch
 
 from eagletree.adapters.memory.bounds import checks_by_default
@@ -20,25 +22,16 @@ class DeviceSlotAllocator:
     def __init__(self, size: int, device: torch.device | str, debug_checks: bool = False) -> None:
         if size < 1:
             raise ValueError(f"an allocator needs at least one slot, got size={size}")
-        self._size = size
-        self._device = torch.device(device)
+        self.size: Final = size
+        self.device: Final = torch.device(device)
         # free_slots[:num_free] are free; popped from the top, so the first alloc gets 1, 2, …
-        self._free_slots = torch.arange(size, 0, -1, dtype=torch.int64, device=self._device)
+        self._free_slots = torch.arange(size, 0, -1, dtype=torch.int64, device=self.device)
         self._num_free = size
-        self._checks = checks_by_default(self._device, debug_checks)
         # is_free: (size + 1,) bool, slot 0 marked not free so that freeing it is caught
         self._is_free: torch.Tensor | None = None
-        if self._checks:
-            self._is_free = torch.ones(size + 1, dtype=torch.bool, device=self._device)
+        if checks_by_default(self.device, debug_checks):
+            self._is_free = torch.ones(size + 1, dtype=torch.bool, device=self.device)
             self._is_free[0] = False
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     def available_size(self) -> int:
         return self._num_free
@@ -59,14 +52,14 @@ class DeviceSlotAllocator:
     def free(self, slots: torch.Tensor) -> None:
         """Return slots; they may be int32 or int64 and on any device."""
         # slots: (n,) slot ids previously handed out by alloc
-        on_accelerator = self._device.type != "cpu"
-        slots = slots.reshape(-1).to(self._device, torch.int64, non_blocking=on_accelerator)
+        on_accelerator = self.device.type != "cpu"
+        slots = slots.reshape(-1).to(self.device, torch.int64, non_blocking=on_accelerator)
         n = slots.numel()
         if n == 0:
             return
-        if n > self._size - self._num_free:
+        if n > self.size - self._num_free:
             raise DoubleFree(
-                f"freeing {n} slots but only {self._size - self._num_free} are allocated"
+                f"freeing {n} slots but only {self.size - self._num_free} are allocated"
             )
         if self._is_free is not None:
             self._check_allocated(slots)
@@ -78,9 +71,9 @@ class DeviceSlotAllocator:
         assert self._is_free is not None
         # SYNC: debug-only checks (always on CPU) read the slots and the free mask on the host
         low, high = (int(v) for v in torch.aminmax(slots))
-        if low < 1 or high > self._size:
+        if low < 1 or high > self.size:
             bad = low if low < 1 else high
-            raise IndexError(f"slot {bad} is out of range: allocatable slots are [1, {self._size}]")
+            raise IndexError(f"slot {bad} is out of range: allocatable slots are [1, {self.size}]")
         already_free = self._is_free[slots]
         if bool(already_free.any()):
             first = int(slots[already_free][0])

@@ -72,15 +72,17 @@ class DraftNetwork(Protocol):
 
 
 def check_pool_fits(layout: KVLayout, pool: KVPool, what: str) -> None:
-    """Raise ValueError naming every pool dimension that differs from what the model writes,
-    and a pool whose buffers cannot take the rows the model's fused layers write themselves."""
+    """Raise ValueError naming every pool dimension that differs from what the model writes
+    (the layer count is the pool's geometry's, the widths are the pool's own), and a pool whose
+    buffers cannot take the rows the model's fused layers write themselves."""
     wanted = layout._asdict()
     direct_writes = wanted.pop("direct_writes", False)
-    wrong = [
-        f"{field} = {getattr(pool, field, '<absent>')} (the model needs {value})"
-        for field, value in wanted.items()
-        if getattr(pool, field, None) != value
-    ]
+    wrong = []
+    for field, value in wanted.items():
+        have = pool.geometry.layer_num if field == "layer_num" else getattr(pool, field, None)
+        if have != value:
+            shown = "<absent>" if have is None else have
+            wrong.append(f"{field} = {shown} (the model needs {value})")
     if direct_writes and not wrong and layout.layer_num and mha_kv_buffers(pool, 0) is None:
         wrong.append(
             "its K/V buffers cannot take the rows the model's fused layers write themselves"

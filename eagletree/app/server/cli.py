@@ -44,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         _note(f"error: --port {args.port} is not a TCP port (0 to 65535)")
         return 1
+    if args.max_tokens_limit < 1:  # it bounds every request's output, the defaults too
+        _note(
+            f"error: --max-tokens-limit {args.max_tokens_limit}: must be at least 1 (the most "
+            "tokens one request may generate)"
+        )
+        return 1
     try:
         settings = with_parallel(prepare_settings(args.settings, _note), args.tp, args.dp)
     except (ConfigurationError, ValueError) as error:

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     from eagletree.app.engine.loop import Engine
     from eagletree.app.engine.streaming import StreamEvent
 
+# Prometheus needs a histogram's buckets fixed for the life of the series: one per token count
+# a verify step can emit with trees up to 15 deep; longer steps count in +Inf alone.
+ACCEPTANCE_BUCKETS = tuple(range(1, 17))
+
 
 @dataclass(frozen=True, slots=True)
 class EngineGauges:
@@ -36,13 +40,17 @@ class EngineGauges:
     def of(engine: Engine) -> EngineGauges:
         scheduler = engine.scheduler
         allocator, pool = scheduler.allocator, scheduler.req_to_token_pool
+        # rows are counted as the scheduler admits: a request needs a free row and a place
+        # under max_running_requests (the pool also holds the padding row of CUDA-graph
+        # batches, which no request ever gets, taken or not)
+        rows_total = scheduler.max_running_requests
         return EngineGauges(
             len(scheduler.running),
             len(scheduler.waiting),
             allocator.size,
             allocator.available_size(),
-            pool.size,
-            pool.available_size(),
+            rows_total,
+            min(pool.available_size(), rows_total - len(scheduler.running)),
             engine.stats.num_generated_tokens,
             engine.stats.busy_s,
         )
@@ -187,14 +195,12 @@ class ServerMetrics:
         )
         metric("kv_slots_free", "gauge", "KV slots free.", [("", self.kv_slots_free)])
         metric("request_rows_free", "gauge", "Free req_to_token rows.", [("", self.rows_free)])
-        buckets: list[tuple[str, float]] = []
-        total_steps = 0
-        total_tokens = 0
-        largest = max(self.acceptance, default=0)
-        for tokens in range(largest + 1):
-            total_steps += self.acceptance.get(tokens, 0)
-            total_tokens += tokens * self.acceptance.get(tokens, 0)
-            buckets.append((f'_bucket{{le="{tokens}"}}', total_steps))
+        buckets: list[tuple[str, float]] = [
+            (f'_bucket{{le="{bound}"}}', sum(n for t, n in self.acceptance.items() if t <= bound))
+            for bound in ACCEPTANCE_BUCKETS
+        ]
+        total_steps = sum(self.acceptance.values())
+        total_tokens = sum(tokens * n for tokens, n in self.acceptance.items())
         buckets.append(('_bucket{le="+Inf"}', total_steps))
         buckets += [("_sum", total_tokens), ("_count", total_steps)]
         metric(

@@ -1,5 +1,5 @@
 """The OpenAI response shapes of one HTTP request's choices: the streamed chunks and the whole
-body, as the routes of ``openai_api`` send them."""
+body, as ``routes`` and ``choice_run`` send them."""
 
 from __future__ import annotations
 

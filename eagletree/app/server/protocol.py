@@ -2,41 +2,63 @@
 
 Only what the engine can do is accepted: one choice per prompt (n = 1), no logprobs, no
 echo. Unknown fields are ignored, as OpenAI clients send optional ones freely; a field the
-server cannot honour is a 400 that names it.
+server cannot honour is a 400 that names it. Known fields are validated strictly, as JSON
+types: a string is not a number, and neither is ``true``.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from eagletree.domain.request import FinishReason
 
 
 class BadRequest(ValueError):
-    """A request the server rejects with 400 (``param`` names the field, when one is at fault)."""
+    """A request the server rejects with ``status`` (400; ``request_body.TooLarge`` 413);
+    ``param`` names the field, when one is at fault."""
+
+    status = 400
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
 
 
+def _not_a_boolean(value: object) -> object:
+    # Python's bool is an int, and a lax model would read JSON's true as 1
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "a number is expected, not a boolean")
+    return value
+
+
+_Number = BeforeValidator(_not_a_boolean)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool = False
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=1)  # an extension (vLLM and SGLang accept it)
-    seed: int | None = None
+    max_tokens: Annotated[int | None, _Number] = Field(default=None, ge=1)
+    temperature: Annotated[float, _Number] = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: Annotated[float | None, _Number] = Field(default=None, gt=0.0, le=1.0)
+    # top_k is an extension (vLLM and SGLang accept it)
+    top_k: Annotated[int | None, _Number] = Field(default=None, ge=1)
+    seed: Annotated[int | None, _Number] = None
     stop: str | list[str] | None = None
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    n: int = 1
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, _Number] = 1
     logprobs: Any = None
     user: str | None = None
 
@@ -61,7 +83,7 @@ class _Body(BaseModel):
 
     @property
     def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class CompletionBody(_Body):
@@ -81,7 +103,7 @@ class CompletionBody(_Body):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
@@ -101,7 +123,8 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    # supersedes max_tokens, which OpenAI deprecates for chat (``token_limits``)
+    max_completion_tokens: Annotated[int | None, _Number] = Field(default=None, ge=1)
 
 
 def openai_finish_reason(reason: FinishReason | None) -> str | None:

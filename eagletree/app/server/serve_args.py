@@ -39,7 +39,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=4096,
         metavar="N",
-        help="largest max_tokens a request may ask for (default: %(default)s)",
+        help="most tokens one request may generate, whatever it asks for (at least 1; "
+        "default: %(default)s)",
     )
     add_parallel_flags(
         parser,

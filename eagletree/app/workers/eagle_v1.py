@@ -82,7 +82,7 @@ class EagleWorkerV1(TreeWorker):
             device_lengths=False,  # the host knows every length after each step
         )
         self._allocator = allocator
-        self.page_size = target.kv_pool.page_size
+        self.page_size = target.kv_pool.geometry.page_size
 
     @property
     def reserve_per_step(self) -> int:

@@ -105,7 +105,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorker):
             target.req_to_token_pool.size,
             num_steps=num_steps,
             hidden_size=hidden,
-            hidden_dtype=drafts[0].kv_pool.dtype,
+            hidden_dtype=drafts[0].kv_pool.geometry.dtype,
             device=target.req_to_token_pool.req_to_token.device,
         )
         super().__init__(

@@ -71,7 +71,7 @@ class TreeWorker(SpeculativeWorker):
             num_rows=target.req_to_token_pool.size,
             topk=topk,
             hidden_size=draft_hidden_size,
-            hidden_dtype=draft.kv_pool.dtype,
+            hidden_dtype=draft.kv_pool.geometry.dtype,
             device=target.req_to_token_pool.req_to_token.device,
         )
         super().__init__(

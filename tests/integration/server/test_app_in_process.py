@@ -17,6 +17,7 @@ from pathlib import Path
 import openai
 import pytest
 import uvicorn
+from fastapi.testclient import TestClient
 
 from eagletree import Engine
 from eagletree.app.server.engine_loop import EngineLoop
@@ -179,6 +180,23 @@ def test_malformed_bodies_are_400s_naming_the_problem(app: App, body: bytes, wor
     error = answer["error"]
     assert isinstance(error, dict) and words in str(error["message"])
     assert error["type"] == "invalid_request_error"
+
+
+def test_a_request_the_engine_loop_cannot_take_is_a_server_error_body(
+    reference_engine: Engine,
+) -> None:
+    stopped = EngineLoop(reference_engine)  # never started
+    client = TestClient(create_app(stopped, MODEL), raise_server_exceptions=False)
+    answer = client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "error": {
+            "message": "the server failed: the engine loop is not running",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
 
 
 def test_chat_content_parts_and_bad_parts(app: App) -> None:

@@ -475,11 +475,7 @@ class RecordingPool:
         self.inner = inner
         self.moves: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    size = property(lambda self: self.inner.size)
-    page_size = property(lambda self: self.inner.page_size)
-    layer_num = property(lambda self: self.inner.layer_num)
-    dtype = property(lambda self: self.inner.dtype)
-    device = property(lambda self: self.inner.device)
+    geometry = property(lambda self: self.inner.geometry)
 
     def buffers(self) -> list[torch.Tensor]:
         return self.inner.buffers()

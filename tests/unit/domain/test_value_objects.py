@@ -1,4 +1,5 @@
-"""Tests of the small domain value objects: errors, attention layer description, model output."""
+"""Tests of the small domain value objects: errors, attention layer description, model output,
+KV pool geometry."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from eagletree.domain.attention_layer import AttentionLayer
 from eagletree.domain.errors import ConfigurationError, DoubleFree, EagleTreeError, OutOfSlots
+from eagletree.domain.kv_geometry import KVGeometry
 from eagletree.domain.model_output import ModelOutput
 
 
@@ -51,3 +53,13 @@ def test_model_output_has_no_aux_hidden_states_unless_captured() -> None:
     assert out.aux_hidden_states is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         out.logits = torch.ones(2, 7)  # type: ignore[misc]
+
+
+def test_a_kv_geometry_counts_a_page_of_dummy_rows_and_refuses_impossible_pools() -> None:
+    geometry = KVGeometry(64, 4, 0, torch.bfloat16, torch.device("cpu"))
+    assert geometry.num_rows == 68  # slot 0's page is never allocated
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        geometry.size = 8  # type: ignore[misc]
+    for size, page, layers in [(0, 1, 1), (8, 0, 1), (8, 1, -1)]:
+        with pytest.raises(ValueError, match="bad pool shape"):
+            KVGeometry(size, page, layers, torch.float32, torch.device("cpu"))

@@ -1,11 +1,10 @@
-"""Triton: move KV rows between slots of many buffers at once (the fused ``move_kv_cache``).
+"""Triton: move KV rows between slots of many buffers in one launch (the fused ``move_kv_cache``).
 
 Every buffer of a pool is one row of a device table (base address, row width and slot stride in
 words, and whether 16-byte vectors fit), so one launch covers every layer. Rows are copied as raw
 words (int32 when every address, width and stride allows, else int16 or uint8), bit-exact for any
 dtype, fp8 included; buffers whose address, row and stride are multiples of 16 bytes are copied
-with 16-byte vector accesses. The table and the programs' tile shape are built on the host by
-``kv_move_table``.
+with 16-byte vector accesses. ``kv_move_table`` builds the table and the launch shape.
 
 The pairs are cut into consecutive *segments*. A program owns one segment, one buffer and one
 column tile: it loads the tile of every moving source row of its segment into registers, passes
@@ -18,10 +17,8 @@ a CTA barrier, then stores them at the targets. Why that equals
 * Programs of different segments may run in any order, so the segmentation must keep every
   *hazard* inside one segment: a pair reading a slot that another moving pair writes. Targets are
   distinct, so no two programs write one byte; reads of a slot nobody writes can happen any time.
+  One segment of every pair, or segments of whole caller-declared independent groups, do.
 
-Segmentations used by ``adapters.memory.row_movers.TritonRowMover``: one segment holding every
-pair (small moves), segments of whole caller-declared independent groups (compaction plans), and
-segments planned on the device (``kv_move_plan``, with ``kv_move_scratch`` as the fallback).
 Pairs with ``tgt == src``, (0, 0) padding included, are skipped: they would rewrite a row with its
 own bytes.
 """
@@ -32,15 +29,11 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.kv_move_table import (
-    RowTable,
-    TileShape,
-    word_type,
-)
+from eagletree.adapters.kernels.triton.kv_move_table import Launch, RowTable, word_type
 
 
 @triton.jit
-def buffer_rows(base_ptrs, row_words, stride_words, buf, WORD: tl.constexpr, VEC: tl.constexpr):
+def _buffer_rows(base_ptrs, row_words, stride_words, buf, WORD: tl.constexpr, VEC: tl.constexpr):
     """Base pointer, slot stride and row width (words) of buffer ``buf``.
 
     With VEC > 1 the caller vouches for 16-byte alignment. ``tl.multiple_of`` marks the op that
@@ -58,17 +51,17 @@ def buffer_rows(base_ptrs, row_words, stride_words, buf, WORD: tl.constexpr, VEC
 
 
 @triton.jit
-def row_tile_pointers(base, stride, width, slots, col0, TILE: tl.constexpr):
+def _row_tile_pointers(base, stride, width, slots, col0, TILE: tl.constexpr):
     """Pointers to words [col0, col0 + TILE) of rows ``slots``, and the mask of the columns
-    inside the row (``buffer_rows`` gives base, stride and width)."""
+    inside the row (``_buffer_rows`` gives base, stride and width)."""
     cols = col0 + tl.arange(0, TILE)
     return base + slots[:, None] * stride + cols[None, :], (cols < width)[None, :]
 
 
 @triton.jit
 def _stage_and_store(base, stride, width, tgt, src, moving, col0, TILE: tl.constexpr):
-    src_rows, in_row = row_tile_pointers(base, stride, width, src, col0, TILE)
-    tgt_rows, _ = row_tile_pointers(base, stride, width, tgt, col0, TILE)
+    src_rows, in_row = _row_tile_pointers(base, stride, width, src, col0, TILE)
+    tgt_rows, _ = _row_tile_pointers(base, stride, width, tgt, col0, TILE)
     mask = moving[:, None] & in_row
     rows = tl.load(src_rows, mask=mask)
     tl.debug_barrier()  # every thread's loads are performed before any thread stores
@@ -88,20 +81,10 @@ def _stage_in_parts(base, stride, width, tgt, src, moving, col0, TILE: tl.conste
 
 
 @triton.jit
-def stage_rows(
-    base_ptrs,
-    row_words,
-    stride_words,
-    vector_aligned,
-    buf,
-    tgt,
-    src,
-    moving,
-    col0,
-    WORD: tl.constexpr,
-    TILE: tl.constexpr,
-    VEC: tl.constexpr,
-):
+def _stage_rows(
+    base_ptrs, row_words, stride_words, vector_aligned, buf, tgt, src, moving, col0,
+    WORD: tl.constexpr, TILE: tl.constexpr, VEC: tl.constexpr,
+):  # fmt: skip
     """Copies the column tile of every moving source row to its target, all loads first.
 
     Aligned buffers take 16-byte vectors over the whole tile, the others single words in
@@ -109,10 +92,10 @@ def stage_rows(
     and alongside the caller's pair loads: after an L2 flush every load that waits for
     another is a DRAM round trip, and a small move is nothing but such round trips.
     """
-    base, stride, width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, 1)
+    base, stride, width = _buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, 1)
     if VEC > 1:
         aligned = tl.load(vector_aligned + buf) != 0
-        v_base, v_stride, v_width = buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, VEC)
+        v_base, v_stride, v_width = _buffer_rows(base_ptrs, row_words, stride_words, buf, WORD, VEC)
         if aligned:
             _stage_and_store(v_base, v_stride, v_width, tgt, src, moving, col0, TILE)
         else:
@@ -122,100 +105,50 @@ def stage_rows(
 
 
 @triton.jit
-def _move_segments_kernel(
-    base_ptrs,
-    row_words,
-    stride_words,
-    vector_aligned,
-    tgt_ptr,
-    src_ptr,
-    num_moves,
-    pairs_per_segment,
-    seg_starts_ptr,
-    flag_ptr,
-    WORD: tl.constexpr,
-    VEC: tl.constexpr,
-    LANES: tl.constexpr,
+def _move_rows_kernel(
+    base_ptrs, row_words, stride_words, vector_aligned, tgt_ptr, src_ptr, num_moves,
+    pairs_per_segment, WORD: tl.constexpr, VEC: tl.constexpr, LANES: tl.constexpr,
     TILE: tl.constexpr,
-    PLANNED: tl.constexpr,
-):
-    """One segment × buffer × column tile. Fixed segments of ``pairs_per_segment`` pairs, or,
-    with PLANNED, ``[seg_starts[s], seg_starts[s + 1])`` and only when ``flag[0] == 0``.
+):  # fmt: skip
+    """One segment × buffer × column tile: segment s is pairs ``[s·p, (s+1)·p)`` (p =
+    ``pairs_per_segment``, the last one cut at ``num_moves``).
 
-    Fixed segments have no early exit: a tile past a narrow row is masked instead, because the
-    compiler sinks loads below an exit, and a branch on the row width would make every pair
-    and table load wait for it (three DRAM round trips before the rows instead of one, see
-    ``stage_rows``). Planned moves are large and gated: they exit early as before.
+    No early exit: a tile past a narrow row is masked instead, because the compiler sinks loads
+    below an exit, and a branch on the row width would make every pair and table load wait for
+    it (three DRAM round trips before the rows instead of one, see ``_stage_rows``).
     """
     segment = tl.program_id(0)
     buf = tl.program_id(1)
     col0 = tl.program_id(2) * TILE
-    if PLANNED:
-        if (col0 >= tl.load(row_words + buf)) | (tl.load(flag_ptr) != 0):
-            return
-        start = tl.load(seg_starts_ptr + segment)
-        end = tl.load(seg_starts_ptr + segment + 1)
-    else:
-        start = segment * pairs_per_segment
-        end = tl.minimum(start + pairs_per_segment, num_moves)
+    start = segment * pairs_per_segment
+    end = tl.minimum(start + pairs_per_segment, num_moves)
     moves = start + tl.arange(0, LANES)
     in_segment = moves < end
     tgt = tl.load(tgt_ptr + moves, mask=in_segment, other=0).to(tl.int64)
     src = tl.load(src_ptr + moves, mask=in_segment, other=0).to(tl.int64)
     moving = in_segment & (tgt != src)
-    stage_rows(
+    _stage_rows(
         base_ptrs, row_words, stride_words, vector_aligned, buf, tgt, src, moving, col0,
         WORD, TILE, VEC,
     )  # fmt: skip
 
 
 def can_run_on(device: torch.device) -> bool:
-    """CUDA always; CPU tensors only when the kernels were defined under TRITON_INTERPRET=1."""
-    return device.type != "cpu" or not isinstance(_move_segments_kernel, triton.runtime.JITFunction)
+    """CUDA always; CPU tensors only when the kernel was defined under TRITON_INTERPRET=1."""
+    return device.type != "cpu" or not isinstance(_move_rows_kernel, triton.runtime.JITFunction)
 
 
-def move_rows_in_segments(
-    table: RowTable,
-    tgt: torch.Tensor,
-    src: torch.Tensor,
-    pairs_per_segment: int,
-    num_segments: int,
-    shape: TileShape,
-) -> None:
-    """One launch; pairs ``[s·p, (s+1)·p)`` form segment s (p = ``pairs_per_segment``,
-    ``num_segments`` = ceil(pairs / p), computed by the caller once per pair count).
+def move_rows(table: RowTable, tgt: torch.Tensor, src: torch.Tensor, launch: Launch) -> None:
+    """One launch moving every buffer of ``table`` (``kv_move_table.segment_launch`` shapes it).
 
-    Precondition: no hazard crosses a segment (always true with one segment of every pair).
+    Precondition: no hazard crosses a segment (true of one segment of every pair, and of
+    segments of whole independent groups).
     """
     # tgt, src: (num_moves,) int32/int64 slot ids on the table's device, contiguous
-    num_moves = tgt.numel()
-    if num_moves == 0:
-        return
-    grid = (num_segments, table.num_buffers, shape.num_tiles)
-    _move_segments_kernel[grid](
+    shape = launch.shape
+    _move_rows_kernel[launch.grid](
         table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned, tgt, src,
-        num_moves, pairs_per_segment, tgt, tgt,
+        tgt.numel(), launch.pairs_per_segment,
         WORD=word_type(table), VEC=table.vector_words, LANES=shape.lanes, TILE=shape.tile,
-        PLANNED=False, num_warps=shape.num_warps,
-    )  # fmt: skip
-
-
-def move_rows_in_planned_segments(
-    table: RowTable,
-    tgt: torch.Tensor,
-    src: torch.Tensor,
-    seg_starts: torch.Tensor,
-    flag: torch.Tensor,
-    shape: TileShape,
-) -> None:
-    """One launch that moves segment s = ``[seg_starts[s], seg_starts[s + 1])`` when
-    ``flag[0] == 0`` and does nothing otherwise (``kv_move_plan.plan_segments`` fills both)."""
-    # seg_starts: (num_segments + 1,) int32, segments at most shape.lanes pairs; flag: (1,) int32
-    num_segments = seg_starts.numel() - 1
-    grid = (num_segments, table.num_buffers, shape.num_tiles)
-    _move_segments_kernel[grid](
-        table.base_ptrs, table.row_words, table.stride_words, table.vector_aligned, tgt, src,
-        tgt.numel(), 0, seg_starts, flag,
-        WORD=word_type(table), VEC=table.vector_words, LANES=shape.lanes, TILE=shape.tile,
-        PLANNED=True, num_warps=shape.num_warps,
+        num_warps=shape.num_warps,
     )  # fmt: skip
