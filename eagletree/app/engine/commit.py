@@ -32,8 +32,9 @@ def commit_step(
     output = pending.output
     rows = pending.rows()
     now = clock()
+    width = output.tokens.shape[1]
     for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
-        *tokens, num_emitted, num_committed = row
+        tokens, (num_emitted, num_committed) = row[:width], row[width : width + 2]
         if request.finish_reason is not None:  # finished, aborted or released meanwhile
             continue
         if index < output.num_prefill:  # its KV was committed at launch
@@ -45,6 +46,9 @@ def commit_step(
         # a path cut at EOS or max_new_tokens commits no KV past the request's last token
         request.commit(min(num_committed, request.num_tokens - request.committed_len))
     stats.num_forwards += output.num_forwards
+    if output.observer is not None:  # requests finished meanwhile still tell what was accepted
+        decode = slice(output.num_prefill, None)
+        output.observer(output.requests[decode], [row[width + 2 :] for row in rows[decode]])
 
 
 def count_step(

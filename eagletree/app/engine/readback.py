@@ -23,11 +23,14 @@ class PendingStep:
     """A launched step: its output and, once ``rows`` is called, its values on the host."""
 
     output: StepOutput
-    block: torch.Tensor  # (bs, max_emitted + 2) int64 host: tokens, num_emitted, num_committed
+    block: (
+        torch.Tensor
+    )  # (bs, max_emitted + 2 + W) int64 host: tokens, emitted, committed, observed
     event: torch.cuda.Event | None  # recorded after the copy (None on the CPU: already done)
 
     def rows(self) -> list[list[int]]:
-        """Per request: its tokens, then num_emitted, then num_committed (waits for the copy)."""
+        """Per request: its tokens, then num_emitted, num_committed, then the observed columns
+        (waits for the copy)."""
         if self.event is not None:
             self.event.synchronize()  # SYNC: the host needs the step's tokens for its stops
         rows: list[list[int]] = self.block.tolist()
@@ -42,10 +45,10 @@ class StepReadback:
         self._turn = 0
 
     def start(self, output: StepOutput) -> PendingStep:
-        columns = torch.cat(
-            [output.tokens, output.num_emitted.unsqueeze(1), output.num_committed.unsqueeze(1)],
-            dim=1,
-        ).to(torch.int64)  # (bs, max_emitted + 2)
+        parts = [output.tokens, output.num_emitted.unsqueeze(1), output.num_committed.unsqueeze(1)]
+        if output.observed is not None:
+            parts.append(output.observed)
+        columns = torch.cat(parts, dim=1).to(torch.int64)  # (bs, max_emitted + 2 + W)
         if columns.device.type != "cuda":
             return PendingStep(output, columns, None)
         block = self._block(columns.shape).copy_(columns, non_blocking=True)

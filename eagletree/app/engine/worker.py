@@ -21,6 +21,10 @@ class StepOutput:
     ``num_emitted[i]`` of row i valid (1 without speculation; accept_length + 1 after a
     verify). ``num_committed`` (bs,) int64: tokens whose KV the step wrote (the whole fill on
     a prefill, 1 on a plain decode, accept_length + 1 after a verify).
+
+    ``observed`` (bs, W) int64, with ``observer``: what the worker learns from the step (a
+    speculative worker: each accepted path's ranks and offers), read back with the tokens and
+    handed to ``observer(decode requests, their host rows)``; prefill rows are not handed over.
     """
 
     requests: list[Request]  # the plan's prefill requests first, then its decode requests
@@ -30,6 +34,8 @@ class StepOutput:
     num_forwards: int  # model forwards the step ran (target and draft)
     num_prefill: int  # rows [0, num_prefill) were prefills
     speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
+    observed: torch.Tensor | None = None
+    observer: Callable[[Sequence[Request], list[list[int]]], None] | None = None
 
 
 class Worker(Protocol):
@@ -50,6 +56,8 @@ class Worker(Protocol):
     ``capture_graphs(progress)``: capture the CUDA graphs of the worker's decode steps (one
     per batch-size bucket it was built with; none without) before the engine runs, reporting
     progress lines through ``progress`` (default: a logger); returns the seconds it took.
+    ``calibrate(progress)``: after that, measure what the worker's per-step choices need (an
+    adaptive worker's step costs); nothing for a worker that chooses nothing.
     """
 
     @property
@@ -58,5 +66,7 @@ class Worker(Protocol):
     def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
 
     def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float: ...
+
+    def calibrate(self, progress: Callable[[str], None] | None = None) -> None: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...

@@ -114,7 +114,7 @@ class DecodeInputBuffers:
             raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.padding_row = padding_row
-        self._device = device
+        self.device = device
         self._rows_total = len(_INT_FIELDS)
         # ints: (fields, capacity) int64; floats: (2, capacity) float32
         self._ints = torch.zeros(self._rows_total, capacity, dtype=torch.int64, device=device)
@@ -172,7 +172,7 @@ class DecodeInputBuffers:
             return
         rows = torch.tensor([r.row for r in requests], dtype=torch.int64)
         lens = torch.tensor([r.num_tokens for r in requests], dtype=torch.int64)
-        self.committed[to_device(rows, self._device)] = to_device(lens, self._device)
+        self.committed[to_device(rows, self.device)] = to_device(lens, self.device)
 
     def advance_lengths(self, rows: torch.Tensor, new_lens: torch.Tensor) -> None:
         """Store ``new_lens`` (padded,) as the committed lengths of ``rows`` (padded,); device
@@ -230,7 +230,7 @@ class DecodeInputBuffers:
         ints[:, :padded_size].copy_(torch.tensor(int_rows, dtype=torch.int64))
         floats[:, :padded_size].copy_(torch.tensor(float_rows, dtype=torch.float32))
         # whole blocks (a few KiB): contiguous copies, so they stay asynchronous from pinned memory
-        non_blocking = self._device.type == "cuda"
+        non_blocking = self.device.type == "cuda"
         self._ints.copy_(ints, non_blocking=non_blocking)
         self._floats.copy_(floats, non_blocking=non_blocking)
         if self.committed is not None and bs:

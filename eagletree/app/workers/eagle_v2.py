@@ -25,25 +25,33 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.workers.decode_inputs import DecodeWindow
+from eagletree.app.workers.sampler import sample_tokens
 from eagletree.app.workers.tree_worker import TreeWorker
+from eagletree.domain.accepted_path import accepted_path_ranks
+from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.compaction import compact_rows
 
 if TYPE_CHECKING:
     from eagletree.app.workers.decode_inputs import DecodeInputs
+    from eagletree.domain.draft_shape import DraftShape
 
 
 class EagleWorkerV2(TreeWorker):
     """Speculative worker: prefill + draft prefill for new requests, a tree step for the rest
-    (arguments as ``TreeWorker``'s)."""
+    (arguments as ``TreeWorker``'s). A step of the plain shape (S = 0) decodes one token with
+    the target and keeps the draft's state current with a one-row extend."""
 
-    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Phases 1–6 over ``inputs`` → tokens (bs, S + 1) int64 (the first ``emitted`` of each
-        row are the step's tokens), emitted (bs,) int64. Device work only."""
-        shape = self.shape
+    def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """Phases 1–6 of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
+        ``emitted`` of each row are the step's tokens), emitted (bs,) int64 and, when the
+        policy observes, the accepted paths' ranks and offers (bs, 2·S) int64. Device work
+        only."""
+        if shape.is_plain:
+            return self._decode_plain(inputs)
         n = shape.num_draft_tokens
         window = DecodeWindow.of(inputs)
-        tree = self._drafter.draft(window, self._state.gather(inputs.rows))
-        verification = self._verifier.verify(window, tree, inputs.sampling)
+        tree = self._drafters[shape].draft(window, self._state.gather(inputs.rows, shape.topk))
+        verification = self._verifiers[shape].verify(window, tree, inputs.sampling)
         result = verification.result
         predict = result.predict  # (bs·N,) int32
         features = self._extender.target_features(
@@ -67,4 +75,39 @@ class EagleWorkerV2(TreeWorker):
         self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
         tokens = predict.view(bs, n)[:, : shape.tokens_per_step].to(torch.int64)
-        return tokens, accepted
+        if not self.policy.observes:
+            return tokens, accepted
+        ranks, offered = accepted_path_ranks(
+            tree.parents, result.accept_index, result.accept_length
+        )
+        return tokens, accepted, torch.cat([ranks, offered], dim=1)
+
+    def _decode_plain(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """One target DECODE of every pending token, sampled, and the draft's extend over it
+        (its KV, hidden state and top-k, for the steps that draft again) → tokens (bs, 1),
+        emitted (bs,) ones (and no observed columns). Device work only."""
+        window = DecodeWindow.of(inputs)
+        bs = window.batch_size
+        pending = self._state.gather(inputs.rows).bonus_tokens  # (bs,) int64
+        slots = window.slots(self._target.req_to_token_pool.req_to_token, 1).reshape(bs)
+        batch = ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=pending,
+            positions=window.seq_lens,
+            seq_lens=window.seq_lens,
+            req_pool_indices=window.req_pool_indices,
+            out_cache_loc=slots,
+            seq_lens_cpu=window.seq_lens_cpu,
+            seq_lens_sum=window.seq_lens_sum,
+        )
+        out = self._target.forward(batch)  # logits (bs, V)
+        tokens = sample_tokens(out.logits, inputs.sampling, self._kernels).to(torch.int64)
+        features = self._extender.target_features(out.hidden_states, out.aux_hidden_states)
+        none_accepted = torch.zeros_like(tokens)
+        next_state = self._extender.extend_block(window, tokens, features, none_accepted, slots, 1)
+        self._state.scatter(inputs.rows, next_state)
+        accepted = torch.ones_like(tokens)
+        self._steps.buffers.advance_lengths(inputs.rows, inputs.seq_lens + accepted)
+        if not self.policy.observes:
+            return tokens.unsqueeze(1), accepted
+        return tokens.unsqueeze(1), accepted, tokens.new_zeros(bs, 0)

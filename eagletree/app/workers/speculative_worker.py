@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,8 @@ import torch.nn.functional as F
 from eagletree.app.engine.host_copy import to_device
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.sampler import sample_next_tokens
+from eagletree.app.workers.shape_policy import AdaptiveShapes, FixedShape, ShapePolicy
+from eagletree.app.workers.step_costs import measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
 from eagletree.domain.draft_shape import DraftShape
@@ -33,6 +36,7 @@ from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
+    from eagletree.app.workers.decode_inputs import DecodeInputs
     from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.batch import ForwardBatch
@@ -95,12 +99,14 @@ class DraftStateStore:
             assert request.row is not None, request
             self._owner[request.row] = request.request_id
 
-    def gather(self, rows: torch.Tensor) -> DraftInput:
-        """The states at ``rows`` (bs,) int64 device; device ops only."""
+    def gather(self, rows: torch.Tensor, topk: int | None = None) -> DraftInput:
+        """The states at ``rows`` (bs,) int64 device, with the first ``topk`` (default: all)
+        of each top-k, the likeliest; device ops only."""
+        k = self.topk_p.shape[1] if topk is None else topk
         return DraftInput(
             bonus_tokens=self.bonus_tokens[rows],
-            topk_p=self.topk_p[rows],
-            topk_index=self.topk_index[rows],
+            topk_p=self.topk_p[rows, :k],
+            topk_index=self.topk_index[rows, :k],
             hidden_states=self.hidden_states[rows],
         )
 
@@ -114,9 +120,12 @@ class DraftStateStore:
 
 
 class SpeculativeWorker(StepWorker):
-    """A worker that verifies drafts of ``shape`` with ``target``: the template ``step``.
+    """A worker that verifies drafts with ``target``: the template ``step``.
 
-    A subclass sets ``_state`` and implements ``_prefill_draft`` and ``_decode_on_device``; a
+    ``policy`` chooses each decode step's shape among its ``shapes`` (the first is the default:
+    idle steps and the width of a prefill's output); without one every step drafts ``shape``.
+    A subclass sets ``_state`` and implements ``_prefill_draft`` and ``_decode_as`` (the step
+    of one shape; a subclass with one shape may override ``_decode_on_device`` instead); a
     worker whose decode step is sized on the host for some batches says so in
     ``_runs_on_device`` and implements ``_decode_on_host``. ``device_lengths``: the committed
     lengths live on the device (a decode step may run ahead of the host); ``last_tree`` /
@@ -137,32 +146,61 @@ class SpeculativeWorker(StepWorker):
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
+        policy: ShapePolicy | None = None,
     ) -> None:
         self._target = target
+        self.policy = FixedShape(shape) if policy is None else policy
+        if self.policy.shapes[0] != shape:
+            raise ValueError(f"the policy's default shape {self.policy.shapes[0]} is not {shape}")
         self.shape = shape
         self.mask_mode = mask_mode
         self._device_lengths = device_lengths
-        self._verifier = TreeVerifier(
-            target,
-            num_steps=shape.num_steps,
-            num_draft_tokens=shape.num_draft_tokens,
-            kernels=kernels,
-        )
+        self._verifiers = {
+            s: TreeVerifier(
+                target, num_steps=s.num_steps, num_draft_tokens=s.num_draft_tokens, kernels=kernels
+            )
+            for s in self.policy.shapes
+            if not s.is_plain
+        }
         super().__init__(
             target.req_to_token_pool,
             kernels=kernels,
-            num_coins=self._verifier.num_coins,
+            num_coins=_coins_per_step(shape),
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
         )
+        self._runners = {shape: self._steps} | {
+            s: self._new_step_runner(partial(self._decode_as, s), _coins_per_step(s))
+            for s in self.policy.shapes[1:]
+        }
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
 
     @property
+    def _verifier(self) -> TreeVerifier:
+        """The default shape's verifier."""
+        return self._verifiers[self.shape]
+
+    def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
+        """Capture every shape's decode graphs; returns the seconds taken."""
+        many = len(self._runners) > 1
+        return sum(
+            runner.capture(progress, shape.label if many else "")
+            for shape, runner in self._runners.items()
+        )
+
+    def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
+        """An adaptive policy's step costs, measured over every shape's runner."""
+        if isinstance(self.policy, AdaptiveShapes):
+            buckets = self._buckets or (1,)
+            self.policy.use_costs(measure_step_costs(self._runners, buckets, progress=progress))
+
+    @property
     def reserve_per_step(self) -> int:
-        # one step writes window_len slots; twice that lets the host learn lengths late
-        return 2 * self.shape.window_len
+        # one step writes window_len slots (of the widest shape it may run); twice that lets
+        # the host learn lengths late
+        return 2 * max(s.window_len for s in self.policy.shapes)
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
         # committed lengths live on the device; only FULL_MASK sizes its mask from Σ L_b, and
@@ -188,15 +226,23 @@ class SpeculativeWorker(StepWorker):
         if phases.decode or not phases.prefill:
             decode = plan.decode
             self._state.check_owned(decode)
+            shape = self.policy.choose(decode)
+            observed = None
             if self._runs_on_device(decode):
-                tokens, emitted = self._steps.run(decode, exact_lengths=plan.exact_lengths)
+                run = self._runners[shape].run(decode, exact_lengths=plan.exact_lengths)
+                tokens, emitted, *rest = run
+                observed = rest[0] if rest and not shape.is_plain else None
             else:
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
                 tokens, emitted = self._decode_on_host(decode)
             self._state.own(decode)
-            # the verify and the draft's S forwards (a tree's S − 1 draft steps and its extend)
-            forwards = 1 + self.shape.num_steps
-            outputs.append(StepOutput(decode, tokens, emitted, emitted, forwards, num_prefill=0))
+            # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend)
+            forwards = 1 + max(shape.num_steps, 1)
+            observer = None if observed is None else partial(self.policy.observe, shape)
+            output = StepOutput(
+                decode, tokens, emitted, emitted, forwards, 0, True, observed, observer
+            )
+            outputs.append(output)
         return _joined(outputs, num_prefill=len(plan.prefill))
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
@@ -212,7 +258,7 @@ class SpeculativeWorker(StepWorker):
         committed = torch.tensor([r.num_tokens - r.committed_len for r in requests])
         return StepOutput(
             requests=requests,
-            tokens=F.pad(next_tokens.unsqueeze(1), (0, self.shape.tokens_per_step - 1)),
+            tokens=next_tokens.unsqueeze(1),
             num_emitted=torch.ones_like(next_tokens),
             num_committed=to_device(committed, next_tokens.device),
             num_forwards=1 + num_draft_forwards,
@@ -231,6 +277,17 @@ class SpeculativeWorker(StepWorker):
         request's last row, ``next_tokens`` (bs,) int64 the target's first tokens): store each
         request's state at its row; returns the draft forwards it ran. Device work only."""
 
+    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """The default shape's decode step (the runner ``step_runner`` replays)."""
+        return self._decode_as(self.shape, inputs)
+
+    def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """One decode step of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
+        ``emitted`` of each row are the step's tokens), emitted (bs,) int64 and, when the
+        policy observes, the accepted paths' ranks and offers (bs, 2·S) int64. Device work
+        only."""
+        raise NotImplementedError(f"{type(self).__name__} drafts one shape")
+
     def _runs_on_device(self, decode: Sequence[Request]) -> bool:
         """Whether the decode step over ``decode`` is ``_decode_on_device`` (run by the step
         runner, from a graph where one is captured) rather than ``_decode_on_host``."""
@@ -242,16 +299,33 @@ class SpeculativeWorker(StepWorker):
         raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
 
 
+def _coins_per_step(shape: DraftShape) -> int:
+    """Coins a sampling request spends in one step of ``shape``: a walk coin per node and the
+    bonus's (plain decoding: the one token's)."""
+    return 1 if shape.is_plain else shape.num_draft_tokens + 1
+
+
 def _joined(outputs: list[StepOutput], num_prefill: int) -> StepOutput:
-    """One ``StepOutput`` of the phases' rows, in order; a speculative step's."""
+    """One ``StepOutput`` of the phases' rows, in order; a speculative step's (the tokens of
+    every phase padded to the widest, the observed columns of the decode rows kept)."""
     if len(outputs) == 1:  # one phase: its tensors as they are (no joining kernels)
         return dataclasses.replace(outputs[0], num_prefill=num_prefill, speculative=True)
+    width = max(part.tokens.shape[1] for part in outputs)
+    tokens = [F.pad(part.tokens, (0, width - part.tokens.shape[1])) for part in outputs]
+    prefill, decode = outputs
+    observed = decode.observed
+    if observed is not None:  # the prefill rows observe nothing: zero columns
+        observed = torch.cat(
+            [observed.new_zeros(len(prefill.requests), observed.shape[1]), observed]
+        )
     return StepOutput(
         requests=[r for part in outputs for r in part.requests],
-        tokens=torch.cat([part.tokens for part in outputs]),
+        tokens=torch.cat(tokens),
         num_emitted=torch.cat([part.num_emitted for part in outputs]),
         num_committed=torch.cat([part.num_committed for part in outputs]),
         num_forwards=sum(part.num_forwards for part in outputs),
         num_prefill=num_prefill,
         speculative=True,
+        observed=observed,
+        observer=decode.observer,
     )

@@ -5,8 +5,10 @@ device tensors and touches nothing but persistent device state (KV pools, draft 
 function can be captured once per batch-size bucket and replayed: a batch of ``bs`` requests
 runs in the smallest bucket ``>= bs``, its rows past ``bs`` padded (``decode_inputs``), and
 the first ``bs`` rows of the outputs are the answer. Batches above the largest bucket, and idle
-batches, run eagerly. Greedy steps use the greedy graph of a bucket; a step with sampling
-requests uses the bucket's sampling graph, captured the first time one is needed.
+batches, run eagerly. Greedy steps use the greedy graph of a bucket, a step with sampling
+requests the bucket's sampling graph; ``capture`` records both, so that no request waits for a
+capture once the engine runs. Runners of one worker (one per draft shape) share one
+``GraphPool``: their graphs replay one at a time, so their intermediates can share memory.
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ def bucket_for(batch_size: int, buckets: Sequence[int]) -> int | None:
     return next((b for b in sorted(buckets) if b >= batch_size), None)
 
 
+class GraphPool:
+    """The CUDA-graph memory pool that the graphs of several runners share (made on first use)."""
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+
+    def handle(self) -> Any:
+        if self._handle is None:
+            self._handle = torch.cuda.graph_pool_handle()
+        return self._handle
+
+
 class _Captured:
     """One captured graph and the output tensors its replays write."""
 
@@ -62,7 +76,8 @@ class DecodeStepRunner:
     ``buckets`` empty: every step runs eagerly on exactly its rows. With buckets and
     ``use_graphs`` False, steps still run padded to their bucket, eagerly — the same
     arithmetic as a replay, which is how the CPU tests check padding. ``num_coins``: coins a
-    step reserves per sampling request. ``capture`` records the greedy graph of every bucket.
+    step reserves per sampling request. ``capture`` records the greedy and the sampling graph
+    of every bucket; ``pool``: the graph memory pool shared with other runners.
     """
 
     def __init__(
@@ -73,6 +88,7 @@ class DecodeStepRunner:
         num_coins: int,
         buckets: Sequence[int] = (),
         use_graphs: bool = False,
+        pool: GraphPool | None = None,
     ) -> None:
         if buckets and max(buckets) > buffers.capacity:
             raise ValueError(f"bucket {max(buckets)} exceeds the buffers' {buffers.capacity} rows")
@@ -82,7 +98,7 @@ class DecodeStepRunner:
         self.buckets = tuple(sorted(set(buckets)))
         self.use_graphs = use_graphs
         self._graphs: dict[tuple[int, bool], _Captured] = {}
-        self._pool: Any = None  # the graph memory pool all of this runner's graphs share
+        self._pool = GraphPool() if pool is None else pool
         self.num_replays = 0
 
     @property
@@ -124,18 +140,49 @@ class DecodeStepRunner:
             self.num_replays += 1
         return tuple(out[:bs] for out in outputs)
 
-    def capture(self, progress: Progress | None = None) -> float:
-        """Capture the greedy graph of every bucket, largest first (so the graph memory pool
-        and lazily grown buffers reach their final size first); returns the seconds it took."""
+    def capture(self, progress: Progress | None = None, label: str = "") -> float:
+        """Capture the greedy and the sampling graph of every bucket, largest first (so the
+        graph memory pool and lazily grown buffers reach their final size first); returns the
+        seconds it took. ``label`` names the runner in the progress lines."""
         report = progress or _log.info
+        what = f"CUDA graphs{f' of {label}' if label else ''}"
         started = time.perf_counter()
         for done, bucket in enumerate(reversed(self.buckets), start=1):
-            if (bucket, True) not in self._graphs:
-                self._capture(bucket, True)
-            report(f"capturing CUDA graphs: {done}/{len(self.buckets)} (batch size {bucket})")
+            for greedy in (True, False):
+                if (bucket, greedy) not in self._graphs:
+                    self._capture(bucket, greedy)
+            report(f"capturing {what}: {done}/{len(self.buckets)} (batch size {bucket})")
         elapsed = time.perf_counter() - started
-        report(f"captured {len(self.buckets)} CUDA graphs in {elapsed:.1f} s")
+        report(f"captured {2 * len(self.buckets)} {what} in {elapsed:.1f} s")
         return elapsed
+
+    def time_step(self, bucket: int, greedy: bool, repeats: int) -> float:
+        """Seconds one step of ``bucket`` padding rows takes (its graph's replay where one is
+        captured, else the eager step), the median of ``repeats`` runs after one warm-up.
+        Padding rows read and write only the padding row and slot 0, so live requests are
+        untouched. Start-up work: it waits for the device."""
+        self._buffers.fill([], bucket, self._num_coins)
+        inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
+        captured = self._graphs.get((bucket, greedy))
+
+        def run() -> None:
+            if captured is None:
+                self._step(inputs)
+            else:
+                captured.graph.replay()
+
+        cuda = self._buffers.device.type == "cuda"
+        times = []
+        for index in range(repeats + 1):
+            if cuda:
+                torch.cuda.synchronize()  # SYNC: start-up timing of the cost table
+            started = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize()  # SYNC: start-up timing of the cost table
+            if index:
+                times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
 
     def _capture(self, bucket: int, greedy: bool) -> None:
         if not greedy:
@@ -143,15 +190,13 @@ class DecodeStepRunner:
         # every row is padding: the warm-up runs touch only the padding row and slot 0
         self._buffers.fill([], bucket, self._num_coins)
         inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compiles kernels, sizes lazy buffers and workspaces
             self._step(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with _no_collection_during_capture(), torch.cuda.graph(graph, pool=self._pool):
+        with _no_collection_during_capture(), torch.cuda.graph(graph, pool=self._pool.handle()):
             outputs = self._step(inputs)
         self._graphs[(bucket, greedy)] = _Captured(graph, outputs)
 

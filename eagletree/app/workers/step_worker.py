@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
 from eagletree.app.workers.forward_batches import BatchBuilder
-from eagletree.app.workers.step_graphs import DecodeStepRunner
+from eagletree.app.workers.step_graphs import DecodeFunction, DecodeStepRunner, GraphPool
 
 if TYPE_CHECKING:
     import torch
@@ -53,27 +53,39 @@ class StepWorker(ABC):
     ) -> None:
         self._batches = BatchBuilder(req_to_token_pool)
         self._kernels = kernels
-        buffers = DecodeInputBuffers.for_pool(
+        self._buckets = tuple(graph_buckets)
+        self._use_graphs = use_cuda_graphs
+        self._graph_pool = GraphPool()
+        self._buffers = DecodeInputBuffers.for_pool(
             req_to_token_pool,
             padded=bool(graph_buckets),
             device_lengths=device_lengths,
             device_tokens=device_tokens,
         )
-        self._steps = DecodeStepRunner(
-            self._decode_on_device,
-            buffers,
-            num_coins=num_coins,
-            buckets=graph_buckets,
-            use_graphs=use_cuda_graphs,
-        )
+        self._steps = self._new_step_runner(self._decode_on_device, num_coins)
 
     @property
     def step_runner(self) -> DecodeStepRunner:
         return self._steps
 
     def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
-        """Capture the decode step's CUDA graph of every bucket; returns the seconds taken."""
+        """Capture the decode step's CUDA graphs of every bucket; returns the seconds taken."""
         return self._steps.capture(progress)
+
+    def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
+        """Measure what the worker's per-step choices need (nothing here)."""
+        return None
+
+    def _new_step_runner(self, step: DecodeFunction, num_coins: int) -> DecodeStepRunner:
+        """A step runner of ``step`` over this worker's buffers, buckets and graph pool."""
+        return DecodeStepRunner(
+            step,
+            self._buffers,
+            num_coins=num_coins,
+            buckets=self._buckets,
+            use_graphs=self._use_graphs,
+            pool=self._graph_pool,
+        )
 
     @property
     @abstractmethod

@@ -24,6 +24,7 @@ from eagletree.domain.tree import TreeMaskMode
 if TYPE_CHECKING:
     import torch
 
+    from eagletree.app.workers.shape_policy import ShapePolicy
     from eagletree.domain.batch import ForwardBatch
     from eagletree.domain.model_output import ModelOutput
     from eagletree.ports.model import DraftRunner, ModelRunner
@@ -35,7 +36,9 @@ class TreeWorker(SpeculativeWorker):
 
     ``draft_hidden_size`` is the width of the draft's own hidden state (what it feeds its next
     draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
-    (EAGLE-3). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
+    (EAGLE-3). ``policy``: the shapes a step may draft, (S, k, N) first; the draft state keeps
+    the widest top-k any of them reads (a narrower beam reads its first columns: the top-k is
+    sorted). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
     """
 
     def __init__(
@@ -53,36 +56,50 @@ class TreeWorker(SpeculativeWorker):
         graph_buckets: Sequence[int] = (),
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
+        policy: ShapePolicy | None = None,
     ) -> None:
-        self._drafter = TreeDrafter(  # checks the shape first
-            draft,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            mask_mode=mask_mode,
-            top_k=kernels.top_k,
-            build=kernels.build_tree,
-            step=kernels.beam_step,
-        )
+        shape = DraftShape(num_steps, topk, num_draft_tokens)
+        shapes = (shape,) if policy is None else policy.shapes
+        self._drafters = {
+            s: TreeDrafter(
+                draft,
+                num_steps=s.num_steps,
+                topk=s.topk,
+                num_draft_tokens=s.num_draft_tokens,
+                mask_mode=mask_mode,
+                top_k=kernels.top_k,
+                build=kernels.build_tree,
+                step=kernels.beam_step,
+            )
+            for s in shapes
+            if not s.is_plain
+        }
+        widest = max(s.topk for s in shapes)
         self._extender = DraftExtender(
-            draft, topk=topk, use_aux_hidden=use_aux_hidden, top_k=kernels.top_k
+            draft, topk=widest, use_aux_hidden=use_aux_hidden, top_k=kernels.top_k
         )
         self._state = DraftStateStore(
             num_rows=target.req_to_token_pool.size,
-            topk=topk,
+            topk=widest,
             hidden_size=draft_hidden_size,
             hidden_dtype=draft.kv_pool.geometry.dtype,
             device=target.req_to_token_pool.req_to_token.device,
         )
         super().__init__(
             target,
-            DraftShape(num_steps, topk, num_draft_tokens),
+            shape,
             mask_mode=mask_mode,
             kernels=kernels,
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
+            policy=policy,
         )
+
+    @property
+    def _drafter(self) -> TreeDrafter:
+        """The default shape's drafter."""
+        return self._drafters[self.shape]
 
     def _prefill_draft(
         self,

@@ -22,6 +22,8 @@ from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.app.workers.shape_policy import ShapePolicy
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.model import DraftRunner, ModelRunner
 from tests.integration.models.harness import make_backend, make_pool
@@ -177,11 +179,16 @@ def speculative_engine(
     use_cuda_graphs: bool = False,
     overlap: bool = False,
     prefill_step: PrefillStep = "with_decode",
+    policy: ShapePolicy | None = None,
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
     ``graph_buckets``, ``use_cuda_graphs`` and ``prefill_step`` as ``plain_engine``'s;
-    ``overlap``: the engine keeps one step in flight."""
-    reserve = 2 * max(num_steps * topk, num_draft_tokens)
+    ``overlap``: the engine keeps one step in flight; ``policy``: the worker's shape policy
+    (its first shape must be (S, k, N))."""
+    shapes = [DraftShape(num_steps, topk, num_draft_tokens)]
+    if policy is not None:
+        shapes = list(policy.shapes)
+    reserve = 2 * max(s.window_len for s in shapes)
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + reserve + 4)
     real_target = _target_runner(models, memory, backend)
@@ -199,6 +206,7 @@ def speculative_engine(
         mask_mode=mask_mode,
         graph_buckets=graph_buckets,
         use_cuda_graphs=use_cuda_graphs,
+        policy=policy,
     )
     engine = Engine(
         worker,

@@ -1,0 +1,170 @@
+"""Which draft shape a speculative step runs: one fixed shape, or the fastest for the batch.
+
+``AdaptiveShapes`` chooses, for every step, the candidate shape (plain decoding included) that
+commits the most tokens per second for the batch at hand: each request's expected accepted
+drafts under a shape come from the rank profile of its class (greedy, or its temperature
+band), learned from the steps committed so far; a shape's time comes from the step costs
+measured at start (``step_costs``). The choice is made on the host from what was read back —
+with overlap, statistics through the step before the one in flight — so it never waits for the
+device. Whatever it chooses, the step is the same lossless verification (docs/speculative.md).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from eagletree.domain.acceptance_profile import AcceptanceProfile
+from eagletree.domain.draft_shape import RankProfile, choose_shape, expected_accepted
+
+if TYPE_CHECKING:
+    from eagletree.app.workers.step_costs import StepCosts
+    from eagletree.domain.draft_shape import DraftShape
+    from eagletree.domain.request import Request
+
+# a head nobody measured yet: the rank profile the first steps assume (greedy drafting of a
+# trained head accepts its top candidate about two times in three)
+DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
+
+
+class ShapePolicy(Protocol):
+    """Chooses each decode step's draft shape among ``shapes`` (the first: the default, run by
+    idle steps) and learns from what steps accepted when ``observes``."""
+
+    @property
+    def shapes(self) -> tuple[DraftShape, ...]: ...
+
+    @property
+    def observes(self) -> bool: ...
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape: ...
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        """A read-back step of ``shape``: per request, its accepted path's ranks then offers
+        (``accepted_path_ranks``, S columns each)."""
+
+
+class FixedShape:
+    """Every step drafts ``shape``."""
+
+    observes = False
+
+    def __init__(self, shape: DraftShape) -> None:
+        self.shapes = (shape,)
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        return self.shapes[0]
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        return None
+
+
+def temperature_band(request: Request) -> str:
+    """The class whose acceptance a request shares: greedy, or its temperature's band."""
+    temperature = request.params.temperature
+    if temperature <= 0:
+        return "greedy"
+    return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
+
+
+class AdaptiveShapes:
+    """The fastest of ``shapes`` for each batch, from measured costs and learned acceptance.
+
+    ``hysteresis``: another shape is taken only when it is that fraction faster than the
+    current one. ``prior``: the rank profile assumed before any step of a class was read (it
+    weighs as ``prior_weight`` observed steps). Expected tokens are recomputed after
+    ``refresh_steps`` observed steps of a class. ``chosen`` counts the steps of each shape.
+    """
+
+    observes = True
+
+    def __init__(
+        self,
+        shapes: Sequence[DraftShape],
+        *,
+        prior: RankProfile = DEFAULT_PRIOR,
+        prior_weight: float = 8.0,
+        hysteresis: float = 0.05,
+        refresh_steps: int = 8,
+    ) -> None:
+        if not shapes:
+            raise ValueError("an adaptive policy needs at least one shape")
+        self.shapes = tuple(shapes)
+        self._prior = prior
+        self._prior_weight = prior_weight
+        self._hysteresis = hysteresis
+        self._refresh_steps = refresh_steps
+        self._depth = max(s.num_steps for s in self.shapes)
+        self._rank = max(s.topk for s in self.shapes)
+        self._profiles: dict[str, AcceptanceProfile] = {}
+        self._stale: Counter[str] = Counter()
+        self._expected: dict[str, list[float]] = {}
+        self._costs: StepCosts | None = None
+        self._current = self.shapes[0]
+        self.chosen: Counter[DraftShape] = Counter()
+
+    @property
+    def costs(self) -> StepCosts | None:
+        return self._costs
+
+    def use_costs(self, costs: StepCosts) -> None:
+        """Price the shapes by ``costs`` from now on (until then, every step is the default)."""
+        self._costs = costs
+
+    def profile(self, band: str) -> RankProfile:
+        """The rank profile learned for ``band`` (the prior before any of its steps)."""
+        learned = self._profiles.get(band)
+        return self._prior if learned is None else learned.profile()
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        if not decode or self._costs is None:
+            return self._current
+        bands = Counter(temperature_band(r) for r in decode)
+        sampled = any(not r.params.greedy for r in decode)
+        per_shape = [[0.0] * len(decode) for _ in self.shapes]
+        column = 0
+        for band, count in bands.items():
+            expected = self._expected_of(band)
+            for i, value in enumerate(expected):
+                per_shape[i][column : column + count] = [value] * count
+            column += count
+        seconds = [self._costs.of(shape, len(decode), sampled) for shape in self.shapes]
+        choice = choose_shape(self.shapes, seconds, per_shape, self._current, self._hysteresis)
+        self._current = choice.shape
+        self.chosen[choice.shape] += 1
+        return choice.shape
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        depth = shape.num_steps
+        if depth == 0:
+            return
+        by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
+        for request, path in zip(requests, paths, strict=True):
+            ranks, offered = path[:depth], path[depth : 2 * depth]
+            by_band.setdefault(temperature_band(request), []).append((ranks, offered))
+        for band, observed in by_band.items():
+            profile = self._profiles.get(band)
+            if profile is None:
+                profile = AcceptanceProfile(
+                    self._depth, self._rank, self._prior, prior_weight=self._prior_weight
+                )
+                self._profiles[band] = profile
+            profile.record(observed)
+            self._stale[band] += 1
+
+    def _expected_of(self, band: str) -> list[float]:
+        """Expected accepted drafts per shape for a request of ``band`` (cached)."""
+        cached = self._expected.get(band)
+        if cached is None or self._stale[band] >= self._refresh_steps:
+            profile = self.profile(band)
+            cached = [expected_accepted(shape, profile) for shape in self.shapes]
+            self._expected[band] = cached
+            self._stale[band] = 0
+        return cached

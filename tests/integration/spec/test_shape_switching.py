@@ -1,0 +1,187 @@
+"""A speculative worker that drafts a different shape at every step — plain decoding, chains,
+narrow and wide trees — stays lossless and leaks nothing, with and without overlap, under
+retraction and abort; the adaptive policy measures its costs, learns its acceptance from the
+steps it reads back and only ever chooses among its shapes."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.workers.shape_policy import AdaptiveShapes
+from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.request import FinishReason, Request, RequestStatus
+from eagletree.domain.sampling_params import SamplingParams
+from tests.integration.spec.harness import (
+    SIZES,
+    SpecModels,
+    greedy_outputs,
+    load_spec_models,
+    plain_engine,
+    ragged_prompts,
+    speculative_engine,
+)
+
+DEFAULT = DraftShape(3, 2, 5)
+SHAPES = (DEFAULT, PLAIN, DraftShape.chain(1), DraftShape.chain(4), DraftShape(2, 4, 8))
+MAX_NEW = 14
+
+ModelCache = Callable[[DraftKind], SpecModels]
+
+
+class RandomShapes:
+    """A test policy: a random one of ``shapes`` every step; records what it observes."""
+
+    observes = True
+
+    def __init__(self, shapes: Sequence[DraftShape], seed: int) -> None:
+        self.shapes = tuple(shapes)
+        self._rng = random.Random(seed)
+        self.chosen: list[DraftShape] = []
+        self.observed: list[tuple[DraftShape, int, list[int]]] = []
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        shape = self._rng.choice(self.shapes)
+        self.chosen.append(shape)
+        return shape
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        for request, path in zip(requests, paths, strict=True):
+            self.observed.append((shape, request.request_id, list(path)))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
+    cache: dict[DraftKind, SpecModels] = {}
+
+    def get(kind: DraftKind) -> SpecModels:
+        if kind not in cache:
+            root = tmp_path_factory.mktemp(kind)
+            cache[kind] = load_spec_models(root, "llama", kind, torch.device("cpu"))
+        return cache[kind]
+
+    return get
+
+
+def prompts(count: int, seed: int) -> list[list[int]]:
+    lengths = [3 + (5 * i + seed) % 11 for i in range(count)]
+    return ragged_prompts(SIZES.vocab_size, lengths, seed)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_random_shapes_every_step_emit_the_plain_greedy_tokens(
+    models: ModelCache, kind: DraftKind, overlap: bool
+) -> None:
+    loaded = models(kind)
+    batch = prompts(6, seed=3)
+    expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
+    policy = RandomShapes(SHAPES, seed=len(kind) + overlap)
+    spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy, overlap=overlap)
+    assert greedy_outputs(spec.engine, batch, MAX_NEW) == expected
+    assert set(policy.chosen) == set(SHAPES)  # every shape ran
+    assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+
+
+def test_padded_steps_of_every_shape_emit_the_plain_greedy_tokens(models: ModelCache) -> None:
+    loaded = models("eagle")
+    batch = prompts(5, seed=8)
+    expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
+    policy = RandomShapes(SHAPES, seed=5)
+    spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy, graph_buckets=(1, 2, 4, 8))
+    assert greedy_outputs(spec.engine, batch, MAX_NEW) == expected
+
+
+def test_each_observed_path_says_what_its_step_accepted(models: ModelCache) -> None:
+    loaded = models("eagle")
+    policy = RandomShapes(SHAPES, seed=11)
+    spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy)
+    results = spec.engine.generate(prompts(4, seed=2), MAX_NEW)
+    emitted = {r.request_id: list(r.acceptance.histogram) for r in results if r.acceptance}
+    assert emitted
+    for shape, _, path in policy.observed:
+        depth = shape.num_steps
+        assert len(path) == 2 * depth
+        ranks, offered = path[:depth], path[depth:]
+        accepted = sum(r >= 0 for r in ranks)
+        assert ranks[:accepted] == [r for r in ranks if r >= 0]  # a prefix of the depths
+        assert all(0 <= r < shape.topk for r in ranks[:accepted])
+        assert all(r < o for r, o in zip(ranks[:accepted], offered, strict=False))
+        assert offered[0] >= 1 and all(o == 0 for o in offered[accepted + 1 :])
+    # one observation per request and verify step (plain steps verify nothing)
+    verify_steps = sum(1 for shape, _, _ in policy.observed)
+    speculative = sum(sum(h) for h in emitted.values())
+    assert verify_steps <= speculative
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_a_thousand_random_requests_under_random_shapes_leave_no_slot_or_row_behind(
+    models: ModelCache, overlap: bool
+) -> None:
+    loaded = models("eagle")
+    # 96 slots: a request needs up to 24 + 16 + 2·max window (16) = 72; two do not fit
+    policy = RandomShapes(SHAPES, seed=21)
+    spec = speculative_engine(
+        loaded, *_dims(DEFAULT), pool_size=96, max_running=8, overlap=overlap, policy=policy
+    )
+    engine = spec.engine
+    allocator, table = engine.scheduler.allocator, engine.scheduler.req_to_token_pool
+    free_at_start, rows_at_start = allocator.available_size(), table.req_to_token.clone()
+    rng = random.Random(13)
+    submitted: list[Request] = []
+    aborted: set[int] = set()
+    while len(submitted) < 1000 or engine.has_work():
+        for _ in range(rng.randrange(0, 4) if len(submitted) < 1000 else 0):
+            prompt = [rng.randrange(SIZES.vocab_size) for _ in range(rng.randint(1, 24))]
+            params = SamplingParams(
+                rng.randint(1, 16), temperature=float(rng.randrange(2)), seed=len(submitted)
+            )
+            submitted.append(engine.submit(prompt, params))
+        if rng.randrange(6) == 0:
+            victim = rng.choice(submitted)
+            if engine.abort(victim.request_id):
+                aborted.add(victim.request_id)
+        engine.step()
+    engine.step()
+    assert engine.stats.num_retracted > 5 and len(aborted) > 50
+    assert allocator.available_size() == free_at_start
+    assert torch.equal(table.req_to_token, rows_at_start)
+    assert table.available_size() == table.size
+    for request in submitted:
+        assert request.status is RequestStatus.FINISHED
+        assert (request.finish_reason is FinishReason.ABORT) == (request.request_id in aborted)
+        if request.request_id not in aborted:
+            assert len(request.output_ids) == request.params.max_new_tokens
+    spec.worker.step(SchedulePlan([], [], [], []))
+    assert spec.worker.num_tracked_requests == 0
+
+
+def test_the_adaptive_policy_prices_its_shapes_and_learns_from_read_back_steps(
+    models: ModelCache,
+) -> None:
+    loaded = models("eagle")
+    batch = prompts(4, seed=6)
+    expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
+    policy = AdaptiveShapes(SHAPES, hysteresis=0.0, refresh_steps=1)
+    spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy, graph_buckets=(1, 2, 4))
+    spec.worker.calibrate()
+    costs = policy.costs
+    assert costs is not None and costs.buckets == (1, 2, 4)
+    assert {shape for shape, _, _ in costs.seconds} == set(SHAPES)
+    assert all(seconds > 0 for seconds in costs.seconds.values())
+    assert greedy_outputs(spec.engine, batch, MAX_NEW) == expected
+    assert sum(policy.chosen.values()) > 0 and set(policy.chosen) <= set(SHAPES)
+    # a random head accepts almost nothing: what it learned is far below the prior
+    learned = policy.profile("greedy").rate(0, 0)
+    assert learned < policy.profile("T>0.85").rate(0, 0)
+
+
+def _dims(shape: DraftShape) -> tuple[int, int, int]:
+    return shape.num_steps, shape.topk, shape.num_draft_tokens
