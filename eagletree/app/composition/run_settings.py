@@ -3,7 +3,7 @@ default filled in, the checkpoints checked and described without loading their w
 
 `generate`, `serve`, `config show` and `config validate` all go through ``settings_for_run``,
 so that what `config show` prints is what the others build; `generate` and `serve` through
-``prepare_settings``, which also sets the CPU threads for the checkpoint.
+``prepare_settings``. (The CPU threads are set where the engine is built: ``build_engine``.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagletree.app.composition.platform import resolve_platform, set_cpu_threads
+from eagletree.app.composition.platform import resolve_platform
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
@@ -150,12 +150,7 @@ def read_token_map_setting(path: str | None, vocab_size: int) -> torch.Tensor | 
 
 
 def prepare_settings(path: str | None, note: Callable[[str], None]) -> EngineSettings:
-    """The settings generate and serve run: resolved, the default filled in, threads set."""
-    from eagletree.adapters.models.config import ConfigReader
-
+    """The settings generate and serve run: resolved, the default filled in."""
     settings = settings_for_run(load_settings(path), note)
     assert settings.model.target_path is not None  # settings_for_run fills it in
-    if Path(settings.model.target_path).is_dir():
-        hidden = ConfigReader.from_dir(settings.model.target_path).get_int("hidden_size", 0)
-        set_cpu_threads(settings, hidden)
     return settings
