@@ -183,6 +183,30 @@ def _init_random(*flags: str, out_is_file: bool = False) -> Setup:
     return setup
 
 
+def _tensor_edit(edit: Callable[[torch.Tensor], torch.Tensor], command: str) -> Setup:
+    """A copy of the shared target whose down_proj of layer 0 is ``edit``ed."""
+
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        from safetensors.torch import load_file, save_file
+
+        target = own_target(p)
+        file = target / "model.safetensors"
+        tensors = load_file(file)
+        name = "model.layers.0.mlp.down_proj.weight"
+        tensors[name] = edit(tensors[name])
+        save_file(tensors, file)
+        settings = target_settings(p, target)
+        return ["config", "validate", settings] if command == "validate" else generate(settings)
+
+    return setup
+
+
+def _with_nan(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[0, 0] = float("nan")
+    return tensor
+
+
 def _corrupt_config_removed(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
     target = own_target(p)
     (target / "config.json").unlink()
@@ -308,6 +332,27 @@ CASES: dict[str, tuple[Setup, str]] = {
     "safetensors-random-bytes": (
         _corrupt_file("model.safetensors", os.urandom(4096)),
         "not a readable safetensors file",
+    ),
+    "checkpoint-int-weights-generate": (
+        _tensor_edit(lambda t: (t * 100).to(torch.int32), "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' is int32, but eagletree loads weights",
+    ),
+    "checkpoint-int-weights-validate": (
+        _tensor_edit(lambda t: (t * 100).to(torch.int32), "validate"),
+        "target/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' is int32",
+    ),
+    "checkpoint-nan-generate": (
+        _tensor_edit(_with_nan, "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' holds NaN or infinite values",
+    ),
+    "checkpoint-nan-validate": (
+        _tensor_edit(_with_nan, "validate"),
+        "target/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' holds NaN",
+    ),
+    "checkpoint-shape-generate": (
+        _tensor_edit(lambda t: t[:, :64].contiguous(), "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' has shape [64, 64], the "
+        "LlamaForCausalLM target expects [64, 128]",
     ),
     "generation-config-corrupt": (
         _corrupt_file("generation_config.json", b"{not json"),

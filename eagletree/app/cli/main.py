@@ -16,6 +16,7 @@ from eagletree import __version__
 from eagletree.app.cli import generate as generate_cli
 from eagletree.app.composition.platform import resolve_cpu_threads
 from eagletree.app.composition.run_settings import (
+    check_checkpoint_values,
     check_draft_path,
     describe_checkpoint,
     load_settings,
@@ -166,6 +167,8 @@ def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -
     check_draft_path(settings)
     check_context_len(settings, target)
     resolved = resolve_speculative(settings, target)
+    for checkpoint in dict.fromkeys(p for p in (path, resolved.draft_path) if p is not None):
+        check_checkpoint_values(checkpoint)
     vocab_size = ConfigReader.from_dir(path).get_int("vocab_size")
     check_topk(resolved, vocab_size)
     token_map = read_token_map_setting(resolved.token_map, vocab_size)

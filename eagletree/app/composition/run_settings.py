@@ -137,6 +137,19 @@ def check_draft_path(settings: EngineSettings) -> None:
     ConfigReader.from_dir(draft)
 
 
+def check_checkpoint_values(path: str | Path) -> None:
+    """The checkpoint check over every tensor of the checkpoint in ``path``, read one at a
+    time on the CPU: dtypes and finite values (``config validate``; loading checks the same)."""
+    import torch
+
+    from eagletree.adapters.models.checkpoint_check import check_tensors
+    from eagletree.adapters.models.tensor_files import TensorFiles
+
+    files = TensorFiles(path)
+    tensors = files.read(files.names(), torch.device("cpu"))
+    check_tensors((files.file_of(name), name, tensor) for name, tensor in tensors)
+
+
 def read_token_map_setting(path: str | None, vocab_size: int) -> torch.Tensor | None:
     """The ids of ``speculative.token_map`` (None when unset); errors name the setting."""
     from eagletree.adapters.models.token_map import read_token_map
