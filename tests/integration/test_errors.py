@@ -207,6 +207,43 @@ def _with_nan(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _prompts_file_bytes(content: bytes) -> Setup:
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        file = p.tmp / "prompts.jsonl"
+        file.write_bytes(content)
+        return ["generate", "--prompts-file", str(file), "--no-progress"]
+
+    return setup
+
+
+def _flags_before_loading(*flags: str) -> Setup:
+    """generate with ``flags`` on settings naming no checkpoint: a flag checked after loading
+    would end in the missing-target error instead."""
+
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        return generate(target_settings(p, p.tmp / "nowhere"), *flags)
+
+    return setup
+
+
+def _train(*flags: str, command: str = "train-draft") -> Setup:
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        data = p.tmp / "corpus.txt"
+        data.write_text("the draft tree " * 200)
+        target = ["--target", str(p.checkpoint / "target"), "--data", str(data)]
+        if command == "token-map":
+            return ["token-map", *target, "--out", str(p.tmp / "map.pt")]
+        out = ["--out", str(p.tmp / "head"), "--algorithm", "eagle", "--device", "cpu"]
+        return ["train-draft", *target, *out, "--max-steps", "1", *flags]
+
+    return setup
+
+
+def _two_settings_files(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+    first, second = settings_file(p, "", "a.toml"), settings_file(p, "", "b.toml")
+    return ["config", "show", first, "--settings", second]
+
+
 def _corrupt_config_removed(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
     target = own_target(p)
     (target / "config.json").unlink()
@@ -373,6 +410,28 @@ CASES: dict[str, tuple[Setup, str]] = {
     "prompts-file-missing": (_prompts_file(None), "does not exist"),
     "prompts-file-bad-json": (_prompts_file('{"prompt": "a"}\n{oops\n'), "prompts.jsonl:2"),
     "prompts-file-bad-shape": (_prompts_file('{"text": "a"}\n'), 'expected {"prompt"'),
+    "prompts-file-unknown-key": (
+        _prompts_file('{"prompt": "a", "max_new_tokens": 4}\n'),
+        "prompts.jsonl:1: unknown key 'max_new_tokens'",
+    ),
+    "prompts-file-not-utf8": (
+        _prompts_file_bytes(b'{"prompt": "\xff"}\n'),
+        "cannot be read as UTF-8 text",
+    ),
+    "prompts-file-lone-surrogate": (
+        _prompts_file('{"prompt": "a\\ud800"}\n'),
+        'prompts.jsonl:1: "prompt" is not valid UTF-8 text (a lone surrogate \\ud800 at',
+    ),
+    "prompt-not-utf8": (
+        _generate_flags("--prompt", "ok", "--prompt", "caf\udcff"),  # bytes b"caf\xff" in argv
+        "--prompt #2 is not valid UTF-8 text (the byte 0xff at character 3)",
+    ),
+    "temperature-negative": (
+        _flags_before_loading("--temperature", "-1"),
+        "--temperature must be >= 0 (0: greedy), got -1.0",
+    ),
+    "top-p-zero": (_flags_before_loading("--top-p", "0"), "--top-p must be in (0, 1], got 0.0"),
+    "config-two-files": (_two_settings_files, "config show got two settings files"),
     # init-random
     "init-negative-size": (_init_random("--arch", "llama", "--hidden-size", "-8"), "at least 1"),
     "init-zero-layers": (_init_random("--arch", "llama", "--num-layers", "0"), "--num-layers 0"),
@@ -391,6 +450,25 @@ CASES: dict[str, tuple[Setup, str]] = {
     "init-tokenizer-small-vocab": (
         _init_random("--arch", "llama", "--tokenizer", "--vocab-size", "100"),
         "--tokenizer needs --vocab-size >= 259",
+    ),
+    "init-device-missing-cuda": (
+        _init_random("--arch", "llama", "--device", "cuda:99"),
+        "--device cuda:99 but",
+    ),
+    "init-device-unknown": (_init_random("--arch", "llama", "--device", "tpu"), "is not a device"),
+    "init-too-large": (
+        _init_random("--arch", "llama", "--vocab-size", "100000000", "--hidden-size", "1000000"),
+        "of memory while it is written",
+    ),
+    # train-draft and token-map
+    "train-seq-len-above-positions": (
+        _train("--seq-len", "100000"),
+        "--seq-len = 100000 exceeds the target's max_position_embeddings (4096)",
+    ),
+    "train-without-tokenizer": (_train(), "vocabulary of 512 ids is not the 256 bytes"),
+    "token-map-without-tokenizer": (
+        _train(command="token-map"),
+        "has no tokenizer (tokenizer.json or tokenizer.model beside config.json)",
     ),
     # serve
     "serve-bad-port": (lambda p, m: ["serve", "--port", "70000"], "is not a TCP port"),
