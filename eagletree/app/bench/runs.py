@@ -150,7 +150,8 @@ def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep
     if settings.parallel.dp_size > 1:  # as build_data_parallel_engine, keeping the container
         groups = container.parallel_groups()  # every group made before any model needs one
         engine = DataParallelEngine(container.engine(), groups).engine
-        replica, lockstep = groups.dp_rank, Lockstep(groups.dp_group, groups.dp_size, replica)
+        replica = groups.dp_rank
+        lockstep = Lockstep(groups.dp_group, groups.dp_size, replica)
     else:
         engine = container.engine()
     resolved = container.settings().model_dump()  # the container's: "auto" device values gone

@@ -1,8 +1,8 @@
 """Platform: the "auto" settings resolved for the machine (device, dtype, backends, graphs).
 
-``resolve_platform`` returns settings with every "auto" replaced by a concrete value, so that
-``config show`` prints exactly what ``build_engine`` builds. The CPU thread policy, applied by
-``build_engine`` and everything built on it, is here too. An explicit choice that
+``resolve_platform`` returns settings with every "auto" device, dtype and backend made concrete,
+so that ``config show`` prints exactly what ``build_engine`` builds. The CPU thread policy,
+applied by ``build_engine`` and everything built on it, is here too. An explicit choice that
 the machine cannot run is a ConfigurationError naming the setting, never a silent change.
 """
 
