@@ -65,6 +65,12 @@ def test_a_single_string_is_refused_rather_than_split_into_characters(engine: En
         engine.generate("hello", max_new_tokens=2)
 
 
+def test_text_that_utf8_cannot_encode_is_refused_before_it_is_tokenised(engine: Engine) -> None:
+    with pytest.raises(ValueError, match=r"^request 1: the prompt is not valid UTF-8 text \("):
+        engine.generate(["fine", "\ud800"], max_new_tokens=2)
+    assert not engine.has_work()
+
+
 def test_stream_yields_what_generate_returns_token_by_token(engine: Engine) -> None:
     prompts: list[str | list[int]] = ["The draft tree", [1, 7, 9, 11]]
     expected = engine.generate(prompts, max_new_tokens=10)
