@@ -298,3 +298,20 @@ def test_show_and_validate_take_the_settings_file_the_same_two_ways(
     assert main(["config", "show", paged, "--settings", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: config show got two settings files") and "give one" in err
+
+
+def test_init_random_refuses_a_checkpoint_the_disk_of_out_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    from eagletree.adapters.models.random_checkpoint_config import PRESETS
+    from eagletree.app.cli.init_random import check_room
+    from eagletree.domain.errors import ConfigurationError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(1, 1, 1000))
+    with pytest.raises(ConfigurationError, match=r"takes [0-9.]+ MiB and .* has 0\.0 MiB free"):
+        check_room("llama", "eagle", PRESETS["tiny"], torch.bfloat16, tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()

@@ -458,7 +458,7 @@ CASES: dict[str, tuple[Setup, str]] = {
     "init-device-unknown": (_init_random("--arch", "llama", "--device", "tpu"), "is not a device"),
     "init-too-large": (
         _init_random("--arch", "llama", "--vocab-size", "100000000", "--hidden-size", "1000000"),
-        "of memory while it is written",
+        "error: the checkpoint of these sizes",  # memory, or else the disk, is short
     ),
     # train-draft and token-map
     "train-seq-len-above-positions": (

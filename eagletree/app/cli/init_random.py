@@ -266,6 +266,8 @@ def _available_memory() -> int | None:
 
 
 def _gib(num_bytes: int) -> str:
+    if num_bytes < 2**30:
+        return f"{num_bytes / 2**20:.1f} MiB"
     return f"{num_bytes / 2**30:.1f} GiB"
 
 
