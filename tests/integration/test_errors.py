@@ -391,6 +391,11 @@ CASES: dict[str, tuple[Setup, str]] = {
         "tensor 'model.layers.0.mlp.down_proj.weight' has shape [64, 64], the "
         "LlamaForCausalLM target expects [64, 128]",
     ),
+    "checkpoint-shape-validate": (
+        _tensor_edit(lambda t: t[:, :64].contiguous(), "validate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' has shape [64, 64], the "
+        "LlamaForCausalLM target expects [64, 128]",
+    ),
     "generation-config-corrupt": (
         _corrupt_file("generation_config.json", b"{not json"),
         "generation_config.json is not valid JSON",

@@ -16,6 +16,7 @@ from eagletree import __version__
 from eagletree.app.cli import generate as generate_cli
 from eagletree.app.composition.platform import resolve_cpu_threads
 from eagletree.app.composition.run_settings import (
+    check_checkpoint_shapes,
     check_checkpoint_values,
     check_draft_path,
     describe_checkpoint,
@@ -167,6 +168,7 @@ def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -
     check_draft_path(settings)
     check_context_len(settings, target)
     resolved = resolve_speculative(settings, target)
+    check_checkpoint_shapes(path, resolved.draft_path, resolved.algorithm)
     for checkpoint in dict.fromkeys(p for p in (path, resolved.draft_path) if p is not None):
         check_checkpoint_values(checkpoint)
     vocab_size = ConfigReader.from_dir(path).get_int("vocab_size")

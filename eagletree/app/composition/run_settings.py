@@ -20,6 +20,8 @@ from eagletree.domain.errors import ConfigurationError
 if TYPE_CHECKING:
     import torch
 
+    from eagletree.config.eagle_hook import Algorithm
+
 EMBEDDED_DEFAULT_NOTE = (
     "embedded default: EAGLE tree speculation with the default checkpoint's draft head "
     "(set EAGLETREE_SPECULATIVE__ALGORITHM=none to turn it off)"
@@ -135,6 +137,17 @@ def check_draft_path(settings: EngineSettings) -> None:
             f"of speculative.algorithm = {algorithm!r}"
         )
     ConfigReader.from_dir(draft)
+
+
+def check_checkpoint_shapes(target: str, draft: str | None, algorithm: Algorithm) -> None:
+    """The names and shapes of the target's (and the draft's) tensors against the models their
+    config.json files describe, built on the meta device: nothing is read or allocated."""
+    import torch
+
+    from eagletree.adapters.models.loading import load_models
+
+    kind = None if algorithm == "none" else algorithm
+    load_models(target, draft, kind, torch.float32, "meta", fused_kernels=False)
 
 
 def check_checkpoint_values(path: str | Path) -> None:
