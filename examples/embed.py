@@ -3,8 +3,9 @@
     python examples/embed.py                 # the embedded default model (tiny, random weights)
     python examples/embed.py path/to/ckpt    # a checkpoint directory with a tokenizer
 
-Without CUDA the engine runs on the CPU in float32 ("auto" settings). The default model's
-weights are random, so its text is gibberish; the calls are the same for a trained model.
+Without CUDA the engine runs on the CPU in float32 ("auto" settings), on one thread for this
+tiny model (the thread policy, ``backend.cpu_threads``). The default model's weights are
+random, so its text is gibberish; the calls are the same for a trained model.
 """
 
 from __future__ import annotations

@@ -147,10 +147,12 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
     version, fallback_reason = _version(settings, target, topk, warn)
 
     if max_running_requests is None:
+        # a documented default, as without speculation: said at INFO, not warned every run
         max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
-        warn(
-            "memory.max_running_requests is unset; speculation uses "
-            f"{DEFAULT_MAX_RUNNING_REQUESTS} (set memory.max_running_requests to change it)"
+        logger.info(
+            "memory.max_running_requests is unset; speculation uses %d (set "
+            "memory.max_running_requests to change it)",
+            DEFAULT_MAX_RUNNING_REQUESTS,
         )
 
     worker: WorkerName

@@ -110,6 +110,24 @@ class BackendSettings(_Section):
         default="auto",
         description="Capture decode steps in CUDA graphs; auto: on for CUDA devices, else off.",
     )
+    cpu_threads: int | Literal["auto"] = Field(
+        default="auto",
+        description="torch's CPU threads for an engine on the CPU (process-wide); auto: "
+        "OMP_NUM_THREADS when set, else one per 1024 hidden units of the target, at most the "
+        "cores.",
+    )
+
+    @field_validator("cpu_threads", mode="before")
+    @classmethod
+    def _auto_or_threads(cls, value: Any) -> Any:
+        # one message for both members of the union, not one per member
+        if value == "auto" or isinstance(value, bool):
+            return value  # a boolean is refused by _no_bools_for_numbers
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError("expected 'auto' or a number of threads >= 1")
+        return value
 
 
 class SchedulerSettings(_Section):

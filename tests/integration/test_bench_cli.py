@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from eagletree.app.bench.cli import resolved_value
 from eagletree.app.cli import main as cli
 
 TREE = "tree S2 k2 N3"
@@ -190,3 +193,35 @@ def test_the_arrivals_mode_counts_its_arrivals_tokens_and_steps(
         assert row["tokens_per_s"] > 0 and min(row["ttft_ms"]) > 0
         assert row["mean_ttft_ms"] == pytest.approx(sum(row["ttft_ms"]) / num_arrivals)
         assert f"| plain | {row['prefill_step']} | {row['batch_size']} | {every} steps |" in out
+
+
+def test_the_tiny_preset_with_no_other_flag_prints_its_table_on_the_cpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The command as a new user types it: its defaults fit the CPU, and no request the
+    engine drafts far ahead runs out of budget while the slower ones are measured."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
+        monkeypatch.delenv(name)
+    status, out, err = bench(["--preset", "tiny"], capsys)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert "auto" not in lines[0]  # the values each engine resolved
+    if not torch.cuda.is_available():
+        assert "cuda_graph off, overlap off" in lines[0]
+    assert "prompt 32, new tokens 16" in lines[0]
+    body = [line.split(" | ")[:2] for line in lines[4:]]
+    configs = ["plain", "chain S3 k1 N4", "tree S5 k4 N8"]
+    assert body == [[f"| {c}", str(bs)] for c in configs for bs in (1, 4)]
+    assert "ended early" not in out and "error" not in err
+
+
+def test_the_header_names_each_engines_resolved_value_when_they_differ() -> None:
+    engines = {
+        "plain": {"scheduler": {"overlap": "on"}},
+        "tree S5 k4 N8": {"scheduler": {"overlap": "on"}},
+        "v1 tree": {"scheduler": {"overlap": "off"}},
+    }
+    both = "on (plain, tree S5 k4 N8) / off (v1 tree)"
+    assert resolved_value(engines, "scheduler", "overlap") == both
+    assert resolved_value({"plain": engines["plain"]}, "scheduler", "overlap") == "on"

@@ -265,3 +265,53 @@ def test_generate_through_the_command_prints_the_generated_ids(
     printed = capfd.readouterr().out.split()  # the command writes to the real stdout
     assert printed[0] == "[0]"
     assert len([token for token in printed if token.isdigit()]) == 3
+
+
+def test_show_says_how_many_cpu_threads_the_engine_will_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert main(["init-random", "--arch", "llama", "--out", str(tmp_path)]) == 0
+    settings = tmp_path / "s.toml"
+    settings.write_text('[model]\ntarget_path = "target"\ndevice = "cpu"\n')
+    capsys.readouterr()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(["config", "show", str(settings)]) == 0
+    out = capsys.readouterr().out
+    assert "# cpu threads: 1 (backend.cpu_threads auto: one per 1024 of the target's 64" in out
+    monkeypatch.setenv("EAGLETREE_BACKEND__CPU_THREADS", "2")
+    shown = show(capsys, str(settings))
+    assert shown["backend"]["cpu_threads"] == 2
+    assert main(["config", "show", str(settings)]) == 0
+    assert "# cpu threads: 2 (backend.cpu_threads = 2)" in capsys.readouterr().out
+
+
+def test_show_and_validate_take_the_settings_file_the_same_two_ways(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    paged = str(EXAMPLES / "paged-v1.toml")
+    assert show(capsys, paged) == show(capsys, "--settings", paged)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[backend]\nkv_move = "cuda"\n')
+    for argv in ([str(bad)], ["--settings", str(bad)]):
+        assert main(["config", "validate", *argv]) == 1
+        assert "backend.kv_move" in capsys.readouterr().err
+    assert main(["config", "show", paged, "--settings", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: config show got two settings files") and "give one" in err
+
+
+def test_init_random_refuses_a_checkpoint_the_disk_of_out_cannot_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    from eagletree.adapters.models.random_checkpoint_config import PRESETS
+    from eagletree.app.cli.init_random import check_room
+    from eagletree.domain.errors import ConfigurationError
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(1, 1, 1000))
+    with pytest.raises(ConfigurationError, match=r"takes [0-9.]+ MiB and .* has 0\.0 MiB free"):
+        check_room("llama", "eagle", PRESETS["tiny"], torch.bfloat16, tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()

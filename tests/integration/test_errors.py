@@ -185,6 +185,67 @@ def _init_random(*flags: str, out_is_file: bool = False) -> Setup:
     return setup
 
 
+def _tensor_edit(edit: Callable[[torch.Tensor], torch.Tensor], command: str) -> Setup:
+    """A copy of the shared target whose down_proj of layer 0 is ``edit``ed."""
+
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        from safetensors.torch import load_file, save_file
+
+        target = own_target(p)
+        file = target / "model.safetensors"
+        tensors = load_file(file)
+        name = "model.layers.0.mlp.down_proj.weight"
+        tensors[name] = edit(tensors[name])
+        save_file(tensors, file)
+        settings = target_settings(p, target)
+        return ["config", "validate", settings] if command == "validate" else generate(settings)
+
+    return setup
+
+
+def _with_nan(tensor: torch.Tensor) -> torch.Tensor:
+    tensor = tensor.clone()
+    tensor[0, 0] = float("nan")
+    return tensor
+
+
+def _prompts_file_bytes(content: bytes) -> Setup:
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        file = p.tmp / "prompts.jsonl"
+        file.write_bytes(content)
+        return ["generate", "--prompts-file", str(file), "--no-progress"]
+
+    return setup
+
+
+def _flags_before_loading(*flags: str) -> Setup:
+    """generate with ``flags`` on settings naming no checkpoint: a flag checked after loading
+    would end in the missing-target error instead."""
+
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        return generate(target_settings(p, p.tmp / "nowhere"), *flags)
+
+    return setup
+
+
+def _train(*flags: str, command: str = "train-draft") -> Setup:
+    def setup(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+        data = p.tmp / "corpus.txt"
+        data.write_text("the draft tree " * 200)
+        target = ["--target", str(p.checkpoint / "target"), "--data", str(data)]
+        if command == "token-map":
+            return ["token-map", *target, "--out", str(p.tmp / "map.pt")]
+        out = ["--out", str(p.tmp / "head"), "--algorithm", "eagle", "--device", "cpu"]
+        return ["train-draft", *target, *out, "--max-steps", "1", *flags]
+
+    return setup
+
+
+def _two_settings_files(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
+    first, second = settings_file(p, "", "a.toml"), settings_file(p, "", "b.toml")
+    return ["config", "show", first, "--settings", second]
+
+
 def _corrupt_config_removed(p: Paths, m: pytest.MonkeyPatch) -> list[str]:
     target = own_target(p)
     (target / "config.json").unlink()
@@ -311,6 +372,32 @@ CASES: dict[str, tuple[Setup, str]] = {
         _corrupt_file("model.safetensors", os.urandom(4096)),
         "not a readable safetensors file",
     ),
+    "checkpoint-int-weights-generate": (
+        _tensor_edit(lambda t: (t * 100).to(torch.int32), "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' is int32, but eagletree loads weights",
+    ),
+    "checkpoint-int-weights-validate": (
+        _tensor_edit(lambda t: (t * 100).to(torch.int32), "validate"),
+        "target/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' is int32",
+    ),
+    "checkpoint-nan-generate": (
+        _tensor_edit(_with_nan, "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' holds NaN or infinite values",
+    ),
+    "checkpoint-nan-validate": (
+        _tensor_edit(_with_nan, "validate"),
+        "target/model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' holds NaN",
+    ),
+    "checkpoint-shape-generate": (
+        _tensor_edit(lambda t: t[:, :64].contiguous(), "generate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' has shape [64, 64], the "
+        "LlamaForCausalLM target expects [64, 128]",
+    ),
+    "checkpoint-shape-validate": (
+        _tensor_edit(lambda t: t[:, :64].contiguous(), "validate"),
+        "tensor 'model.layers.0.mlp.down_proj.weight' has shape [64, 64], the "
+        "LlamaForCausalLM target expects [64, 128]",
+    ),
     "generation-config-corrupt": (
         _corrupt_file("generation_config.json", b"{not json"),
         "generation_config.json is not valid JSON",
@@ -330,6 +417,28 @@ CASES: dict[str, tuple[Setup, str]] = {
     "prompts-file-missing": (_prompts_file(None), "does not exist"),
     "prompts-file-bad-json": (_prompts_file('{"prompt": "a"}\n{oops\n'), "prompts.jsonl:2"),
     "prompts-file-bad-shape": (_prompts_file('{"text": "a"}\n'), 'expected {"prompt"'),
+    "prompts-file-unknown-key": (
+        _prompts_file('{"prompt": "a", "max_new_tokens": 4}\n'),
+        "prompts.jsonl:1: unknown key 'max_new_tokens'",
+    ),
+    "prompts-file-not-utf8": (
+        _prompts_file_bytes(b'{"prompt": "\xff"}\n'),
+        "cannot be read as UTF-8 text",
+    ),
+    "prompts-file-lone-surrogate": (
+        _prompts_file('{"prompt": "a\\ud800"}\n'),
+        'prompts.jsonl:1: "prompt" is not valid UTF-8 text (a lone surrogate \\ud800 at',
+    ),
+    "prompt-not-utf8": (
+        _generate_flags("--prompt", "ok", "--prompt", "caf\udcff"),  # bytes b"caf\xff" in argv
+        "--prompt #2 is not valid UTF-8 text (the byte 0xff at character 3)",
+    ),
+    "temperature-negative": (
+        _flags_before_loading("--temperature", "-1"),
+        "--temperature must be >= 0 (0: greedy), got -1.0",
+    ),
+    "top-p-zero": (_flags_before_loading("--top-p", "0"), "--top-p must be in (0, 1], got 0.0"),
+    "config-two-files": (_two_settings_files, "config show got two settings files"),
     # init-random
     "init-negative-size": (_init_random("--arch", "llama", "--hidden-size", "-8"), "at least 1"),
     "init-zero-layers": (_init_random("--arch", "llama", "--num-layers", "0"), "--num-layers 0"),
@@ -348,6 +457,25 @@ CASES: dict[str, tuple[Setup, str]] = {
     "init-tokenizer-small-vocab": (
         _init_random("--arch", "llama", "--tokenizer", "--vocab-size", "100"),
         "--tokenizer needs --vocab-size >= 259",
+    ),
+    "init-device-missing-cuda": (
+        _init_random("--arch", "llama", "--device", "cuda:99"),
+        "--device cuda:99 but",
+    ),
+    "init-device-unknown": (_init_random("--arch", "llama", "--device", "tpu"), "is not a device"),
+    "init-too-large": (
+        _init_random("--arch", "llama", "--vocab-size", "100000000", "--hidden-size", "1000000"),
+        "error: the checkpoint of these sizes",  # memory, or else the disk, is short
+    ),
+    # train-draft and token-map
+    "train-seq-len-above-positions": (
+        _train("--seq-len", "100000"),
+        "--seq-len = 100000 exceeds the target's max_position_embeddings (4096)",
+    ),
+    "train-without-tokenizer": (_train(), "vocabulary of 512 ids is not the 256 bytes"),
+    "token-map-without-tokenizer": (
+        _train(command="token-map"),
+        "has no tokenizer (tokenizer.json or tokenizer.model beside config.json)",
     ),
     # serve
     "serve-bad-port": (lambda p, m: ["serve", "--port", "70000"], "is not a TCP port"),

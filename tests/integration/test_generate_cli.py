@@ -261,3 +261,22 @@ def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) 
         main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.strip() == f"eagletree {__version__}"
+
+
+def test_a_default_run_is_quiet_and_names_the_default_prompts_ids_only_without_a_tokenizer(
+    cpu_defaults: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from eagletree.app.cli.main import main
+
+    status, _, err = run(["--max-new-tokens", "2", "--no-progress"])  # its tokenizer: text
+    assert status == 0, err
+    logged = capfd.readouterr().err  # what logging's last resort prints
+    assert "no prompt given: using the prompt 'The draft tree'\n" in err
+    assert "ids" not in err.split("no prompt given")[1].splitlines()[0]
+    assert "max_running_requests" not in err + logged and "warning" not in logged.lower()
+    assert main(["init-random", "--arch", "llama", "--out", str(tmp_path)]) == 0
+    settings = tmp_path / "s.toml"
+    settings.write_text('[model]\ntarget_path = "target"\n')
+    status, _, err = run(["--settings", str(settings), "--max-new-tokens", "2", "--no-progress"])
+    assert status == 0, err
+    assert "the checkpoint has no tokenizer: the default prompt is the ids 1 2 3 4" in err

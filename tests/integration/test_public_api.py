@@ -65,6 +65,12 @@ def test_a_single_string_is_refused_rather_than_split_into_characters(engine: En
         engine.generate("hello", max_new_tokens=2)
 
 
+def test_text_that_utf8_cannot_encode_is_refused_before_it_is_tokenised(engine: Engine) -> None:
+    with pytest.raises(ValueError, match=r"^request 1: the prompt is not valid UTF-8 text \("):
+        engine.generate(["fine", "\ud800"], max_new_tokens=2)
+    assert not engine.has_work()
+
+
 def test_stream_yields_what_generate_returns_token_by_token(engine: Engine) -> None:
     prompts: list[str | list[int]] = ["The draft tree", [1, 7, 9, 11]]
     expected = engine.generate(prompts, max_new_tokens=10)
@@ -151,3 +157,28 @@ def test_init_random_can_write_a_tokenizer_that_the_engine_loads(tmp_path: Path)
         assert engine.tokenizer is not None and engine.tokenizer.has_chat_template
         (result,) = engine.generate(["tree"], max_new_tokens=2)
     assert result.text == engine.tokenizer.decode(result.output_ids)
+
+
+def test_the_library_applies_the_cpu_thread_policy_where_the_engine_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from eagletree.app.cli.main import main
+
+    for name in [n for n in os.environ if n.startswith("EAGLETREE_")]:
+        monkeypatch.delenv(name)
+    assert main(["init-random", "--arch", "llama", "--out", str(tmp_path)]) == 0
+    target = str(tmp_path / "target")
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # as a user's program runs
+        torch.set_num_threads(2)
+        build_engine(EngineSettings(model={"target_path": target, "device": "cpu"})).close()
+        assert torch.get_num_threads() == 1  # a 64-wide model: one thread
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the setting wins over the variable
+        settings = EngineSettings(model={"target_path": target}, backend={"cpu_threads": 2})
+        build_engine(settings).close()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -80,3 +80,25 @@ def test_a_map_larger_than_the_vocabulary_or_of_an_unknown_format_is_refused(
         main([*args, "--out", str(tmp_path / "m.txt")])
     assert exited.value.code == 2
     assert "--out must end in .pt or .json" in capsys.readouterr().err
+
+
+def test_a_byte_vocabulary_without_a_tokenizer_counts_bytes_as_train_draft_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bytes"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"vocab_size": 256}))
+    (tmp_path / "c.txt").write_text("aab")
+    out = tmp_path / "m.json"
+    argv = ["token-map", "--target", str(bare), "--data", str(tmp_path / "c.txt")]
+    assert main([*argv, "--size", "2", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert read_token_map(out, 256).tolist() == [ord("a"), ord("b")]
+
+
+def test_a_document_longer_than_the_tokenizers_limit_is_counted_without_its_warning(
+    tmp_path: Path, target: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "long.txt").write_text("ab " * 4000)  # past the tokenizer's 4096 tokens
+    argv = ["token-map", "--target", str(target), "--data", str(tmp_path / "long.txt")]
+    assert main([*argv, "--size", "2", "--out", str(tmp_path / "m.pt")]) == 0
+    assert "sequence length is longer" not in capfd.readouterr().err

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from eagletree.adapters.models.checkpoint_check import CheckpointCheck
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.tensor_parallel import CheckpointShard, ShardedParameters
 from eagletree.domain.errors import ConfigurationError
@@ -157,7 +158,8 @@ def fill_module(
     what: str,
     optional: frozenset[str] = frozenset(),
 ) -> None:
-    """Copy the checkpoint's tensors into ``module`` (converting dtype), checking every shape.
+    """Copy the checkpoint's tensors into ``module`` (converting dtype), checking every shape
+    and the values (``checkpoint_check``).
 
     Every module tensor must be found exactly once, except ``optional`` ones (which the caller
     has initialised); a checkpoint tensor that ``rename`` maps to no module tensor is an error
@@ -211,8 +213,14 @@ def fill_module(
                 f"{files.file_of(name)}: tensor {name!r} has shape {list(got)}, the {what}"
                 f" expects {list(want)}{block}"
             )
+    if device.type == "meta":  # a model built to check the names and shapes alone
+        return
     by_name = {name: target for target, name in source.items()}
     read_shards = {name: shards[target] for target, name in source.items() if target in shards}
+    check = CheckpointCheck()  # dtypes and finite values; shapes were checked above
     with torch.no_grad():
         for name, tensor in files.read(list(by_name), device, read_shards):
-            expected[by_name[name]].copy_(tensor)
+            destination = expected[by_name[name]]
+            check.tensor(files.file_of(name), name, tensor, destination.is_floating_point())
+            destination.copy_(tensor)
+    check.finish()

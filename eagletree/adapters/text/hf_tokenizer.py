@@ -34,7 +34,9 @@ class HFTokenizer:
         return value if isinstance(value, int) else None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text))
+        # verbose=False: transformers warns of texts above the tokenizer's model_max_length,
+        # but the engine checks lengths against its own context (and token-map counts corpora)
+        return list(self._tokenizer.encode(text, verbose=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         text: str = self._tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -53,7 +55,7 @@ class HFTokenizer:
             )
         except Exception as error:  # jinja errors: a message the template does not accept
             raise ValueError(f"the chat template rejected the messages: {error}") from None
-        return list(self._tokenizer.encode(rendered, add_special_tokens=False))
+        return list(self._tokenizer.encode(rendered, add_special_tokens=False, verbose=False))
 
 
 def load_tokenizer(path: str | Path) -> HFTokenizer | None:

@@ -23,8 +23,8 @@ from eagletree.app.bench.measure import (
     release_requests,
     running_problem,
     step_until,
-    synchronize,
 )
+from eagletree.app.bench.profiling import synchronize
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.request import Request, RequestStatus
 from eagletree.domain.sampling_params import SamplingParams

@@ -1,6 +1,6 @@
 """The `eagletree bench` command: decode throughput of plain, chain and tree configurations.
 
-One run builds one engine per configuration (``Engine.from_settings``) and measures every batch
+One run builds one engine per configuration (``build_engine_container``) and measures every batch
 size with it: steady decode steps after the prefill (tok/s, ms/step, tokens per step), then a
 few steps under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). A
 speculative row's break-even acceptance length is its step time over the plain row's; plain is
@@ -20,6 +20,7 @@ finished. A row is (configuration, bs, ``scheduler.prefill_step``): tok/s of eve
 the window, the arrivals' mean time to first token, the window's steps (no profile). Several
 ``--prefill-step`` values are each measured on the same engine, one after the other.
 
+    eagletree bench                          # the tiny preset; its defaults fit the CPU
     eagletree bench --preset tiny --device cpu --batch-sizes 1 2 --new-tokens 8
     eagletree bench --preset llama3-8b --draft eagle3 --configs plain tree:S5,k4,N8 --hf
     eagletree bench --preset llama3-8b --arrivals 4 --prefill-step with_decode alone
@@ -35,178 +36,24 @@ import platform
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from eagletree.app.parallel.launch import add_parallel_flags, launch_ranks
+from eagletree.app.bench.options import check_flags, parser
+from eagletree.app.parallel.launch import launch_ranks
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from eagletree.app.bench.plan import BenchPlan
-
-DEFAULT_CONFIGS = ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32")
-DRAFT_KINDS = ("eagle", "eagle3", "mtp")
-PREFILL_STEPS = ("with_decode", "alone")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad flags end in one line on stderr and exit status 2, with no usage dump."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
-
-
-def parser() -> argparse.ArgumentParser:
-    """The options of ``eagletree bench``."""
-    from eagletree.adapters.models.random_checkpoint_config import PRESETS
-
-    p = _Parser(
-        prog="eagletree bench",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    source = p.add_argument_group("checkpoint (default: --preset tiny)")
-    source.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        help="random bf16 target + draft head, written on first use (llama3-8b: 16 GB)",
-    )
-    source.add_argument(
-        "--checkpoint-dir",
-        type=Path,
-        metavar="DIR",
-        help="where the preset is written; default: the user cache (bench-<preset>-<draft>-v1)",
-    )
-    source.add_argument("--settings", metavar="FILE", help="base settings (.toml/.yaml)")
-    source.add_argument("--target", type=Path, metavar="DIR", help="target checkpoint directory")
-    source.add_argument("--draft-dir", type=Path, metavar="DIR", help="draft head directory")
-    source.add_argument(
-        "--draft",
-        choices=DRAFT_KINDS,
-        help="draft head kind; default: the settings file's algorithm, else eagle",
-    )
-    source.add_argument(
-        "--token-map",
-        type=Path,
-        metavar="FILE",
-        help="speculative.token_map: the EAGLE head proposes from these target ids only "
-        "(.pt tensor or .json list)",
-    )
-    runs = p.add_argument_group("what to measure")
-    runs.add_argument(
-        "--configs",
-        nargs="+",
-        default=list(DEFAULT_CONFIGS),
-        metavar="SPEC",
-        help="plain, chain:S<n>, tree:S<n>,k<n>,N<n>",
-    )
-    runs.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32], metavar="BS")
-    runs.add_argument("--prompt-len", type=int, default=256, metavar="N")
-    runs.add_argument("--new-tokens", type=int, default=48, metavar="N", help="timed, per request")
-    runs.add_argument("--warmup-steps", type=int, default=2, metavar="N")
-    runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
-    runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
-    runs.add_argument(
-        "--breakdown", action="store_true", help="print each row's costliest kernels (CUDA)"
-    )
-    runs.add_argument(
-        "--trace",
-        type=Path,
-        metavar="DIR",
-        help="write each row's profiled steps as a Chrome trace, DIR/<config>-bs<N>.json",
-    )
-    runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
-    runs.add_argument(
-        "--arrivals",
-        type=int,
-        metavar="K",
-        help="arrivals mode: bs requests keep decoding while a new one arrives every K steps; "
-        "reports tok/s, mean time to first token and steps (no profile)",
-    )
-    runs.add_argument(
-        "--num-arrivals",
-        type=int,
-        default=8,
-        metavar="A",
-        help="arrivals of one --arrivals run; it ends when the last one has finished",
-    )
-    engine = p.add_argument_group("engine (default: the settings file, else by device)")
-    engine.add_argument("--device", help="cuda if available, else cpu")
-    engine.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
-    engine.add_argument("--attention", choices=["torch", "triton", "flash"])
-    engine.add_argument("--kv-move", choices=["torch", "triton"])
-    engine.add_argument("--cuda-graph", choices=["auto", "on", "off"])
-    add_parallel_flags(
-        engine,
-        default=1,
-        dp_help="replicas (parallel.dp_size): each batch is spread over M replicas stepping in "
-        "lockstep, bs being the group's total",
-    )
-    engine.add_argument(
-        "--overlap",
-        choices=["auto", "off"],
-        help="scheduler.overlap; auto: the v2 and plain workers run one step ahead on CUDA",
-    )
-    engine.add_argument(
-        "--prefill-step",
-        nargs="+",
-        choices=PREFILL_STEPS,
-        help="scheduler.prefill_step: prefills beside the decode batch or in a step of their own; "
-        "with --arrivals several values are measured one after the other on the same engine",
-    )
-    p.add_argument("--out", type=Path, metavar="PATH", help="write PATH.md and PATH.json")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``eagletree bench``; 0 ok, 1 bad settings or a failed measurement, 2 bad flags."""
     p = parser()
     args = p.parse_args(sys.argv[1:] if argv is None else list(argv))
-    _check_flags(p, args)
+    check_flags(p, args)
     # kineto prints a line whenever a profile starts and stops; keep stderr for the progress
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")
     return run(args)
-
-
-def _check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for flag, values, least in (
-        ("--batch-sizes", args.batch_sizes, 1),
-        ("--prompt-len", [args.prompt_len], 1),
-        ("--new-tokens", [args.new_tokens], 1),
-        ("--warmup-steps", [args.warmup_steps], 0),
-        ("--profile-steps", [args.profile_steps], 0),
-        ("--arrivals", [] if args.arrivals is None else [args.arrivals], 1),
-        ("--num-arrivals", [args.num_arrivals], 1),
-    ):
-        if any(value < least for value in values):
-            p.error(f"{flag} must be at least {least}, got {' '.join(map(str, values))}")
-    for flag, size in (("--tp", args.tp), ("--dp", args.dp)):
-        if size < 1:
-            p.error(f"{flag} must be at least 1, got {size}")
-        if args.hf and size > 1:
-            p.error(f"--hf times transformers in one process: run it without {flag}")
-    if args.arrivals is not None and args.dp > 1:
-        p.error("--arrivals steps one engine: run it without --dp")
-    if args.arrivals is not None and args.hf:
-        p.error("--hf is compared with the decode window: run it without --arrivals")
-    if args.prefill_step is not None and len(args.prefill_step) > 1 and args.arrivals is None:
-        p.error(
-            "several --prefill-step values are compared by --arrivals K (the decode window "
-            "has no prefill)"
-        )
-    if args.target is not None and args.preset is not None:
-        p.error("give --preset or --target, not both")
-    if args.token_map is not None and args.draft not in (None, "eagle"):
-        p.error(f"--token-map restricts an EAGLE head, not --draft {args.draft}")
-    if args.draft_dir is not None and args.target is None:
-        p.error("--draft-dir needs --target")
-    if args.checkpoint_dir is not None and args.target is not None:
-        p.error("--checkpoint-dir is where a --preset is written; with --target it means nothing")
-    from eagletree.app.bench.configs import parse_configs
-
-    try:
-        parse_configs(args.configs)
-    except ConfigurationError as error:
-        p.error(str(error))
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -246,7 +93,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     except (ConfigurationError, MeasurementError, OSError) as error:
         print(f"error: {error}", file=err)
         return 1
-    header = _header(plan, args)
+    header = _header(plan, args, used)
     if rank != 0:
         return 0
     if args.arrivals is not None:
@@ -276,7 +123,7 @@ def _rank_zero_first(rank: int) -> Iterator[None]:
         process_group.barrier()
 
 
-def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
+def _header(plan: BenchPlan, args: argparse.Namespace, engines: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     base = plan.base
@@ -284,8 +131,10 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
     date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     title = (
         f"eagletree bench: {device}, torch {torch.__version__}, {base.model.dtype}, "
-        f"attention {base.backend.attention}, cuda_graph {base.backend.cuda_graph}, "
-        f"overlap {base.scheduler.overlap}, {f'tp {args.tp}, ' if args.tp > 1 else ''}"
+        f"attention {base.backend.attention}, "
+        f"cuda_graph {resolved_value(engines, 'backend', 'cuda_graph')}, "
+        f"overlap {resolved_value(engines, 'scheduler', 'overlap')}, "
+        f"{f'tp {args.tp}, ' if args.tp > 1 else ''}"
         f"{f'arrival every {args.arrivals} steps x {args.num_arrivals}, ' if args.arrivals else ''}"
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
         f"draft {plan.draft_kind}"
@@ -304,6 +153,16 @@ def _header(plan: BenchPlan, args: argparse.Namespace) -> dict[str, Any]:
         "draft": None if plan.draft is None else str(plan.draft),
         "token_map": base.speculative.token_map,
     }
+
+
+def resolved_value(engines: dict[str, Any], section: str, name: str) -> str:
+    """The value every engine resolved ``section.name`` to, or each value with its engines."""
+    by_value: dict[str, list[str]] = {}
+    for config, settings in engines.items():
+        by_value.setdefault(str(settings[section][name]), []).append(config)
+    if len(by_value) == 1:
+        return next(iter(by_value))
+    return " / ".join(f"{value} ({', '.join(configs)})" for value, configs in by_value.items())
 
 
 def _argv(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,32 +1,34 @@
-"""Application: time and profile steady decode steps of an engine, prefill excluded.
+"""Application: time steady decode steps of an engine, prefill excluded, and profile a few more.
 
 One measurement submits a batch of prompts, steps until every request is prefilled, runs a few
 warm-up steps (kernels compile, the allocator settles), times the decode steps that generate
-``new_tokens`` tokens per request, then runs ``profile_steps`` more under ``torch.profiler``.
-The requests get a token budget large enough that none finishes inside the measured window;
-what is left is aborted afterwards, so the engine can measure the next batch.
+``new_tokens`` tokens per request, then runs ``profile_steps`` more under ``torch.profiler``
+(``profiling``). The requests get a token budget that no request can spend inside the measured
+window however unevenly they advance; what is left is aborted afterwards, so that the engine
+can measure the next batch. A request that ends anyway (an EOS or stop token, the context
+limit) is accounted for: its tokens count, the window no longer waits for it, and the
+measurement says how many ended early. A retracted request is an error (the pool is too small).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import torch
-from torch.profiler import ProfilerActivity, profile, schedule
-
-from eagletree.app.bench.device_gaps import DeviceGaps, device_gaps
 from eagletree.app.bench.lockstep import ALONE, Lockstep
+from eagletree.app.bench.profiling import (
+    PROFILE_WARMUP_STEPS,
+    ProfileCounts,
+    profile_decode,
+    synchronize,
+)
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.errors import EagleTreeError
 from eagletree.domain.request import Request, RequestStatus
 from eagletree.domain.sampling_params import SamplingParams
-
-PROFILE_WARMUP_STEPS = 1  # run under the profiler before the recorded ones, unrecorded
 
 
 class MeasurementError(EagleTreeError, RuntimeError):
@@ -36,25 +38,13 @@ class MeasurementError(EagleTreeError, RuntimeError):
 def token_budget(
     new_tokens: int, warmup_steps: int, profile_steps: int, max_tokens_per_step: int
 ) -> int:
-    """``max_new_tokens`` of each measured request: enough that none finishes while measured
-    (the profile runs one unrecorded step before its ``profile_steps``)."""
+    """``max_new_tokens`` of each measured request: more than any request can emit while
+    measured. The window ends once its slowest request has ``new_tokens`` and every step gives
+    each running request at least one token, so it lasts at most ``new_tokens`` steps (one more
+    with overlap); a request emits at most ``max_tokens_per_step`` a step, however far it runs
+    ahead of the slowest (the profile runs one unrecorded step before its ``profile_steps``)."""
     profiled = profile_steps + PROFILE_WARMUP_STEPS if profile_steps > 0 else 0
-    return new_tokens + (warmup_steps + profiled + 2) * max_tokens_per_step
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileCounts:
-    """Per-step counts from the profiler. On CUDA ``launches`` are device activities (kernels,
-    copies, memsets) and ``device_ms`` their summed duration; on the CPU ``launches`` are the
-    top-level aten operators (what Python dispatches) and there is no device time."""
-
-    num_steps: int
-    launches_per_step: float
-    device_ms_per_step: float | None
-    wall_ms_per_step: float  # under the profiler, so slower than the timed steps
-    # CUDA: the kernels that took the most device time, (name, launches/step, ms/step)
-    top_kernels: tuple[tuple[str, float, float], ...] = ()
-    gaps: DeviceGaps | None = None  # CUDA: where the device sat idle between its activities
+    return (new_tokens + warmup_steps + profiled + 2) * max_tokens_per_step
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +58,10 @@ class DecodeMeasurement:
     tokens_per_step: float  # per request and step: the mean acceptance length, 1 without drafts
     profile: ProfileCounts | None
     replica_batch_sizes: tuple[int, ...] = ()  # data-parallel: each replica's share, by replica
+    # requests that finished (EOS, stop token, context) before the profile ended, and the first
+    # one's reason: the window's later steps ran a smaller batch
+    num_ended_early: int = 0
+    ended_early_reason: str | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -94,9 +88,7 @@ def measure_decode(
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
-    the requests' default budget (``token_budget``), which assumes they advance alike — real
-    drafts do not: one request may emit ``max_tokens_per_step`` a step while the slowest,
-    which decides when the window ends, emits one.
+    the requests' default budget (``token_budget``).
 
     With a data-parallel ``lockstep`` ``prompts`` are this replica's share of the batch (maybe
     none); the replicas step together and the measurement is the group's: its batch, its
@@ -142,25 +134,29 @@ def _measure(
     emitted_before = [len(r.emitted_per_step) for r in requests]
     request_steps = num_steps = 0
 
-    def generated() -> float:  # a replica without requests never holds the window open
-        new = [len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True)]
+    def generated() -> float:  # a replica without running requests never holds the window open
+        new = [
+            len(r.output_ids) - n
+            for r, n in zip(requests, outputs_before, strict=True)
+            if r.status is not RequestStatus.FINISHED
+        ]
         return min(new, default=math.inf)
 
     synchronize(cuda)
     started = time.perf_counter()
     problem = None
     while True:
-        least, all_running = lockstep.minimum([generated(), problem is None])
+        least, all_kept = lockstep.minimum([generated(), problem is None])
         if num_steps:
-            on_tokens(int(least))
-        if not all_running:
+            on_tokens(new_tokens if math.isinf(least) else int(least))
+        if not all_kept:
             raise MeasurementError(lockstep.first_problem(problem))
         if least >= new_tokens:
             break
         request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
         lockstep.step(engine)  # reads a step's tokens back (with overlap: the previous one's)
         num_steps += 1
-        problem = running_problem(engine, requests, retracted_before, "the timed decode steps")
+        problem = retraction_problem(engine, retracted_before, "the timed decode steps")
     synchronize(cuda)
     seconds = time.perf_counter() - started
     mine = sum(len(r.output_ids) - n for r, n in zip(requests, outputs_before, strict=True))
@@ -176,14 +172,32 @@ def _measure(
     seconds = -lockstep.minimum([-seconds])[0]  # the slowest replica's window
     tokens_per_step = emitted_sum / emitted_count if emitted_count else num_tokens / steps_run
     counts = None
-    if profile_steps > 0:
+    (still_running,) = lockstep.total(
+        [sum(r.status is not RequestStatus.FINISHED for r in requests)]
+    )
+    if profile_steps > 0 and still_running:  # nothing left to profile when every one ended
         counts = profile_decode(engine, profile_steps, cuda, lockstep, trace)
-    problem = running_problem(engine, requests, retracted_before, "the profiled steps")
+    problem = retraction_problem(engine, retracted_before, "the profiled steps")
     if not lockstep.minimum([problem is None])[0]:
         raise MeasurementError(lockstep.first_problem(problem))
+    ended = [r for r in requests if r.status is RequestStatus.FINISHED]
+    (num_ended,) = lockstep.total([len(ended)])
     return DecodeMeasurement(
-        sum(batches), num_steps, int(num_tokens), seconds, tokens_per_step, counts, tuple(batches)
+        sum(batches),
+        num_steps,
+        int(num_tokens),
+        seconds,
+        tokens_per_step,
+        counts,
+        tuple(batches),
+        int(num_ended),
+        _reason(ended[0]) if ended else None,
     )
+
+
+def _reason(request: Request) -> str:
+    reason = request.finish_reason
+    return "unknown" if reason is None else reason.value
 
 
 def release_requests(engine: Engine, requests: Sequence[Request], lockstep: Lockstep) -> None:
@@ -191,122 +205,6 @@ def release_requests(engine: Engine, requests: Sequence[Request], lockstep: Lock
     for request in requests:
         engine.abort(request.request_id)
     step_until(engine, lockstep, lambda: not engine.has_work(), "abort")
-
-
-def profile_decode(
-    engine: Engine,
-    num_steps: int,
-    cuda: bool,
-    lockstep: Lockstep = ALONE,
-    trace: Path | None = None,
-) -> ProfileCounts:
-    """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched;
-    ``trace``: also write the profile as a Chrome trace there. One step before them runs
-    under the profiler unrecorded, so the recorded steps start with the device still busy, as
-    in steady decoding (after a synchronisation the first step's host work would count as
-    device idle time); what that step runs on the device inside the window is not counted."""
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    recorded = schedule(wait=0, warmup=PROFILE_WARMUP_STEPS, active=num_steps, repeat=1)
-    with profile(activities=activities, schedule=recorded) as profiler:
-        for _ in range(PROFILE_WARMUP_STEPS):
-            lockstep.step(engine)
-            profiler.step()
-        started = time.perf_counter()
-        for i in range(num_steps):
-            lockstep.step(engine)
-            if i == num_steps - 1:
-                synchronize(cuda)  # the recorded steps' kernels end inside the window
-            profiler.step()
-        wall_s = time.perf_counter() - started
-    if trace is not None:
-        trace.parent.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(trace))
-    events = launched_in_window(profiler.events())
-    launches, device_ms = count_launches(events, cuda)
-    return ProfileCounts(
-        num_steps,
-        launches / num_steps,
-        None if device_ms is None else device_ms / num_steps,
-        1000.0 * wall_s / num_steps,
-        top_kernels(events, num_steps) if cuda else (),
-        device_gaps(device_spans(events), num_steps) if cuda else None,
-    )
-
-
-def launched_in_window(events: Sequence[Any]) -> list[Any]:
-    """``events`` without the device activities that a step launched before the recording.
-
-    With the host one step ahead, the device still runs the unrecorded step when recording
-    starts, and the profiler records what of it executes from then on. Such an activity's
-    launch (the runtime or driver call sharing its correlation id) is not among the recorded
-    host events, so it is dropped. A profile without launch calls (the CPU) is kept whole."""
-    launched = {e.id for e in events if _is_launch_call(e)}
-    if not launched:
-        return list(events)
-    return [e for e in events if not _is_device_activity(e) or e.id in launched]
-
-
-def device_spans(events: Iterable[Any]) -> list[tuple[float, float, str]]:
-    """(start µs, end µs, name) of every device activity among profiler events."""
-    return [
-        (e.time_range.start, e.time_range.end, e.name) for e in events if _is_device_activity(e)
-    ]
-
-
-def top_kernels(
-    events: Iterable[Any], num_steps: int, limit: int = 12
-) -> tuple[tuple[str, float, float], ...]:
-    """The ``limit`` device activities with the most summed time, grouped by name, per step."""
-    totals: dict[str, list[float]] = {}
-    for event in events:
-        if _is_device_activity(event):
-            entry = totals.setdefault(event.name, [0.0, 0.0])
-            entry[0] += 1
-            entry[1] += event.time_range.elapsed_us() / 1000.0
-    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:limit]
-    return tuple((name[:80], count / num_steps, ms / num_steps) for name, (count, ms) in ranked)
-
-
-def count_launches(events: Iterable[Any], cuda: bool) -> tuple[int, float | None]:
-    """(launches, device ms) of profiler events: device activities and their summed time on
-    CUDA; top-level aten operators and no time on the CPU."""
-    if not cuda:
-        return sum(_is_top_level_aten(e) for e in events), None
-    device = [e for e in events if _is_device_activity(e)]
-    return len(device), sum(e.time_range.elapsed_us() for e in device) / 1000.0
-
-
-def _is_device_activity(event: Any) -> bool:
-    """A kernel, copy or memset on the GPU; GPU-side spans of ``record_function`` ranges are
-    device events too, but they overlap the kernels inside them and launch nothing."""
-    if event.device_type.name != "CUDA" or getattr(event, "is_user_annotation", False):
-        return False
-    return "annotation" not in str(getattr(event, "activity_type", "")).lower()
-
-
-def _is_launch_call(event: Any) -> bool:
-    """A CUDA runtime or driver call (``cudaLaunchKernel``, ``cudaGraphLaunch``,
-    ``cuLaunchKernel``, ``cudaMemcpyAsync``, …): the host side of device activities, which
-    share its correlation id."""
-    name: str = getattr(event, "name", "")
-    return event.device_type.name == "CPU" and name.startswith("cu") and event.id > 0
-
-
-def _is_top_level_aten(event: object) -> bool:
-    name: str = getattr(event, "name", "")
-    if not name.startswith("aten::"):
-        return False
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        if getattr(parent, "name", "").startswith("aten::"):
-            return False
-        parent = getattr(parent, "cpu_parent", None)
-    return True
-
-
-def synchronize(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.synchronize()  # SYNC: the wall clock must cover the queued kernels
 
 
 def step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], phase: str) -> None:
@@ -320,20 +218,26 @@ def step_until(engine: Engine, lockstep: Lockstep, done: Callable[[], bool], pha
     raise MeasurementError(f"{phase} did not finish in 100000 steps")
 
 
-def running_problem(
-    engine: Engine, requests: Sequence[Request], retracted_before: int, phase: str
-) -> str | None:
-    """Why the numbers would mean less (every request must decode through the whole window),
-    or None."""
-    finished = [r for r in requests if r.status is RequestStatus.FINISHED]
-    if finished:
-        return (
-            f"{len(finished)} request(s) finished during {phase} ({finished[0].finish_reason}) "
-            "although their token budget was not spent"
-        )
+def retraction_problem(engine: Engine, retracted_before: int, phase: str) -> str | None:
+    """Why the numbers would mean little (a retracted request recomputes its prefill inside the
+    window), or None."""
     if engine.stats.num_retracted != retracted_before:
         return (
             f"requests were retracted during {phase}: the KV pool is too small for the batch "
             "(raise memory.max_total_tokens)"
         )
     return None
+
+
+def running_problem(
+    engine: Engine, requests: Sequence[Request], retracted_before: int, phase: str
+) -> str | None:
+    """Why a window that needs every one of ``requests`` running would mean less (one finished
+    or was retracted), or None (the arrivals window's background batch)."""
+    finished = [r for r in requests if r.status is RequestStatus.FINISHED]
+    if finished:
+        return (
+            f"{len(finished)} request(s) finished during {phase} ({finished[0].finish_reason}) "
+            "although their token budget was not spent"
+        )
+    return retraction_problem(engine, retracted_before, phase)

@@ -40,6 +40,9 @@ class BenchRow:
     num_steps: int | None = None
     num_tokens: int | None = None
     replica_batch_sizes: tuple[int, ...] = ()  # data-parallel: each replica's share of bs
+    # requests that finished (EOS, stop, context) while measured, and the first one's reason
+    num_ended_early: int = 0
+    ended_early_reason: str | None = None
 
     @property
     def device_busy(self) -> float | None:
@@ -124,6 +127,14 @@ def render_markdown(
             "—" if r.config == "plain" else _ratio(r.break_even),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    ended = [r for r in rows if r.num_ended_early]
+    if ended:
+        lines.append("")
+    for r in ended:
+        lines.append(
+            f"`{r.config}` at bs {r.batch_size}: {r.num_ended_early} request(s) ended early "
+            f"({r.ended_early_reason}) while measured; the later steps ran a smaller batch."
+        )
     if hf_rows:
         lines += [
             "",

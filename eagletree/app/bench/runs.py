@@ -44,8 +44,7 @@ def measure_all(
         settings = settings_for(plan, config)
         tp_size, dp_size = (size if size > 1 else None for size in (args.tp, args.dp))
         settings = with_parallel(settings, tp_size, dp_size)  # a flag at 1 keeps the file's size
-        used[config.name] = settings.model_dump()
-        engine, replica, lockstep = _build(settings, err)
+        engine, replica, lockstep, used[config.name] = _build(settings, err)
         # random weights: an EOS token would end a request at a random step
         engine.eos_token_ids = frozenset()
         if args.arrivals is not None:
@@ -136,20 +135,29 @@ def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> Arri
     )
 
 
-def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep]:
-    """This rank's engine of ``settings``, its data-parallel replica and how it steps."""
+def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep, dict[str, Any]]:
+    """This rank's engine of ``settings``, its data-parallel replica, how it steps, and the
+    settings it runs with CUDA graphs and overlap as resolved for it (not "auto")."""
     from eagletree.app.bench.lockstep import ALONE, Lockstep
-    from eagletree.app.composition.container import build_data_parallel_engine, build_engine
+    from eagletree.app.composition.container import build_engine_container
+    from eagletree.app.parallel.data_parallel import DataParallelEngine
 
     def progress(line: str) -> None:
         print(line, file=err)
 
-    if settings.parallel.dp_size == 1:
-        return build_engine(settings, progress=progress), 0, ALONE
-    group = build_data_parallel_engine(settings, progress=progress)
-    groups = group.groups
-    lockstep = Lockstep(groups.dp_group, groups.dp_size, groups.dp_rank)
-    return group.engine, groups.dp_rank, lockstep
+    container = build_engine_container(settings, progress=progress)
+    replica, lockstep = 0, ALONE
+    if settings.parallel.dp_size > 1:  # as build_data_parallel_engine, keeping the container
+        groups = container.parallel_groups()  # every group made before any model needs one
+        engine = DataParallelEngine(container.engine(), groups).engine
+        replica = groups.dp_rank
+        lockstep = Lockstep(groups.dp_group, groups.dp_size, replica)
+    else:
+        engine = container.engine()
+    resolved = container.settings().model_dump()  # the container's: "auto" device values gone
+    resolved["backend"]["cuda_graph"] = "on" if container.cuda_graphs().enabled else "off"
+    resolved["scheduler"]["overlap"] = "on" if container.overlap() else "off"
+    return engine, replica, lockstep, resolved
 
 
 def _row(config: str, m: DecodeMeasurement) -> BenchRow:
@@ -170,6 +178,8 @@ def _row(config: str, m: DecodeMeasurement) -> BenchRow:
         num_steps=m.num_steps,
         num_tokens=m.num_tokens,
         replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),
+        num_ended_early=m.num_ended_early,
+        ended_early_reason=m.ended_early_reason,
     )
 
 

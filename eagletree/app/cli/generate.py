@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app.cli import generate_output
-from eagletree.app.engine.prompts import PromptSpec, read_prompts_file, to_prompt_ids
+from eagletree.app.engine.prompts import (
+    PromptSpec,
+    read_prompts_file,
+    text_problem,
+    to_prompt_ids,
+)
 from eagletree.app.parallel.launch import add_parallel_flags, launch_ranks, with_parallel
 from eagletree.domain.errors import ConfigurationError
 
@@ -136,6 +141,9 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
             build_data_parallel_engine(settings) if dp_size > 1 else build_engine(settings)
         )
         with engine:
+            if engine.tokenizer is None and specs[0][1].fallback_ids is not None:
+                ids = " ".join(map(str, DEFAULT_PROMPT_IDS))
+                note(f"the checkpoint has no tokenizer: the default prompt is the ids {ids}")
             prompts = [to_prompt_ids(spec, engine.tokenizer, index) for index, spec in specs]
             started = time.perf_counter()
             sampling = {
@@ -170,8 +178,21 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
 
 
 def _check_flags(args: argparse.Namespace, note: Any) -> None:
+    """What the flags alone get wrong, before any model is loaded."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.temperature >= 0.0:  # also refuses NaN
+        raise ValueError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    for number, text in enumerate(args.prompt or [], start=1):
+        problem = text_problem(text)
+        if problem is not None:
+            raise ValueError(
+                f"--prompt #{number} {problem}: give UTF-8 text, or token ids with --prompt-ids"
+            )
     if args.temperature == 0.0:
         for flag, value in (("--top-k", args.top_k), ("--top-p", args.top_p)):
             if value is not None:
@@ -196,7 +217,7 @@ def _prompt_specs(args: argparse.Namespace, note: Any) -> list[tuple[int, Prompt
         return [(i, PromptSpec(text=text)) for i, text in enumerate(args.prompt)]
     if args.prompt_ids:
         return [(i, PromptSpec(ids=tuple(parse_ids(ids)))) for i, ids in enumerate(args.prompt_ids)]
-    note(f"no prompt given: using the prompt {DEFAULT_PROMPT_TEXT!r} (its ids without a tokenizer)")
+    note(f"no prompt given: using the prompt {DEFAULT_PROMPT_TEXT!r}")
     return [(0, PromptSpec(text=DEFAULT_PROMPT_TEXT, fallback_ids=DEFAULT_PROMPT_IDS))]
 
 

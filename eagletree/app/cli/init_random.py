@@ -11,12 +11,21 @@ import dataclasses
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.adapters.models.random_checkpoint_config import PRESETS, ModelSizes, sizes_with
+from eagletree.adapters.models.random_checkpoint_config import (
+    PRESETS,
+    Arch,
+    Draft,
+    ModelSizes,
+    sizes_with,
+)
 from eagletree.app.composition.factories import torch_dtype
 from eagletree.domain.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
 
 _SIZE_OPTIONS: dict[str, type] = {
     "vocab_size": int,
@@ -91,21 +100,29 @@ def run(args: argparse.Namespace) -> int:
             sizes = dataclasses.replace(sizes, q_lora_rank=None)
         if args.out.exists() and not args.out.is_dir():
             raise ConfigurationError(f"--out {args.out} is a file: name a directory")
+        check_device(args.device)
+        check_room(args.arch, args.draft, sizes, torch_dtype(args.dtype), args.out)
         existing = [p for p in (args.out / "target", args.out / "draft") if p.exists()]
         if existing and not args.force:
             raise ConfigurationError(f"{existing[0]} exists (pass --force to overwrite it)")
         for path in existing:  # stale shards of an earlier checkpoint would shadow the new one
             shutil.rmtree(path)
-        target_dir, draft_dir = write_random_checkpoint(
-            args.out,
-            args.arch,
-            args.draft,
-            seed=args.seed,
-            sizes=sizes,
-            dtype=torch_dtype(args.dtype),
-            device=args.device,
-            std=args.std,
-        )
+        try:
+            target_dir, draft_dir = write_random_checkpoint(
+                args.out,
+                args.arch,
+                args.draft,
+                seed=args.seed,
+                sizes=sizes,
+                dtype=torch_dtype(args.dtype),
+                device=args.device,
+                std=args.std,
+            )
+        except (RuntimeError, MemoryError, OSError) as error:  # the estimate was not enough
+            raise ConfigurationError(
+                f"cannot write the checkpoint to {args.out} ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else 'no message'}): lower the sizes"
+            ) from None
         if args.tokenizer:
             from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
 
@@ -182,6 +199,76 @@ def check_sizes(arch: str, draft: str | None, sizes: ModelSizes) -> None:
         raise ConfigurationError(
             f"--draft-vocab-size {sizes.draft_vocab_size} exceeds --vocab-size {sizes.vocab_size}"
         )
+
+
+def check_device(name: str) -> None:
+    """``--device`` names a device of this machine that can draw random numbers."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigurationError(
+            f"--device {name!r} is not a device: use cpu (the default) or cuda"
+        ) from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigurationError(f"--device {name!r}: random weights are drawn on cpu or cuda")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (count == 0 or (device.index or 0) >= count):
+        visible = "no CUDA device is" if count == 0 else f"only {count} CUDA device(s) are"
+        raise ConfigurationError(
+            f"--device {name} but {visible} visible: use --device cpu (the default)"
+        )
+
+
+def check_room(
+    arch: Arch, draft: Draft | None, sizes: ModelSizes, dtype: torch.dtype, out: Path
+) -> None:
+    """The checkpoint of ``sizes`` fits in memory while it is written and on the disk of
+    ``out``; ConfigurationError with both figures otherwise."""
+    from eagletree.adapters.models.random_checkpoint import checkpoint_layout
+
+    try:
+        target, drafted = checkpoint_layout(arch, draft, sizes)
+    except (RuntimeError, OverflowError) as error:  # a numel past int64
+        raise ConfigurationError(
+            f"these sizes describe tensors too large to exist ({error}): lower the sizes"
+        ) from None
+    numels = [t.numel() for t in (*target.values(), *drafted.values())]
+    on_disk = sum(numels) * dtype.itemsize
+    # a shard of at most 4 GiB is built in memory, its largest tensor drawn in float32 first
+    in_memory = min(on_disk, 4 << 30) + max(numels, default=0) * 4
+    available = _available_memory()
+    if available is not None and in_memory > available:
+        raise ConfigurationError(
+            f"the checkpoint of these sizes needs {_gib(in_memory)} of memory while it is "
+            f"written ({_gib(max(numels) * 4)} for its largest tensor) and "
+            f"{_gib(available)} are available: lower the sizes"
+        )
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if on_disk > free:
+        raise ConfigurationError(
+            f"the checkpoint of these sizes takes {_gib(on_disk)} and {existing} has "
+            f"{_gib(free)} free: lower the sizes or write it elsewhere (--out)"
+        )
+
+
+def _available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _gib(num_bytes: int) -> str:
+    if num_bytes < 2**30:
+        return f"{num_bytes / 2**20:.1f} MiB"
+    return f"{num_bytes / 2**30:.1f} GiB"
 
 
 def _size(directory: Path) -> str:

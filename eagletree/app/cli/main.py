@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,7 +14,10 @@ from typing import Any
 
 from eagletree import __version__
 from eagletree.app.cli import generate as generate_cli
+from eagletree.app.composition.platform import resolve_cpu_threads
 from eagletree.app.composition.run_settings import (
+    check_checkpoint_shapes,
+    check_checkpoint_values,
     check_draft_path,
     describe_checkpoint,
     load_settings,
@@ -71,8 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def config_command(args: argparse.Namespace) -> int:
     """`config show` / `config validate`: the settings generate would run, checked."""
+    if args.file is not None and args.settings is not None and args.file != args.settings:
+        raise ConfigurationError(
+            f"config {args.config_command} got two settings files ({args.file} and "
+            f"--settings {args.settings}): give one"
+        )
     notes: list[str] = []
-    settings = settings_for_run(load_settings(args.settings), notes.append, create_default=False)
+    path = args.settings or args.file
+    settings = settings_for_run(load_settings(path), notes.append, create_default=False)
     target, assumed = _target_of(args, settings)
     resolved = resolve_speculative(settings, target)
     if args.config_command == "validate":
@@ -95,12 +105,32 @@ def config_command(args: argparse.Namespace) -> int:
     )
     if overlap.reason is not None:
         print(f"# scheduler.overlap off: {overlap.reason}")
+    print(f"# {_cpu_threads_line(settings)}")
     for note in notes:
         print(f"# {note}")
     if assumed is not None:
         print(f"# {assumed}")
     print(to_toml(values), end="")
     return 0
+
+
+def _cpu_threads_line(settings: EngineSettings) -> str:
+    """What the thread policy will do when `generate` builds the engine of ``settings``."""
+    from eagletree.adapters.models.config import ConfigReader
+
+    path = settings.model.target_path
+    assert path is not None  # settings_for_run fills in the default
+    try:
+        threads = resolve_cpu_threads(
+            settings,
+            lambda: ConfigReader.from_dir(path).get_int("hidden_size"),
+            os.cpu_count() or 1,
+            os.environ.get("OMP_NUM_THREADS"),
+        )
+    except ConfigurationError:
+        return "cpu threads: set from the target's hidden size once its config.json is readable"
+    count = "torch's own" if threads.count is None else threads.count
+    return f"cpu threads: {count} ({threads.reason})"
 
 
 def _target_of(
@@ -138,6 +168,9 @@ def _validate_checkpoints(settings: EngineSettings, target: TargetDescription) -
     check_draft_path(settings)
     check_context_len(settings, target)
     resolved = resolve_speculative(settings, target)
+    check_checkpoint_shapes(path, resolved.draft_path, resolved.algorithm)
+    for checkpoint in dict.fromkeys(p for p in (path, resolved.draft_path) if p is not None):
+        check_checkpoint_values(checkpoint)
     vocab_size = ConfigReader.from_dir(path).get_int("vocab_size")
     check_topk(resolved, vocab_size)
     token_map = read_token_map_setting(resolved.token_map, vocab_size)
@@ -155,12 +188,12 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="inspect and check settings")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="print the resolved settings as TOML")
-    show.add_argument("--settings", metavar="FILE", help="a .toml, .yaml or .yml settings file")
     validate = config_commands.add_parser(
         "validate", help="check settings, checkpoints and device; exit 1 if bad"
     )
-    validate.add_argument("settings", metavar="FILE", nargs="?", help="omit: the defaults")
-    for sub in (show, validate):
+    for sub in (show, validate):  # both take the file either way
+        sub.add_argument("file", metavar="FILE", nargs="?", help="a .toml, .yaml or .yml file")
+        sub.add_argument("--settings", metavar="FILE", help="the same, as generate takes it")
         sub.add_argument(
             "--target-arch",
             default="LlamaForCausalLM",

@@ -21,7 +21,12 @@ from pathlib import Path
 import torch
 
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.app.training.data import add_data_argument, read_documents
+from eagletree.app.training.data import (
+    ByteTokenizer,
+    add_data_argument,
+    check_byte_vocabulary,
+    read_documents,
+)
 from eagletree.app.training.vocab import frequency_ranked, token_counts
 from eagletree.domain.errors import ConfigurationError
 
@@ -73,16 +78,14 @@ def write_token_map(
     if size > vocab_size:
         raise ConfigurationError(f"--size {size} exceeds the target vocabulary ({vocab_size})")
     tokenizer = load_tokenizer(target)  # the engine's: the ids the draft will propose
-    if tokenizer is None:
-        raise ConfigurationError(
-            f"{target} has no tokenizer (tokenizer.json or tokenizer.model beside config.json):"
-            " a token map counts the ids the target's tokenizer gives the corpus"
-        )
+    encode = ByteTokenizer().encode if tokenizer is None else tokenizer.encode
+    if tokenizer is None:  # as train-draft: bytes for a byte vocabulary, else refused
+        check_byte_vocabulary(target, vocab_size, "tokenizer.json or tokenizer.model")
     documents = read_documents(data)
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for start in range(0, len(documents), DOCUMENTS_PER_BATCH):
         batch = documents[start : start + DOCUMENTS_PER_BATCH]
-        tokens = [token for document in batch for token in tokenizer.encode(document)]
+        tokens = [token for document in batch for token in encode(document)]
         counts += token_counts(torch.tensor(tokens, dtype=torch.int64), vocab_size)
         done = min(start + DOCUMENTS_PER_BATCH, len(documents))
         print(f"\rcounted {done}/{len(documents)} documents", end="", file=sys.stderr)

@@ -28,11 +28,12 @@ from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
+from eagletree.adapters.models.config import ConfigReader
 from eagletree.app.composition import startup
 from eagletree.app.composition.model_providers import (
     ModelProviders,
 )
-from eagletree.app.composition.platform import resolve_platform
+from eagletree.app.composition.platform import apply_cpu_threads, resolve_platform
 from eagletree.app.composition.pool_providers import PoolProviders
 from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.phases import PhaseAgreement
@@ -56,6 +57,12 @@ def reads_aux_hidden(algorithm: str) -> bool:
 def phase_agreement_of(groups: distributed.ParallelGroups) -> PhaseAgreement | None:
     """How the engine agrees on its steps' phases with a group sharing its dense layers."""
     return None if groups.dense_group is None else PhaseAgreement(groups.dp_group)
+
+
+def target_hidden_size(target_path: str | None) -> int:
+    """The target's hidden size from its config.json (the CPU thread policy reads it)."""
+    assert target_path is not None  # check_engine_settings refuses an unset one
+    return ConfigReader.from_dir(target_path).get_int("hidden_size")
 
 
 def kernel_backend(device: str) -> str:
@@ -215,11 +222,14 @@ def build_engine_container(
     EAGLE-3) and, with speculation, the draft head(s) of ``resolved.draft_path`` (the target
     checkpoint's MTP layers for ``mtp``), builds the worker ``resolved.worker`` names and, when
     ``backend.cuda_graph`` resolves on, captures its decode graphs with progress lines through
-    ``progress`` (default: the ``eagletree.engine`` logger). ConfigurationError says what to
-    change, here for the settings alone, from ``engine()`` for what the checkpoints contradict.
+    ``progress`` (default: the ``eagletree.engine`` logger). For an engine on the CPU it sets
+    torch's threads process-wide now, as ``backend.cpu_threads`` says (``platform``).
+    ConfigurationError says what to change, here for the settings alone, from ``engine()``
+    for what the checkpoints contradict.
     """
     settings = resolve_platform(settings)
     startup.check_engine_settings(settings)
+    apply_cpu_threads(settings, partial(target_hidden_size, settings.model.target_path))
     container = Container(settings=providers.Object(settings), progress=providers.Object(progress))
     container.config.from_dict(settings.model_dump())
     return container

@@ -1,13 +1,15 @@
 """Platform: the "auto" settings resolved for the machine (device, dtype, backends, graphs).
 
-``resolve_platform`` returns settings with every "auto" replaced by a concrete value, so that
-``config show`` prints exactly what ``Engine.from_settings`` builds. An explicit choice that
+``resolve_platform`` returns settings with every "auto" device, dtype and backend made concrete,
+so that ``config show`` prints exactly what ``build_engine`` builds. The CPU thread policy,
+applied by ``build_engine`` and everything built on it, is here too. An explicit choice that
 the machine cannot run is a ConfigurationError naming the setting, never a silent change.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,15 +117,45 @@ def cpu_threads(hidden_size: int, cpu_count: int) -> int:
     return max(1, min(cpu_count, hidden_size // 1024))
 
 
-def set_cpu_threads(settings: EngineSettings, hidden_size: int) -> int | None:
-    """Set torch's CPU threads for a CPU run unless OMP_NUM_THREADS chose; returns the count.
+@dataclass(frozen=True, slots=True)
+class CpuThreads:
+    """The thread policy's decision for one engine."""
 
-    Process-wide, so only the command-line entry points call it, never the library.
-    """
-    if settings.model.device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
-        return None
-    import torch
+    count: int | None  # None: torch's own count is left as it is
+    reason: str
 
-    threads = cpu_threads(hidden_size, os.cpu_count() or 1)
-    torch.set_num_threads(threads)
-    return threads
+
+def resolve_cpu_threads(
+    settings: EngineSettings,
+    hidden_size: Callable[[], int],
+    cpu_count: int,
+    omp_num_threads: str | None,
+) -> CpuThreads:
+    """The one thread policy: an engine on the CPU runs ``backend.cpu_threads`` threads; "auto"
+    keeps OMP_NUM_THREADS when it is set, else ``cpu_threads`` for the target's hidden size
+    (read only then). An engine on CUDA leaves torch's threads alone."""
+    if settings.model.device != "cpu":
+        return CpuThreads(None, f"model.device = {settings.model.device!r}: left as they are")
+    setting = settings.backend.cpu_threads
+    if setting != "auto":
+        return CpuThreads(setting, f"backend.cpu_threads = {setting}")
+    if omp_num_threads:
+        return CpuThreads(None, f"OMP_NUM_THREADS={omp_num_threads} (backend.cpu_threads auto)")
+    hidden = hidden_size()
+    return CpuThreads(
+        cpu_threads(hidden, cpu_count),
+        f"backend.cpu_threads auto: one per 1024 of the target's {hidden} hidden units, "
+        f"at most the {cpu_count} cores",
+    )
+
+
+def apply_cpu_threads(settings: EngineSettings, hidden_size: Callable[[], int]) -> CpuThreads:
+    """Set torch's intra-op threads (process-wide) as ``resolve_cpu_threads`` decides."""
+    decision = resolve_cpu_threads(
+        settings, hidden_size, os.cpu_count() or 1, os.environ.get("OMP_NUM_THREADS")
+    )
+    if decision.count is not None:
+        import torch
+
+        torch.set_num_threads(decision.count)
+    return decision

@@ -3,7 +3,7 @@ default filled in, the checkpoints checked and described without loading their w
 
 `generate`, `serve`, `config show` and `config validate` all go through ``settings_for_run``,
 so that what `config show` prints is what the others build; `generate` and `serve` through
-``prepare_settings``, which also sets the CPU threads for the checkpoint.
+``prepare_settings``. (The CPU threads are set where the engine is built: ``build_engine``.)
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eagletree.app.composition.platform import resolve_platform, set_cpu_threads
+from eagletree.app.composition.platform import resolve_platform
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import torch
+
+    from eagletree.config.eagle_hook import Algorithm
 
 EMBEDDED_DEFAULT_NOTE = (
     "embedded default: EAGLE tree speculation with the default checkpoint's draft head "
@@ -137,6 +139,30 @@ def check_draft_path(settings: EngineSettings) -> None:
     ConfigReader.from_dir(draft)
 
 
+def check_checkpoint_shapes(target: str, draft: str | None, algorithm: Algorithm) -> None:
+    """The names and shapes of the target's (and the draft's) tensors against the models their
+    config.json files describe, built on the meta device: nothing is read or allocated."""
+    import torch
+
+    from eagletree.adapters.models.loading import load_models
+
+    kind = None if algorithm == "none" else algorithm
+    load_models(target, draft, kind, torch.float32, "meta", fused_kernels=False)
+
+
+def check_checkpoint_values(path: str | Path) -> None:
+    """The checkpoint check over every tensor of the checkpoint in ``path``, read one at a
+    time on the CPU: dtypes and finite values (``config validate``; loading checks the same)."""
+    import torch
+
+    from eagletree.adapters.models.checkpoint_check import check_tensors
+    from eagletree.adapters.models.tensor_files import TensorFiles
+
+    files = TensorFiles(path)
+    tensors = files.read(files.names(), torch.device("cpu"))
+    check_tensors((files.file_of(name), name, tensor) for name, tensor in tensors)
+
+
 def read_token_map_setting(path: str | None, vocab_size: int) -> torch.Tensor | None:
     """The ids of ``speculative.token_map`` (None when unset); errors name the setting."""
     from eagletree.adapters.models.token_map import read_token_map
@@ -150,12 +176,7 @@ def read_token_map_setting(path: str | None, vocab_size: int) -> torch.Tensor | 
 
 
 def prepare_settings(path: str | None, note: Callable[[str], None]) -> EngineSettings:
-    """The settings generate and serve run: resolved, the default filled in, threads set."""
-    from eagletree.adapters.models.config import ConfigReader
-
+    """The settings generate and serve run: resolved, the default filled in."""
     settings = settings_for_run(load_settings(path), note)
     assert settings.model.target_path is not None  # settings_for_run fills it in
-    if Path(settings.model.target_path).is_dir():
-        hidden = ConfigReader.from_dir(settings.model.target_path).get_int("hidden_size", 0)
-        set_cpu_threads(settings, hidden)
     return settings

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 class Engine:
     """Generates for many requests at once: new requests prefill while running ones decode.
 
-    ``tokenizer`` (the checkpoint's, set by ``from_settings``) lets prompts be text and
+    ``tokenizer`` (the checkpoint's, set by ``build_engine``) lets prompts be text and
     results carry text. Use as a context manager, or call ``close``, to abort what is left.
 
     With ``overlap`` the engine keeps one step in flight: ``step`` launches step i + 1 before it

@@ -2,8 +2,10 @@
 those ids pass before an engine queues them.
 
 A JSONL prompts file holds one object per line: ``{"prompt": TEXT}``, ``{"prompt_ids": [...]}``
-or ``{"messages": [{"role": ..., "content": ...}, ...]}``; blank lines are skipped. Every
-problem names the file and the line.
+or ``{"messages": [{"role": ..., "content": ...}, ...]}``; blank lines are skipped, any other key
+is refused (the sampling flags apply to every prompt). Every problem names the file and the
+line. Text is Unicode that UTF-8 can encode: a lone surrogate (what Python makes of bytes that
+are not UTF-8 in a command-line argument, or a JSON ``"\ud800"``) is refused, not tokenised.
 """
 
 from __future__ import annotations
@@ -22,6 +24,21 @@ Message = Mapping[str, str]
 Prompt = Sequence[int] | str  # token ids, or text for the engine's tokenizer
 
 
+PROMPT_KEYS = ("prompt", "prompt_ids", "messages")
+
+
+def text_problem(text: str) -> str | None:
+    """Why ``text`` is not text UTF-8 can encode (a lone surrogate), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        char = text[error.start]
+        byte = f"the byte 0x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else ""
+        what = byte or f"a lone surrogate {char.encode('unicode_escape').decode()}"
+        return f"is not valid UTF-8 text ({what} at character {error.start})"
+    return None
+
+
 def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, index: int = 0) -> list[int]:
     """Token ids of a prompt; text needs the tokenizer (ValueError naming request ``index``)."""
     if not isinstance(prompt, str):
@@ -31,7 +48,14 @@ def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, index: int = 0) -
             f"request {index}: the prompt is text but the checkpoint has no tokenizer "
             "(tokenizer.json or tokenizer.model); give token ids"
         )
-    return tokenizer.encode(prompt)
+    return tokenizer.encode(_checked_text(prompt, index))
+
+
+def _checked_text(text: str, index: int) -> str:
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(f"request {index}: the prompt {problem}: give UTF-8 text or token ids")
+    return text
 
 
 def check_prompt_ids(
@@ -101,9 +125,11 @@ def to_prompt_ids(spec: PromptSpec, tokenizer: Tokenizer | None, index: int) -> 
                 f"request {index}: the checkpoint's tokenizer has no chat template "
                 "(tokenizer_config.json chat_template); send a plain prompt"
             )
+        for message in spec.messages:
+            _checked_text(message["content"], index)
         return tokenizer.apply_chat_template(spec.messages)
     assert spec.text is not None
-    return tokenizer.encode(spec.text)
+    return tokenizer.encode(_checked_text(spec.text, index))
 
 
 def read_prompts_file(path: Path) -> list[PromptSpec]:
@@ -134,13 +160,21 @@ def parse_prompt_line(value: object) -> PromptSpec:
     usage = 'expected {"prompt": TEXT}, {"prompt_ids": [ids]} or {"messages": [...]}'
     if not isinstance(value, dict):
         raise ValueError(usage)
-    keys = [key for key in ("prompt", "prompt_ids", "messages") if key in value]
+    keys = [key for key in PROMPT_KEYS if key in value]
     if len(keys) != 1:
         raise ValueError(usage)
+    unknown = [key for key in value if key not in PROMPT_KEYS]
+    if unknown:
+        raise ValueError(
+            f"unknown key {unknown[0]!r}: a line holds one of "
+            f"{', '.join(map(repr, PROMPT_KEYS))}; the flags (--max-new-tokens, "
+            "--temperature, ...) apply to every prompt of the file"
+        )
     item = value[keys[0]]
     if keys[0] == "prompt":
         if not isinstance(item, str):
             raise ValueError('"prompt" must be a string')
+        _check_line_text('"prompt"', item)
         return PromptSpec(text=item)
     if keys[0] == "prompt_ids":
         if not isinstance(item, list) or not all(
@@ -163,5 +197,12 @@ def parse_messages(value: object) -> tuple[Message, ...]:
             or not isinstance(message.get("content"), str)
         ):
             raise ValueError('each message must be {"role": str, "content": str}')
+        _check_line_text('a message\'s "content"', message["content"])
         messages.append({"role": message["role"], "content": message["content"]})
     return tuple(messages)
+
+
+def _check_line_text(what: str, text: str) -> None:
+    problem = text_problem(text)
+    if problem is not None:
+        raise ValueError(f"{what} {problem}: write the file as UTF-8 text")

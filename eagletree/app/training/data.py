@@ -68,17 +68,29 @@ class FileTokenizer:
         return None if found is None else int(found)
 
 
+BYTE_VOCAB_SIZE = 256
+
+
 def load_tokenizer(target_dir: Path, vocab_size: int) -> TextTokenizer:
-    """The target's ``tokenizer.json``, else bytes (which needs a vocabulary of ≥ 256)."""
+    """The target's ``tokenizer.json``; without one, UTF-8 bytes for a byte-vocabulary target
+    (``check_byte_vocabulary``)."""
     file = target_dir / "tokenizer.json"
     if file.is_file():
         return FileTokenizer(file)
-    if vocab_size < 256:
-        raise ConfigurationError(
-            f"{target_dir} has no tokenizer.json and its vocabulary ({vocab_size}) is too small"
-            " for byte tokens (256); put the target's tokenizer.json beside its weights"
-        )
+    check_byte_vocabulary(target_dir, vocab_size, "tokenizer.json")
     return ByteTokenizer()
+
+
+def check_byte_vocabulary(target_dir: Path, vocab_size: int, files: str) -> None:
+    """A target without a tokenizer is read as UTF-8 bytes only when its vocabulary is exactly
+    the 256 bytes: any other vocabulary gives byte values other meanings, so the ids counted or
+    trained on would be the wrong tokens (train-draft and token-map follow the same rule)."""
+    if vocab_size != BYTE_VOCAB_SIZE:
+        raise ConfigurationError(
+            f"{target_dir} has no tokenizer ({files} beside config.json) and its vocabulary "
+            f"of {vocab_size} ids is not the {BYTE_VOCAB_SIZE} bytes: put the target's "
+            "tokenizer beside its weights"
+        )
 
 
 def _files(path: Path) -> Iterator[Path]:

@@ -76,6 +76,29 @@ def _save_dtype(reader: ConfigReader) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
 
 
+def _check_positions(options: TrainOptions, positions: int) -> None:
+    """Windows and prompts past the target's positions are refused before anything loads (a
+    window that long would run out of memory, slowly, rather than fail)."""
+    for length, flags in (
+        (options.seq_len, "--seq-len"),
+        (
+            options.prompt_len + options.self_distill_tokens
+            if options.self_distill_prompts > 0
+            else 0,
+            "--prompt-len + --self-distill-tokens",
+        ),
+        (
+            options.prompt_len + options.eval_new_tokens if options.eval_prompts > 0 else 0,
+            "--prompt-len + --eval-new-tokens",
+        ),
+    ):
+        if length > positions:
+            raise ConfigurationError(
+                f"{flags} = {length} exceeds the target's max_position_embeddings "
+                f"({positions}): lower {flags.split(' + ')[-1]}"
+            )
+
+
 class DraftTrainer:
     def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
         if options.max_steps is None and options.max_minutes is None:
@@ -88,6 +111,7 @@ class DraftTrainer:
         self.options = options
         self.stream = stream
         self.reader = ConfigReader.from_dir(options.target)
+        _check_positions(options, self.reader.get_int("max_position_embeddings", 2048))
         self.shape = head_shape(self.reader)
         self.device = torch.device(options.device)
         self.aux_layer_ids: tuple[int, ...] = ()

@@ -12,13 +12,14 @@ from torch._C._autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
 from eagletree.app.bench.measure import (
-    PROFILE_WARMUP_STEPS,
     DecodeMeasurement,
-    MeasurementError,
-    count_launches,
-    launched_in_window,
     measure_decode,
     token_budget,
+)
+from eagletree.app.bench.profiling import (
+    PROFILE_WARMUP_STEPS,
+    count_launches,
+    launched_in_window,
     top_kernels,
 )
 from eagletree.app.engine.loop import Engine
@@ -121,11 +122,30 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     assert all(r.params.max_new_tokens == budget for r in engine.requests)
 
 
-def test_a_request_that_ends_inside_the_window_fails_the_measurement() -> None:
+def test_a_request_that_ends_inside_the_window_is_accounted_for_not_fatal() -> None:
     engine = ScriptedEngine(1, False, finish_after=4)
-    with pytest.raises(MeasurementError, match=r"1 request\(s\) finished .*EOS"):
-        measure(engine, 2, 8, [])
+    progress: list[int] = []
+    m = measure(engine, 2, 8, progress)
+    assert (m.num_ended_early, m.ended_early_reason) == (1, "eos")
+    # the window waits for the request still running, and counts the ended one's tokens too
+    assert m.num_steps == 8 and progress[-1] == 8
+    assert m.num_tokens == 2 + 8  # it ended after two of the timed steps (and two warm-ups)
+    assert m.profile is not None  # one request was left to profile
     assert not engine.has_work()  # the other request was aborted all the same
+
+
+def test_when_every_request_ends_early_the_window_ends_and_nothing_is_profiled() -> None:
+    engine = ScriptedEngine(1, False, finish_after=5)  # 2 warm-up steps, then 3 timed
+    m = measure(engine, 1, 8, [])
+    assert (m.num_ended_early, m.num_steps, m.num_tokens, m.profile) == (1, 3, 3, None)
+
+
+def test_the_budget_outlasts_the_window_however_far_a_request_runs_ahead() -> None:
+    # the slowest request gets one token a step, so the window is at most new_tokens steps;
+    # a request emitting the most every step through warm-up, window and profile stays in it
+    new_tokens, warmup, profile, most = 48, 2, 3, 6
+    steps = warmup + new_tokens + 1 + profile + 1  # one more with overlap, one unrecorded
+    assert token_budget(new_tokens, warmup, profile, most) >= steps * most
 
 
 def _event(

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from eagletree.app.bench.arrivals import background_budget
-from eagletree.app.bench.cli import parser
 from eagletree.app.bench.configs import parse_config, parse_configs
 from eagletree.app.bench.measure import token_budget
+from eagletree.app.bench.options import parser
 from eagletree.app.bench.plan import plan_run, settings_for
 
 

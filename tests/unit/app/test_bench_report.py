@@ -57,6 +57,16 @@ def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
     assert body[4][-1] == "n/a |"  # speculative without a plain twin
 
 
+def test_rows_whose_requests_ended_early_say_so_under_the_table() -> None:
+    ended = BenchRow("plain", 32, 500.0, 2.0, 1.0, num_ended_early=3, ended_early_reason="eos")
+    lines = render_markdown("cpu", [ROWS[0], ended], cuda=False).splitlines()
+    assert lines[-1] == (
+        "`plain` at bs 32: 3 request(s) ended early (eos) while measured; the later steps ran "
+        "a smaller batch."
+    )
+    assert "ended early" not in render_markdown("cpu", ROWS, cuda=False)
+
+
 def test_on_the_cpu_the_launch_column_counts_aten_ops_and_device_time_is_absent() -> None:
     rows = [BenchRow("plain", 1, 500.0, 2.0, 1.0, 590, None)]
     lines = render_markdown("cpu", rows, cuda=False).splitlines()

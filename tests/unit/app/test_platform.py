@@ -6,7 +6,12 @@ from typing import Any
 
 import pytest
 
-from eagletree.app.composition.platform import Platform, cpu_threads, resolve_platform
+from eagletree.app.composition.platform import (
+    Platform,
+    cpu_threads,
+    resolve_cpu_threads,
+    resolve_platform,
+)
 from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.errors import ConfigurationError
@@ -103,3 +108,39 @@ def test_small_models_run_on_one_cpu_thread_and_large_ones_on_more() -> None:
     assert cpu_threads(hidden_size=64, cpu_count=2) == 1
     assert cpu_threads(hidden_size=4096, cpu_count=2) == 2
     assert cpu_threads(hidden_size=4096, cpu_count=16) == 4
+
+
+def _threads(
+    hidden_size: int = 64, omp: str | None = None, **backend: Any
+) -> tuple[int | None, str, list[int]]:
+    reads: list[int] = []
+
+    def hidden() -> int:
+        reads.append(hidden_size)
+        return hidden_size
+
+    settings = resolve_platform(EngineSettings(backend=backend), CPU)
+    decision = resolve_cpu_threads(settings, hidden, cpu_count=2, omp_num_threads=omp)
+    return decision.count, decision.reason, reads
+
+
+def test_the_thread_policy_gives_a_small_cpu_model_one_thread() -> None:
+    count, reason, reads = _threads(hidden_size=64)
+    assert count == 1 and reads == [64]
+    assert "one per 1024 of the target's 64 hidden units" in reason
+
+
+def test_omp_num_threads_is_kept_when_the_setting_is_auto() -> None:
+    count, reason, reads = _threads(omp="2")
+    assert count is None and "OMP_NUM_THREADS=2" in reason and reads == []
+
+
+def test_the_setting_wins_over_omp_num_threads_and_the_model_size() -> None:
+    count, reason, reads = _threads(hidden_size=8192, omp="1", cpu_threads=2)
+    assert count == 2 and reason == "backend.cpu_threads = 2" and reads == []
+
+
+def test_an_engine_on_cuda_leaves_the_threads_alone() -> None:
+    settings = resolve_platform(EngineSettings(), ONE_GPU)
+    decision = resolve_cpu_threads(settings, lambda: 64, cpu_count=2, omp_num_threads=None)
+    assert decision.count is None and "'cuda'" in decision.reason

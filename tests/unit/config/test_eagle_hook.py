@@ -266,11 +266,10 @@ RESOLVING = [
         expect=dict(version="v2", worker="eagle_v2"),
     ),
     Case(
-        "an unset request limit becomes 48 with a warning",
+        "an unset request limit becomes 48, a default like any other: no warning",
         spec(3, 4, 8, algorithm="eagle"),
         memory={},
         expect=dict(max_running_requests=48),
-        warnings=(MAX_RUNNING_WARNING,),
     ),
 ]
 
@@ -400,11 +399,14 @@ def test_the_table_covers_at_least_twenty_five_cases() -> None:
 
 
 def test_every_warning_is_logged_as_well_as_kept(caplog: pytest.LogCaptureFixture) -> None:
+    # two warnings: MTP layers from a draft path of their own, and the v1 fallback of pages
     settings = EngineSettings(
-        model=DRAFT, speculative=spec(3, 4, 8, algorithm="eagle"), memory={"page_size": 4}
+        model=DRAFT,
+        speculative=spec(3, 4, 8, algorithm="mtp"),
+        memory={"page_size": 4, "max_running_requests": 8},
     )
     with caplog.at_level(logging.WARNING, logger="eagletree.config"):
-        resolved = resolve_speculative(settings, LLAMA)
+        resolved = resolve_speculative(settings, DEEPSEEK_V3)
     logged = tuple(
         record.getMessage() for record in caplog.records if record.name == "eagletree.config"
     )
@@ -417,6 +419,17 @@ def test_the_chosen_defaults_are_logged(caplog: pytest.LogCaptureFixture) -> Non
     with caplog.at_level(logging.INFO, logger="eagletree.config"):
         resolve_speculative(settings, LLAMA)
     assert "speculative parameters chosen for LlamaForCausalLM (the Llama family)" in caplog.text
+
+
+def test_the_request_limit_default_is_logged_at_info_not_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = EngineSettings(model=DRAFT, speculative=spec(3, 4, 8, algorithm="eagle"))
+    with caplog.at_level(logging.INFO, logger="eagletree.config"):
+        resolved = resolve_speculative(settings, LLAMA)
+    assert resolved.max_running_requests == 48 and resolved.warnings == ()
+    levels = {r.levelno for r in caplog.records if MAX_RUNNING_WARNING in r.getMessage()}
+    assert levels == {logging.INFO}
 
 
 def test_the_resolved_value_is_frozen() -> None:
