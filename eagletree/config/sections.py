@@ -18,6 +18,7 @@ KVMoveName = Literal["auto", "torch", "triton"]
 CudaGraphName = Literal["auto", "on", "off"]
 OverlapName = Literal["auto", "on", "off"]
 PrefillStepName = Literal["with_decode", "alone"]
+ShapePolicyName = Literal["fixed", "adaptive"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -82,6 +83,16 @@ class SpeculativeSettings(_Section):
         default=None,
         description="EAGLE only: a file of the target token ids the head proposes from (.pt "
         "tensor, as FR-Spec publishes them, or .json list); its lm_head keeps those rows.",
+    )
+    policy: ShapePolicyName = Field(
+        default="fixed",
+        description="fixed: every step drafts (num_steps, eagle_topk, num_draft_tokens); "
+        "adaptive: every step the fastest of candidate_shapes for its batch (v2 trees).",
+    )
+    candidate_shapes: list[str] | None = Field(
+        default=None,
+        description='adaptive only: "plain", "chain:S<n>" or "tree:S<n>,k<n>,N<n>" each; '
+        "unset: plain, chains S3/S5/S7, trees S5 k4 N8/N16, S6 k8 N32, S8 k8 N64.",
     )
 
 

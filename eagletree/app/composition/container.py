@@ -43,6 +43,7 @@ from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.app.workers.shape_policy import AdaptiveShapes
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
@@ -97,8 +98,17 @@ class Container(PoolProviders):
         ModelProviders.worker_name,
     )
     use_cuda_graphs = cuda_graphs.provided.enabled
+    shape_policy = providers.Singleton(
+        startup.shape_policy_decision, ModelProviders.settings, ModelProviders.speculative
+    )
     graph_buckets = providers.Callable(
-        startup.cuda_graph_buckets, cuda_graphs, ModelProviders.max_running_requests
+        startup.decode_buckets, cuda_graphs, shape_policy, ModelProviders.max_running_requests
+    )
+    # the shapes the v2 worker drafts: the configured one, or the fastest candidate each step
+    policy = providers.Selector(
+        shape_policy.provided.policy,
+        fixed=providers.Object(None),
+        adaptive=providers.Singleton(AdaptiveShapes, shape_policy.provided.shapes),
     )
     num_steps = ModelProviders.speculative.provided.num_steps
     topk = ModelProviders.speculative.provided.topk
@@ -143,6 +153,7 @@ class Container(PoolProviders):
             PoolProviders.draft_runners.provided[0],
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
+            policy=policy,
         ),
         eagle_v1=_speculative_worker(
             EagleWorkerV1,
@@ -161,9 +172,10 @@ class Container(PoolProviders):
     del _speculative_worker
 
     # -- the engine ----------------------------------------------------------------------------
-    # the worker with its CUDA graphs captured (after it is built, before the engine runs)
+    # the worker with its CUDA graphs captured and its step costs measured (after it is built,
+    # before the engine runs)
     started_worker = providers.Singleton(
-        startup.with_captured_graphs, worker, use_cuda_graphs, ModelProviders.progress
+        startup.started_worker, worker, use_cuda_graphs, ModelProviders.progress
     )
     engine = providers.Singleton(
         startup.assemble_engine,

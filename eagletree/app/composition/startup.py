@@ -17,6 +17,8 @@ from eagletree.app.engine.loop import Engine
 from eagletree.app.workers.step_graphs import graph_buckets
 from eagletree.config.cuda_graphs import ResolvedCudaGraphs, resolve_cuda_graphs
 from eagletree.config.overlap import resolve_overlap
+from eagletree.config.shape_policy import ResolvedShapePolicy, resolve_shape_policy
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -116,18 +118,39 @@ def overlap_decision(settings: EngineSettings, device_type: str, worker: WorkerN
     return resolved.enabled
 
 
-def cuda_graph_buckets(graphs: ResolvedCudaGraphs, max_batch_size: int) -> tuple[int, ...]:
-    """The batch sizes to capture; none when graphs are off."""
-    return graph_buckets(max_batch_size) if graphs.enabled else ()
+def shape_policy_decision(
+    settings: EngineSettings, resolved: ResolvedSpeculative
+) -> ResolvedShapePolicy:
+    """The draft shapes the worker runs (``speculative.policy``), the configured one first."""
+    speculative = settings.speculative
+    return resolve_shape_policy(
+        speculative.policy,
+        speculative.candidate_shapes,
+        DraftShape(resolved.num_steps, resolved.topk, resolved.num_draft_tokens),
+        worker=resolved.worker,
+        tp_size=settings.parallel.tp_size,
+        shards_dense=shards_dense_over_dp(settings),
+    )
 
 
-def with_captured_graphs(
+def decode_buckets(
+    graphs: ResolvedCudaGraphs, shapes: ResolvedShapePolicy, max_batch_size: int
+) -> tuple[int, ...]:
+    """The batch sizes decode steps are padded to: the graphs' buckets, which an adaptive
+    policy prices its shapes at even where the steps run eagerly; none otherwise."""
+    on = graphs.enabled or shapes.policy == "adaptive"
+    return graph_buckets(max_batch_size) if on else ()
+
+
+def started_worker(
     worker: Worker, use_cuda_graphs: bool, progress: Callable[[str], None] | None
 ) -> Worker:
-    """``worker`` after capturing its decode step's graphs when they are on (progress lines
-    through ``progress``, default: the ``eagletree.engine`` logger)."""
+    """``worker`` after capturing its decode step's graphs when they are on, and measuring
+    what its per-step choices need (progress lines through ``progress``, default: the
+    ``eagletree.engine`` logger)."""
     if use_cuda_graphs:
         worker.capture_graphs(progress)
+    worker.calibrate(progress)
     return worker
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 import torch
 
 from eagletree.adapters.models.draft_loading import DraftKind
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.workers.shape_policy import AdaptiveShapes
 from eagletree.domain.draft_shape import PLAIN, DraftShape
@@ -19,6 +21,7 @@ from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling_params import SamplingParams
 from tests.integration.spec.harness import (
     SIZES,
+    WEIGHT_STD,
     SpecModels,
     greedy_outputs,
     load_spec_models,
@@ -185,3 +188,43 @@ def test_the_adaptive_policy_prices_its_shapes_and_learns_from_read_back_steps(
 
 def _dims(shape: DraftShape) -> tuple[int, int, int]:
     return shape.num_steps, shape.topk, shape.num_draft_tokens
+
+
+def test_build_engine_with_the_adaptive_policy_prices_every_candidate_and_stays_lossless(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("dependency_injector")
+    from eagletree.app.composition.container import build_engine
+    from eagletree.config.settings import EngineSettings
+
+    target, draft = write_random_checkpoint(
+        tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+    )
+    model = {"target_path": str(target), "device": "cpu", "dtype": "float32"}
+    common = {
+        "backend": {"attention": "torch", "kv_move": "torch"},
+        "memory": {"max_total_tokens": 2048, "max_running_requests": 4},
+    }
+    plain = build_engine(EngineSettings(model=model, **common))
+    candidates = ["plain", "chain:S2", "tree:S2,k2,N4"]
+    engine = build_engine(
+        EngineSettings(
+            model={**model, "draft_path": str(draft)},
+            speculative={
+                "algorithm": "eagle",
+                "num_steps": 3,
+                "eagle_topk": 2,
+                "num_draft_tokens": 5,
+                "policy": "adaptive",
+                "candidate_shapes": candidates,
+            },
+            **common,
+        )
+    )
+    policy = engine._worker.policy  # type: ignore[attr-defined]
+    assert isinstance(policy, AdaptiveShapes)
+    assert policy.shapes == (DEFAULT, PLAIN, DraftShape.chain(2), DraftShape(2, 2, 4))
+    assert policy.costs is not None and policy.costs.buckets == (1, 2, 4)
+    batch = prompts(3, seed=12)
+    assert greedy_outputs(engine, batch, MAX_NEW) == greedy_outputs(plain, batch, MAX_NEW)
+    assert sum(policy.chosen.values()) > 0
