@@ -126,7 +126,7 @@ def main() -> None:
         finally:
             sys.setprofile(None)
         engine.close()
-    worker = type(engine._worker).__name__
+    worker = type(engine.worker).__name__
     print(f"eagletree at {root}; worker {worker}; one decode-only Engine.step")
     print(f"files run: {len(trace.files)}")
     if "--files" in sys.argv[1:]:

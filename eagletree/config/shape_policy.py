@@ -64,6 +64,14 @@ def parse_shape(spec: str) -> DraftShape:
     return DraftShape(fields["S"], fields["k"], fields["N"])
 
 
+def shape_spec(shape: DraftShape) -> str:
+    """The spec ``parse_shape`` reads back as ``shape``: plain, chain:S3, tree:S5,k4,N8."""
+    s, k, n = shape.num_steps, shape.topk, shape.num_draft_tokens
+    if shape.is_plain:
+        return "plain"
+    return f"chain:S{s}" if k == 1 else f"tree:S{s},k{k},N{n}"
+
+
 @dataclass(frozen=True, slots=True)
 class ResolvedShapePolicy:
     """The policy and the shapes it chooses among, the configured shape first."""

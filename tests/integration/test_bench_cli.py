@@ -143,6 +143,9 @@ def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
         (["--arrivals", "2", "--hf"], 2, "run it without --arrivals"),
         (["--prefill-step", "with_decode", "alone"], 2, "compared by --arrivals K"),
         (["--prefill-step", "separate"], 2, "invalid choice: 'separate'"),
+        (["--temperatures", "-1"], 2, "--temperatures must be >= 0"),
+        (["--policy", "adaptive", "--configs", "plain"], 2, "needs a speculative config"),
+        (["--policy", "adaptive", "--arrivals", "2"], 2, "decode window of one process group"),
         (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
     ],
 )
@@ -211,7 +214,7 @@ def test_the_tiny_preset_with_no_other_flag_prints_its_table_on_the_cpu(
         assert "cuda_graph off, overlap off" in lines[0]
     assert "prompt 32, new tokens 16" in lines[0]
     body = [line.split(" | ")[:2] for line in lines[4:]]
-    configs = ["plain", "chain S3 k1 N4", "tree S5 k4 N8"]
+    configs = ["plain", "chain S3", "tree S5 k4 N8"]
     assert body == [[f"| {c}", str(bs)] for c in configs for bs in (1, 4)]
     assert "ended early" not in out and "error" not in err
 
@@ -225,3 +228,30 @@ def test_the_header_names_each_engines_resolved_value_when_they_differ() -> None
     both = "on (plain, tree S5 k4 N8) / off (v1 tree)"
     assert resolved_value(engines, "scheduler", "overlap") == both
     assert resolved_value({"plain": engines["plain"]}, "scheduler", "overlap") == "on"
+
+
+def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_temperature(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = tiny_run(
+        tmp_path, "--configs", "chain:S2", "tree:S2,k2,N3", "--batch-sizes", "1", "2",
+        "--policy", "adaptive", "--temperatures", "0", "1", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    status, out, _ = bench(argv, capsys)
+    assert status == 0
+    rows = json.loads((tmp_path / "run.json").read_text())["rows"]
+    cells = {(r["config"], r["batch_size"], r["temperature"]) for r in rows}
+    configs = ("plain", "chain S2", TREE, "adaptive")
+    assert cells == {(c, bs, t) for c in configs for bs in (1, 2) for t in (0.0, 1.0)}
+    for row in rows:
+        if row["config"] == "adaptive":
+            assert row["chosen"] in ("plain", "chain S2", TREE)
+        if row["config"] != "plain":  # against the plain row of the same bs and temperature
+            plain = next(
+                r for r in rows
+                if (r["config"], r["batch_size"], r["temperature"])
+                == ("plain", row["batch_size"], row["temperature"])
+            )  # fmt: skip
+            assert row["speedup"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
+    assert "| config | bs | T | tok/s | ÷ plain |" in out
+    assert "| adaptive (mostly " in out

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        configs = parse_configs(args.configs)
+        configs = parse_configs(args.configs, adaptive=args.policy == "adaptive")
         with _rank_zero_first(rank):  # it writes a missing preset; the others then read it
             plan = plan_run(args, configs, lambda message: print(message, file=err))
         rows, arrival_rows, hf_rows, used = measure_all(plan, configs, args, err)

@@ -85,10 +85,12 @@ def measure_decode(
     max_new_tokens: int | None = None,
     lockstep: Lockstep = ALONE,
     trace: Path | None = None,
+    temperature: float = 0.0,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
-    the requests' default budget (``token_budget``).
+    the requests' default budget (``token_budget``). ``temperature`` > 0 samples (request i
+    seeded with i, so runs repeat).
 
     With a data-parallel ``lockstep`` ``prompts`` are this replica's share of the batch (maybe
     none); the replicas step together and the measurement is the group's: its batch, its
@@ -98,7 +100,16 @@ def measure_decode(
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
-    requests = [engine.submit(prompt, SamplingParams(max_new_tokens=budget)) for prompt in prompts]
+    seeded = temperature > 0
+    requests = [
+        engine.submit(
+            prompt,
+            SamplingParams(
+                max_new_tokens=budget, temperature=temperature, seed=i if seeded else None
+            ),
+        )
+        for i, prompt in enumerate(prompts)
+    ]
     try:
         measurement = _measure(
             engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep,

@@ -125,7 +125,22 @@ def parser() -> argparse.ArgumentParser:
         help=f"plain, chain:S<n>, tree:S<n>,k<n>,N<n> {_by_checkpoint('configs')}",
     )
     runs.add_argument(
+        "--policy",
+        choices=["fixed", "adaptive"],
+        default="fixed",
+        help="adaptive: also measure speculative.policy = adaptive over the --configs shapes",
+    )
+    runs.add_argument(
         "--batch-sizes", nargs="+", type=int, metavar="BS", help=_by_checkpoint("batch_sizes")
+    )
+    runs.add_argument(
+        "--temperatures",
+        nargs="+",
+        type=float,
+        default=[0.0],
+        metavar="T",
+        help="sampling temperatures, each measured at every batch size (0: greedy; request i "
+        "seeded with i)",
     )
     runs.add_argument("--prompt-len", type=int, metavar="N", help=_by_checkpoint("prompt_len"))
     runs.add_argument(
@@ -225,7 +240,11 @@ def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--checkpoint-dir is where a --preset is written; with --target it means nothing")
     from eagletree.app.bench.configs import parse_configs
 
+    if any(t < 0 for t in args.temperatures):
+        p.error(f"--temperatures must be >= 0, got {' '.join(map(str, args.temperatures))}")
+    if args.policy == "adaptive" and (args.tp > 1 or args.arrivals is not None):
+        p.error("--policy adaptive measures the decode window of one process group")
     try:
-        parse_configs(args.configs)
+        parse_configs(args.configs, adaptive=args.policy == "adaptive")
     except ConfigurationError as error:
         p.error(str(error))

@@ -23,6 +23,7 @@ from eagletree.app.bench.configs import BenchConfig
 from eagletree.app.bench.measure import token_budget
 from eagletree.config.sections import SpeculativeSettings
 from eagletree.config.settings import EngineSettings
+from eagletree.config.shape_policy import shape_spec
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -97,7 +98,7 @@ def plan_run(
         budget = token_budget(args.new_tokens, args.warmup_steps, args.profile_steps, most_per_step)
         extra_requests = 0
     context = args.prompt_len + 1 + budget
-    window = max([2 * max(c.num_steps * c.topk, c.num_draft_tokens) for c in spec] or [2])
+    window = max([2 * s.window_len for c in spec for s in (c.shape, *c.candidates)] or [2])
     max_bs = max([*args.batch_sizes, 1]) + extra_requests
     needed_slots = max_bs * (context + window + 16)
     memory_update = {
@@ -140,12 +141,17 @@ def settings_for(plan: BenchPlan, config: BenchConfig) -> EngineSettings:
     if not config.speculative:
         speculative = SpeculativeSettings(algorithm="none")
     else:
+        shape = config.shape
         speculative = SpeculativeSettings(
             algorithm=plan.draft_kind,
-            num_steps=config.num_steps,
-            eagle_topk=config.topk,
-            num_draft_tokens=config.num_draft_tokens,
+            num_steps=shape.num_steps,
+            eagle_topk=shape.topk,
+            num_draft_tokens=shape.num_draft_tokens,
             version=plan.base.speculative.version,
             token_map=plan.base.speculative.token_map,
+            policy="adaptive" if config.adaptive else "fixed",
+            candidate_shapes=[shape_spec(s) for s in config.candidates]
+            if config.adaptive
+            else None,
         )
     return plan.base.model_copy(update={"speculative": speculative})

@@ -43,6 +43,9 @@ class BenchRow:
     # requests that finished (EOS, stop, context) while measured, and the first one's reason
     num_ended_early: int = 0
     ended_early_reason: str | None = None
+    temperature: float = 0.0
+    chosen: str | None = None  # the shape an adaptive engine ran most in the window
+    speedup: float | None = None  # tok/s ÷ the plain row's at the same bs and temperature
 
     @property
     def device_busy(self) -> float | None:
@@ -86,13 +89,18 @@ class ArrivalRow:
 
 
 def with_break_even(rows: Sequence[BenchRow], plain: str = "plain") -> list[BenchRow]:
-    """``rows`` with ``break_even`` filled for every non-plain row that has a plain twin."""
-    plain_ms = {r.batch_size: r.ms_per_step for r in rows if r.config == plain}
+    """``rows`` with ``break_even`` and ``speedup`` filled for every non-plain row that has a
+    plain twin (same batch size and temperature)."""
+    twins = {(r.batch_size, r.temperature): r for r in rows if r.config == plain}
     result = []
     for row in rows:
-        base = plain_ms.get(row.batch_size)
-        if row.config != plain and base:
-            row = dataclasses.replace(row, break_even=row.ms_per_step / base)
+        base = twins.get((row.batch_size, row.temperature))
+        if row.config != plain and base is not None and base.ms_per_step:
+            row = dataclasses.replace(
+                row,
+                break_even=row.ms_per_step / base.ms_per_step,
+                speedup=row.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None,
+            )
         result.append(row)
     return result
 
@@ -107,18 +115,22 @@ def render_markdown(
     """The header line, the main table, (when given) the transformers table and, with
     ``breakdown``, each row's costliest kernels."""
     launches = "kernels/step" if cuda else "aten ops/step"
+    sampled = any(r.temperature for r in rows)
     lines = [
         header,
         "",
-        f"| config | bs | tok/s | ms/step | tokens/step | {launches} | GPU ms/step | GPU busy "
-        "| break-even τ |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| config | bs |{' T |' if sampled else ''} tok/s | ÷ plain | ms/step | tokens/step "
+        f"| {launches} | GPU ms/step | GPU busy | break-even τ |",
+        "|---|---|" + ("---|" if sampled else "") + "---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        config = r.config if r.chosen is None else f"{r.config} (mostly {r.chosen})"
         cells = [
-            r.config,
+            config,
             str(r.batch_size),
+            *([f"{r.temperature:g}"] if sampled else []),
             _number(r.tokens_per_s),
+            "—" if r.config == "plain" else _ratio(r.speedup),
             _number(r.ms_per_step),
             f"{r.tokens_per_step:.2f}",
             "n/a" if r.launches_per_step is None else f"{r.launches_per_step:.0f}",

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app.parallel.launch import with_parallel
+from eagletree.app.workers.shape_policy import AdaptiveShapes
 
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
@@ -22,20 +24,19 @@ if TYPE_CHECKING:
     from eagletree.app.bench.report import ArrivalRow, BenchRow, HFRow
     from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
+    from eagletree.domain.draft_shape import DraftShape
 
 
 def measure_all(
     plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
 ) -> tuple[list[BenchRow], list[ArrivalRow], list[HFRow], dict[str, Any]]:
-    from eagletree.app.bench.measure import measure_decode
+    """Every configuration's engine, built in turn, measured at every batch size and
+    temperature (or under arrivals), with transformers' generate beside the plain one if asked:
+    (rows with their break-even τ, arrival rows, transformers rows, the settings each
+    configuration ran)."""
     from eagletree.app.bench.plan import settings_for
-    from eagletree.app.bench.progress import ProgressBar
     from eagletree.app.bench.report import with_break_even
-    from eagletree.app.parallel.router import route_by_load
 
-    """Every configuration's engine, built in turn, measured at every batch size (or under
-    arrivals), with transformers' generate beside the plain one if asked: (rows with their
-    break-even τ, arrival rows, transformers rows, the settings each configuration ran)."""
     rows: list[BenchRow] = []
     arrival_rows: list[ArrivalRow] = []
     hf_rows: list[HFRow] = []
@@ -49,11 +50,40 @@ def measure_all(
         engine.eos_token_ids = frozenset()
         if args.arrivals is not None:
             arrival_rows += _measure_arrivals(engine, config, plan, args, err)
-        for bs in args.batch_sizes if args.arrivals is None else ():
-            bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}", args.new_tokens)
+        else:
+            rows += _measure_windows(engine, config, plan, args, err, replica, lockstep)
+        if args.hf and not config.speculative:
+            hf_rows = _measure_hf(plan, engine, args, err)
+        del engine
+        _release_memory(plan.cuda)
+    return with_break_even(rows), arrival_rows, hf_rows, used
+
+
+def _measure_windows(
+    engine: Engine,
+    config: BenchConfig,
+    plan: BenchPlan,
+    args: argparse.Namespace,
+    err: TextIO,
+    replica: int,
+    lockstep: Lockstep,
+) -> list[BenchRow]:
+    """One engine's decode windows at every temperature and batch size; an adaptive engine's
+    rows name the shape it ran most in each window."""
+    from eagletree.app.bench.measure import measure_decode
+    from eagletree.app.bench.progress import ProgressBar
+    from eagletree.app.parallel.router import route_by_load
+
+    rows = []
+    for temperature in args.temperatures:
+        for bs in args.batch_sizes:
+            sampled = f" T {temperature:g}" if temperature else ""
+            bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}{sampled}", args.new_tokens)
             prompts = _prompts(engine, bs, args)
             # the router's placement of the batch over idle replicas, the same on every rank
-            placement = route_by_load([len(prompt) for prompt in prompts], [0] * lockstep.size)
+            placement = route_by_load([len(p) for p in prompts], [0] * lockstep.size)
+            chosen = _choices(engine)
+            chosen_before = Counter(chosen)
             m = measure_decode(
                 engine,
                 [prompt for prompt, r in zip(prompts, placement, strict=True) if r == replica],
@@ -65,14 +95,18 @@ def measure_all(
                 on_tokens=bar.update,
                 lockstep=lockstep,
                 trace=_trace_path(args.trace, config.name, bs) if replica == 0 else None,
+                temperature=temperature,
             )
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
-            rows.append(_row(config.name, m))
-        if args.hf and not config.speculative:
-            hf_rows = _measure_hf(plan, engine, args, err)
-        del engine
-        _release_memory(plan.cuda)
-    return with_break_even(rows), arrival_rows, hf_rows, used
+            most = (Counter(chosen) - chosen_before).most_common(1)
+            rows.append(_row(config.name, m, temperature, most[0][0].label if most else None))
+    return rows
+
+
+def _choices(engine: Engine) -> Counter[DraftShape]:
+    """The steps of each shape an adaptive worker chose so far (empty for a fixed one)."""
+    policy = getattr(engine.worker, "policy", None)  # speculative workers have one
+    return policy.chosen if isinstance(policy, AdaptiveShapes) else Counter()
 
 
 def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:
@@ -160,13 +194,17 @@ def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep
     return engine, replica, lockstep, resolved
 
 
-def _row(config: str, m: DecodeMeasurement) -> BenchRow:
+def _row(
+    config: str, m: DecodeMeasurement, temperature: float = 0.0, chosen: str | None = None
+) -> BenchRow:
     from eagletree.app.bench.report import BenchRow
 
     profile = m.profile
     return BenchRow(
         config=config,
         batch_size=m.batch_size,
+        temperature=temperature,
+        chosen=chosen,
         tokens_per_s=m.tokens_per_s,
         ms_per_step=m.ms_per_step,
         tokens_per_step=m.tokens_per_step,

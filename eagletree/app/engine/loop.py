@@ -67,7 +67,7 @@ class Engine:
         prefill_step: PrefillStep = "with_decode",
         phases: PhaseAgreement | None = None,
     ) -> None:
-        self._worker = worker
+        self.worker = worker
         self._phases = phases
         self._scheduler = Scheduler(
             allocator,

@@ -88,9 +88,9 @@ class AdaptiveShapes:
         shapes: Sequence[DraftShape],
         *,
         prior: RankProfile = DEFAULT_PRIOR,
-        prior_weight: float = 8.0,
+        prior_weight: float = 4.0,
         hysteresis: float = 0.05,
-        refresh_steps: int = 8,
+        refresh_steps: int = 4,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")

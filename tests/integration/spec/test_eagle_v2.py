@@ -715,7 +715,7 @@ def test_engine_from_settings_speculates_with_the_resolved_worker_and_stays_loss
             scheduler={"overlap": "on" if overlap else "auto"},
         )
     )
-    assert type(engine._worker).__name__ == case.worker
+    assert type(engine.worker).__name__ == case.worker
     assert engine.overlap is overlap
     prompts = prompts_for(3, seed=70)
     expected = greedy_outputs(plain, prompts, 10)

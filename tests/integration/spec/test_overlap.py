@@ -230,7 +230,7 @@ def test_overlapped_plain_steps_emit_what_synchronous_ones_emit(
 def test_without_a_step_in_flight_the_device_tokens_are_the_hosts(models: ModelCache) -> None:
     """The plain worker's device table holds every running request's pending token."""
     engine = plain_engine(models("llama", "eagle"), max_running=3, run_ahead=True)
-    worker = engine._worker
+    worker = engine.worker
     assert isinstance(worker, NonSpeculativeWorker)
     pending = worker.step_runner.buffers.pending_tokens
     assert pending is not None
@@ -270,7 +270,7 @@ def test_settings_with_overlap_on_run_the_plain_worker_ahead(tmp_path: Path) -> 
         )
         engine = build_engine(settings)
         assert engine.overlap is (overlap == "on")
-        assert engine._worker.reserve_per_step == (2 if overlap == "on" else 1)
+        assert engine.worker.reserve_per_step == (2 if overlap == "on" else 1)
         runs.append([r.output_ids for r in engine.generate(prompts, MAX_NEW)])
     assert_ran_ahead(engine)
     assert runs[0] == runs[1]
@@ -464,7 +464,7 @@ def cuda_engine(models: ModelCache, worker: str, overlap: bool) -> Engine:
             use_cuda_graphs=True,
             overlap=overlap,
         )
-        plain = engine._worker
+        plain = engine.worker
         assert isinstance(plain, NonSpeculativeWorker)
         plain.capture_graphs()
         return engine
@@ -521,7 +521,7 @@ def test_a_step_launched_ahead_never_synchronises_with_the_host(
     models: ModelCache, worker: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = cuda_engine(models, worker, overlap=True)
-    worker_class = type(engine._worker)
+    worker_class = type(engine.worker)
     step = worker_class.step
     checked = []
 

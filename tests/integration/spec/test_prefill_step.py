@@ -79,7 +79,7 @@ def engine_for(
 
 def record_plans(engine: Engine) -> list[PlanShape]:
     """Wrap the engine's worker so that every plan it runs is recorded."""
-    worker = engine._worker
+    worker = engine.worker
     step: Callable[[SchedulePlan], StepOutput] = worker.step
     shapes: list[PlanShape] = []
 

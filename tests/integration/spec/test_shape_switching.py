@@ -221,7 +221,7 @@ def test_build_engine_with_the_adaptive_policy_prices_every_candidate_and_stays_
             **common,
         )
     )
-    policy = engine._worker.policy  # type: ignore[attr-defined]
+    policy = engine.worker.policy  # type: ignore[attr-defined]
     assert isinstance(policy, AdaptiveShapes)
     assert policy.shapes == (DEFAULT, PLAIN, DraftShape.chain(2), DraftShape(2, 2, 4))
     assert policy.costs is not None and policy.costs.buckets == (1, 2, 4)

@@ -24,13 +24,14 @@ ROWS = [
     BenchRow("plain", 8, 132.0, 60.0, 1.0, 1512, 7.3),
     BenchRow("tree S5 k4 N8", 1, 18.8, 45.0, 1.0, 2240, 11.19),
     BenchRow("tree S5 k4 N8", 8, 150.0, 48.0, 1.0, 2100, 12.0),
-    BenchRow("chain S3 k1 N4", 32, 600.0, 43.2, 1.0, 1886, 11.09),  # no plain row at bs 32
+    BenchRow("chain S3", 32, 600.0, 43.2, 1.0, 1886, 11.09),  # no plain row at bs 32
 ]
 
 
 def test_break_even_is_the_step_time_over_plain_at_the_same_batch_size() -> None:
     rows = with_break_even(ROWS)
     assert [r.break_even for r in rows] == [None, None, 45.0 / 30.0, 48.0 / 60.0, None]
+    assert [r.speedup for r in rows] == [None, None, 18.8 / 30.3, 150.0 / 132.0, None]
     assert rows[0].device_busy == pytest.approx(7.5 / 30.0)
 
 
@@ -42,6 +43,7 @@ def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
         " config ",
         " bs ",
         " tok/s ",
+        " ÷ plain ",
         " ms/step ",
         " tokens/step ",
         " kernels/step ",
@@ -51,8 +53,9 @@ def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
     ]
     body = [line.split(" | ") for line in lines[4:]]
     assert len(body) == len(ROWS)
-    assert body[0] == ["| plain", "1", "30.3", "30.0", "1.00", "1512", "7.50", "25%", "— |"]
+    assert body[0] == ["| plain", "1", "30.3", "—", "30.0", "1.00", "1512", "7.50", "25%", "— |"]
     assert body[2][0] == "| tree S5 k4 N8" and body[2][-1] == "1.50 |"
+    assert body[2][3] == "0.62"  # 18.8 ÷ 30.3 tok/s
     assert body[3][-1] == "0.80 |"
     assert body[4][-1] == "n/a |"  # speculative without a plain twin
 
@@ -71,7 +74,7 @@ def test_on_the_cpu_the_launch_column_counts_aten_ops_and_device_time_is_absent(
     rows = [BenchRow("plain", 1, 500.0, 2.0, 1.0, 590, None)]
     lines = render_markdown("cpu", rows, cuda=False).splitlines()
     assert "aten ops/step" in lines[2] and "kernels/step" not in lines[2]
-    assert lines[4] == "| plain | 1 | 500 | 2.0 | 1.00 | 590 | n/a | n/a | — |"
+    assert lines[4] == "| plain | 1 | 500 | — | 2.0 | 1.00 | 590 | n/a | n/a | — |"
 
 
 def test_the_transformers_table_says_whether_the_tokens_match() -> None:
