@@ -253,6 +253,9 @@ class OracleChainWorker:
     def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
         return 0.0  # it has no device step to capture
 
+    def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
+        return None  # it chooses nothing per step
+
     def step(self, plan: SchedulePlan) -> StepOutput:
         rows, emitted, committed = [], [], []
         for request in plan.prefill + plan.decode:
