@@ -35,7 +35,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.engine.host_copy import to_device
-from eagletree.app.workers.sampler import SamplingInputs, sampling_rows
+from eagletree.app.workers.sampler import (
+    SamplingInputs,
+    SamplingMode,
+    sampling_mode,
+    sampling_rows,
+)
 
 if TYPE_CHECKING:
     from eagletree.domain.request import Request
@@ -128,7 +133,7 @@ class DecodeInputBuffers:
             for _ in range(2)
         ]
         self._turn = 0
-        self._views: dict[tuple[int, bool], DecodeInputs] = {}  # the views never move
+        self._views: dict[tuple[int, SamplingMode], DecodeInputs] = {}  # the views never move
         # (capacity,) int64 committed length of every req_to_token row (device_lengths only)
         self.committed: torch.Tensor | None = (
             torch.zeros(capacity, dtype=torch.int64, device=device) if device_lengths else None
@@ -239,8 +244,7 @@ class DecodeInputBuffers:
         # in flight); padding rows keep 0
         if self.pending_tokens is not None and bs:
             torch.index_select(self.pending_tokens, 0, self._ints[0, :bs], out=self._ints[2, :bs])
-        greedy = all(r.params.greedy for r in requests)
-        views = self.views(padded_size, bs, all_greedy=greedy)
+        views = self.views(padded_size, bs, mode=sampling_mode(requests))
         if not exact_lengths:
             return views
         seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
@@ -251,20 +255,20 @@ class DecodeInputBuffers:
         padded_size: int,
         batch_size: int,
         *,
-        all_greedy: bool,
+        mode: SamplingMode,
         seq_lens_cpu: torch.Tensor | None = None,
     ) -> DecodeInputs:
         """The device views of the first ``padded_size`` rows (what ``fill`` last wrote)."""
-        key = (padded_size, all_greedy)
+        key = (padded_size, mode)
         cached = self._views.get(key)
         if cached is None:
-            cached = self._make_views(padded_size, all_greedy)
+            cached = self._make_views(padded_size, mode)
             self._views[key] = cached
         if seq_lens_cpu is None and cached.batch_size == batch_size:
             return cached
         return dataclasses.replace(cached, batch_size=batch_size, seq_lens_cpu=seq_lens_cpu)
 
-    def _make_views(self, padded_size: int, all_greedy: bool) -> DecodeInputs:
+    def _make_views(self, padded_size: int, mode: SamplingMode) -> DecodeInputs:
         ints, floats = self._ints[:, :padded_size], self._floats[:, :padded_size]
         return DecodeInputs(
             rows=ints[0],
@@ -276,7 +280,7 @@ class DecodeInputBuffers:
                 top_p=floats[1],
                 seeds=ints[4],
                 coin_offsets=ints[5],
-                all_greedy=all_greedy,
+                mode=mode,
             ),
             batch_size=padded_size,
         )

@@ -7,6 +7,7 @@ so a request samples the same tokens alone or in any batch, eagerly or from a CU
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -21,13 +22,31 @@ if TYPE_CHECKING:
     from eagletree.domain.request import Request
 
 
+class SamplingMode(enum.Enum):
+    """What a batch's sampling needs, known on the host (each its own CUDA graph variant)."""
+
+    GREEDY = "greedy"  # every request takes the argmax
+    SAMPLED = "sampled"  # some sample, none cuts its distribution: no sort over the vocabulary
+    FILTERED = "filtered"  # some cut theirs with top-k or top-p
+
+
+def sampling_mode(requests: Sequence[Request]) -> SamplingMode:
+    """The mode a batch of ``requests`` runs in."""
+    sampling = [r.params for r in requests if not r.params.greedy]
+    if not sampling:
+        return SamplingMode.GREEDY
+    if any(p.top_k or (p.top_p is not None and p.top_p < 1.0) for p in sampling):
+        return SamplingMode.FILTERED
+    return SamplingMode.SAMPLED
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingInputs:
     """The sampling parameters of a batch's requests as device tensors, one row per request.
 
-    ``all_greedy`` is host knowledge that picks the argmax path (and a CUDA graph variant);
-    otherwise every row goes through temperature, top-k and top-p (0 and 1 keep all), greedy
-    rows as one-hot distributions, so one code path serves any mix of requests.
+    ``mode`` is host knowledge: GREEDY picks the argmax path; otherwise every row goes through
+    its temperature — and, FILTERED, its top-k and top-p (0 and 1 keep all) — greedy rows as
+    one-hot distributions, so one code path serves any mix of requests.
     """
 
     temperature: torch.Tensor  # (bs,) float32; 0 = greedy
@@ -35,7 +54,11 @@ class SamplingInputs:
     top_p: torch.Tensor  # (bs,) float32, 1 = keep all
     seeds: torch.Tensor  # (bs,) int64 coin stream keys
     coin_offsets: torch.Tensor  # (bs,) int64 first coin of this step in each stream
-    all_greedy: bool
+    mode: SamplingMode
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.mode is SamplingMode.GREEDY
 
     @property
     def batch_size(self) -> int:
@@ -45,11 +68,11 @@ class SamplingInputs:
         """(bs·rows_per_request, V) float32 distributions; row r uses request r // rows's
         parameters (one-hot argmax rows for greedy requests)."""
         r = rows_per_request
+        temperature = self.temperature.repeat_interleave(r)
+        if self.mode is not SamplingMode.FILTERED:  # nothing to cut: no sort of the vocabulary
+            return probs_from_logits(logits, temperature)
         return probs_from_logits(
-            logits,
-            self.temperature.repeat_interleave(r),
-            self.top_k.repeat_interleave(r),
-            self.top_p.repeat_interleave(r),
+            logits, temperature, self.top_k.repeat_interleave(r), self.top_p.repeat_interleave(r)
         )
 
     def coins(self, source: CoinSource, count: int) -> torch.Tensor:
@@ -91,7 +114,7 @@ def sampling_inputs(
         top_p=float_rows[1],
         seeds=int_rows[1],
         coin_offsets=int_rows[2],
-        all_greedy=all(r.params.greedy for r in requests),
+        mode=sampling_mode(requests),
     )
 
 

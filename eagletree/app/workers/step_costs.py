@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from eagletree.app.workers.sampler import SamplingMode
 from eagletree.app.workers.step_graphs import bucket_for
 
 if TYPE_CHECKING:
@@ -47,7 +48,9 @@ def measure_step_costs(
     """Time every runner's step at every bucket, greedy and sampled (start-up work)."""
     started = time.perf_counter()
     seconds = {
-        (shape, bucket, sampled): runner.time_step(bucket, not sampled, repeats)
+        (shape, bucket, sampled): runner.time_step(
+            bucket, SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY, repeats
+        )
         for shape, runner in runners.items()
         for bucket in buckets
         for sampled in (False, True)

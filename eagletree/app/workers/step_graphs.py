@@ -5,10 +5,11 @@ device tensors and touches nothing but persistent device state (KV pools, draft 
 function can be captured once per batch-size bucket and replayed: a batch of ``bs`` requests
 runs in the smallest bucket ``>= bs``, its rows past ``bs`` padded (``decode_inputs``), and
 the first ``bs`` rows of the outputs are the answer. Batches above the largest bucket, and idle
-batches, run eagerly. Greedy steps use the greedy graph of a bucket, a step with sampling
-requests the bucket's sampling graph; ``capture`` records both, so that no request waits for a
-capture once the engine runs. Runners of one worker (one per draft shape) share one
-``GraphPool``: their graphs replay one at a time, so their intermediates can share memory.
+batches, run eagerly. A bucket has a graph per sampling mode (greedy; sampled; sampled with
+top-k / top-p, whose sort over the vocabulary the others skip); ``capture`` records all three,
+so that no request waits for a capture once the engine runs. Runners of one worker (one per
+draft shape) share one ``GraphPool``: their graphs replay one at a time, so their intermediates
+can share memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from eagletree.app.workers.sampler import SamplingMode, sampling_mode
 
 if TYPE_CHECKING:
     from eagletree.app.workers.decode_inputs import DecodeInputBuffers, DecodeInputs
@@ -76,8 +79,8 @@ class DecodeStepRunner:
     ``buckets`` empty: every step runs eagerly on exactly its rows. With buckets and
     ``use_graphs`` False, steps still run padded to their bucket, eagerly — the same
     arithmetic as a replay, which is how the CPU tests check padding. ``num_coins``: coins a
-    step reserves per sampling request. ``capture`` records the greedy and the sampling graph
-    of every bucket; ``pool``: the graph memory pool shared with other runners.
+    step reserves per sampling request. ``capture`` records the graph of every bucket and
+    sampling mode; ``pool``: the graph memory pool shared with other runners.
     """
 
     def __init__(
@@ -97,7 +100,7 @@ class DecodeStepRunner:
         self._num_coins = num_coins
         self.buckets = tuple(sorted(set(buckets)))
         self.use_graphs = use_graphs
-        self._graphs: dict[tuple[int, bool], _Captured] = {}
+        self._graphs: dict[tuple[int, SamplingMode], _Captured] = {}
         self._pool = GraphPool() if pool is None else pool
         self.num_replays = 0
 
@@ -124,14 +127,15 @@ class DecodeStepRunner:
         """
         bs = len(requests)
         bucket = bucket_for(bs, self.buckets)
-        greedy = all(r.params.greedy for r in requests)
-        if bucket is not None and self.use_graphs and (bucket, greedy) not in self._graphs:
-            self._capture(bucket, greedy)
+        mode = sampling_mode(requests)
+        if bucket is not None and self.use_graphs and (bucket, mode) not in self._graphs:
+            _log.info("capturing the %s CUDA graph of batch size %d", mode.value, bucket)
+            self._capture(bucket, mode)
         padded = bs if bucket is None else bucket
         inputs = self._buffers.fill(
             requests, padded, self._num_coins, exact_lengths=exact_lengths, lengths=lengths
         )
-        captured = None if bucket is None else self._graphs.get((bucket, greedy))
+        captured = None if bucket is None else self._graphs.get((bucket, mode))
         if captured is None:
             outputs = self._step(inputs)
         else:
@@ -141,29 +145,30 @@ class DecodeStepRunner:
         return tuple(out[:bs] for out in outputs)
 
     def capture(self, progress: Progress | None = None, label: str = "") -> float:
-        """Capture the greedy and the sampling graph of every bucket, largest first (so the
+        """Capture the graph of every bucket and sampling mode, largest first (so the
         graph memory pool and lazily grown buffers reach their final size first); returns the
         seconds it took. ``label`` names the runner in the progress lines."""
         report = progress or _log.info
         what = f"CUDA graphs{f' of {label}' if label else ''}"
         started = time.perf_counter()
         for done, bucket in enumerate(reversed(self.buckets), start=1):
-            for greedy in (True, False):
-                if (bucket, greedy) not in self._graphs:
-                    self._capture(bucket, greedy)
+            for mode in SamplingMode:
+                if (bucket, mode) not in self._graphs:
+                    self._capture(bucket, mode)
             report(f"capturing {what}: {done}/{len(self.buckets)} (batch size {bucket})")
         elapsed = time.perf_counter() - started
-        report(f"captured {2 * len(self.buckets)} {what} in {elapsed:.1f} s")
+        report(f"captured {len(SamplingMode) * len(self.buckets)} {what} in {elapsed:.1f} s")
         return elapsed
 
-    def time_step(self, bucket: int, greedy: bool, repeats: int) -> float:
-        """Seconds one step of ``bucket`` padding rows takes (its graph's replay where one is
-        captured, else the eager step), the median of ``repeats`` runs after one warm-up.
+    def time_step(self, bucket: int, mode: SamplingMode, repeats: int) -> float:
+        """Seconds one step of ``bucket`` padding rows in ``mode`` takes (its graph's replay
+        where one is captured, else the eager step), the median of ``repeats`` runs after one
+        warm-up.
         Padding rows read and write only the padding row and slot 0, so live requests are
         untouched. Start-up work: it waits for the device."""
         self._buffers.fill([], bucket, self._num_coins)
-        inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
-        captured = self._graphs.get((bucket, greedy))
+        inputs = self._buffers.views(bucket, 0, mode=mode)
+        captured = self._graphs.get((bucket, mode))
 
         def run() -> None:
             if captured is None:
@@ -184,12 +189,10 @@ class DecodeStepRunner:
                 times.append(time.perf_counter() - started)
         return sorted(times)[len(times) // 2]
 
-    def _capture(self, bucket: int, greedy: bool) -> None:
-        if not greedy:
-            _log.info("capturing the sampling CUDA graph of batch size %d", bucket)
+    def _capture(self, bucket: int, mode: SamplingMode) -> None:
         # every row is padding: the warm-up runs touch only the padding row and slot 0
         self._buffers.fill([], bucket, self._num_coins)
-        inputs = self._buffers.views(bucket, 0, all_greedy=greedy)
+        inputs = self._buffers.views(bucket, 0, mode=mode)
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compiles kernels, sizes lazy buffers and workspaces
@@ -198,7 +201,7 @@ class DecodeStepRunner:
         graph = torch.cuda.CUDAGraph()
         with _no_collection_during_capture(), torch.cuda.graph(graph, pool=self._pool.handle()):
             outputs = self._step(inputs)
-        self._graphs[(bucket, greedy)] = _Captured(graph, outputs)
+        self._graphs[(bucket, mode)] = _Captured(graph, outputs)
 
 
 @contextlib.contextmanager

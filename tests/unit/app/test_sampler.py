@@ -13,12 +13,13 @@ import dataclasses
 import pytest
 import torch
 
-from eagletree.app.workers.sampler import sample_next_tokens, sampling_inputs
+from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_inputs
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import Request
 from eagletree.domain.sampling_params import SamplingParams
 
 VOCAB = 40
+CPU = torch.device("cpu")
 NUM_DRAWS = 4000
 # the request under test: no filter, each filter, the filters at their neutral values, greedy
 TARGETS = {
@@ -123,3 +124,20 @@ def test_sampled_tokens_do_not_depend_on_the_neighbours_and_follow_the_distribut
         assert set(beside.tolist()) == {int(logits[0].argmax())}
     else:
         assert chi_square_p_value(observed, NUM_DRAWS * expected.double().cpu()) > 1e-3
+
+
+def test_a_batch_without_top_k_or_top_p_skips_the_sort_and_gets_the_same_distributions() -> None:
+    def mode_of(params: list[SamplingParams]) -> SamplingMode:
+        return sampling_inputs(requests_of(params, list(range(len(params)))), 1, CPU).mode
+
+    greedy, plain = TARGETS["greedy"], TARGETS["no filter"]
+    assert mode_of([greedy, greedy]) is SamplingMode.GREEDY
+    assert mode_of([greedy, plain, TARGETS["top-p 1"]]) is SamplingMode.SAMPLED
+    assert mode_of([plain, TARGETS["top-k"]]) is SamplingMode.FILTERED
+    assert mode_of([plain, TARGETS["top-p"]]) is SamplingMode.FILTERED
+    batch = requests_of([greedy, plain, TARGETS["top-p 1"]], [1, 2, 3])
+    sampled = sampling_inputs(batch, 1, CPU)
+    filtered = dataclasses.replace(sampled, mode=SamplingMode.FILTERED)
+    logits = long_tailed_logits(3)
+    # a distribution no filter cuts is its tempered softmax, sorted through or not
+    assert torch.equal(sampled.probs(logits), filtered.probs(logits))
