@@ -141,3 +141,7 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort_and_gets_the_same_distrib
     logits = long_tailed_logits(3)
     # a distribution no filter cuts is its tempered softmax, sorted through or not
     assert torch.equal(sampled.probs(logits), filtered.probs(logits))
+    # and a batch with a filter still cuts: top-k 5 keeps five tokens
+    cut = sampling_inputs(requests_of([plain, TARGETS["top-k"]], [1, 2]), 1, CPU)
+    assert cut.mode is SamplingMode.FILTERED
+    assert [int((row > 0).sum()) for row in cut.probs(logits[:2])] == [VOCAB, 5]
