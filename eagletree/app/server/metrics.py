@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from eagletree.app.workers.speculative_worker import SpeculativeWorker
+
 if TYPE_CHECKING:
     from eagletree.app.engine.loop import Engine
     from eagletree.app.engine.streaming import StreamEvent
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
 # Prometheus needs a histogram's buckets fixed for the life of the series: one per token count
 # a verify step can emit with trees up to 15 deep; longer steps count in +Inf alone.
 ACCEPTANCE_BUCKETS = tuple(range(1, 17))
+DEPTHS = tuple(range(1, 16))  # the draft depths whose acceptance the histogram can tell
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,8 @@ class EngineGauges:
     rows_free: int
     num_generated_tokens: int
     busy_s: float  # inside ``Engine.step``
+    # decode steps of each draft shape (speculative workers; an adaptive one chooses per step)
+    shape_steps: Counter[str] = field(default_factory=Counter)
 
     @staticmethod
     def of(engine: Engine) -> EngineGauges:
@@ -53,14 +58,31 @@ class EngineGauges:
             min(pool.available_size(), rows_total - len(scheduler.running)),
             engine.stats.num_generated_tokens,
             engine.stats.busy_s,
+            _shape_steps(engine),
         )
 
     @staticmethod
     def summed(parts: Sequence[EngineGauges]) -> EngineGauges:
         """The replicas' counts added up; busy time once (they step in lockstep: the most)."""
-        fields = [f.name for f in dataclasses.fields(EngineGauges) if f.name != "busy_s"]
+        fields = [
+            f.name
+            for f in dataclasses.fields(EngineGauges)
+            if f.name not in ("busy_s", "shape_steps")
+        ]
         totals = {name: sum(getattr(part, name) for part in parts) for name in fields}
-        return EngineGauges(**totals, busy_s=max((part.busy_s for part in parts), default=0.0))
+        return EngineGauges(
+            **totals,
+            busy_s=max((part.busy_s for part in parts), default=0.0),
+            shape_steps=sum((part.shape_steps for part in parts), Counter()),
+        )
+
+
+def _shape_steps(engine: Engine) -> Counter[str]:
+    """The decode steps of each draft shape an engine's speculative worker ran."""
+    worker = engine.worker
+    if not isinstance(worker, SpeculativeWorker):
+        return Counter()
+    return Counter({shape.label: n for shape, n in worker.policy.chosen.items()})
 
 
 @dataclass(slots=True)
@@ -86,6 +108,7 @@ class ServerMetrics:
     rows_total: int = 0
     rows_free: int = 0
     tokens_per_s: float = 0.0
+    shape_steps: Counter[str] = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record_step(self, batch: int, seconds: float) -> None:
@@ -121,6 +144,7 @@ class ServerMetrics:
             self.rows_total = gauges.rows_total
             self.rows_free = gauges.rows_free
             self.num_generated_tokens = gauges.num_generated_tokens
+            self.shape_steps = gauges.shape_steps
             busy_s = gauges.busy_s
             self.tokens_per_s = gauges.num_generated_tokens / busy_s if busy_s > 0 else 0.0
 
@@ -209,4 +233,27 @@ class ServerMetrics:
             "Tokens emitted per speculative verify step (finished requests).",
             buckets,
         )
+        metric(
+            "acceptance_at_depth",
+            "gauge",
+            "P(a verify step accepts its d-th draft | it accepted d - 1), from the histogram.",
+            [
+                (f'{{depth="{d}"}}', _accepted_at(self.acceptance, d))
+                for d in ACCEPTANCE_BUCKETS[:-1]
+            ],
+        )
+        metric(
+            "draft_shape_steps_total",
+            "counter",
+            "Decode steps of each draft shape.",
+            [(f'{{shape="{s}"}}', n) for s, n in sorted(self.shape_steps.items())],
+        )
         return "\n".join(lines) + "\n"
+
+
+def _accepted_at(histogram: Counter[int], depth: int) -> float:
+    """Of the verify steps that emitted at least ``depth`` tokens (accepted depth − 1 drafts),
+    the share that emitted more; NaN before any did."""
+    reached = sum(n for tokens, n in histogram.items() if tokens >= depth)
+    beyond = sum(n for tokens, n in histogram.items() if tokens > depth)
+    return beyond / reached if reached else float("nan")

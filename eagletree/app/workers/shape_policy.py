@@ -30,7 +30,10 @@ DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
 
 class ShapePolicy(Protocol):
     """Chooses each decode step's draft shape among ``shapes`` (the first: the default, run by
-    idle steps) and learns from what steps accepted when ``observes``."""
+    idle steps) and learns from what steps accepted when ``observes``; ``chosen`` counts the
+    decode steps of each shape."""
+
+    chosen: Counter[DraftShape]
 
     @property
     def shapes(self) -> tuple[DraftShape, ...]: ...
@@ -54,8 +57,11 @@ class FixedShape:
 
     def __init__(self, shape: DraftShape) -> None:
         self.shapes = (shape,)
+        self.chosen: Counter[DraftShape] = Counter()
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
+        if decode:
+            self.chosen[self.shapes[0]] += 1
         return self.shapes[0]
 
     def observe(

@@ -3,6 +3,7 @@ whatever it has counted, and the request-row gauge counts the rows a request can
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -50,6 +51,16 @@ def test_the_acceptance_histogram_has_the_same_buckets_whatever_it_counted(
         assert counted[name] == sum(n for tokens, n in counts.items() if tokens <= bound)
     assert counted[buckets[-1]] == counted[f"{HISTOGRAM}_count"] == sum(counts.values())
     assert counted[f"{HISTOGRAM}_sum"] == sum(tokens * n for tokens, n in counts.items())
+    # per-depth acceptance: of the steps that accepted d − 1 drafts, those that accepted a d-th
+    depths = [name for name in counted if name.startswith("eagletree_acceptance_at_depth")]
+    assert depths == [f'eagletree_acceptance_at_depth{{depth="{d}"}}' for d in range(1, 16)]
+    for d in range(1, 16):
+        reached = sum(n for tokens, n in counts.items() if tokens >= d)
+        value = counted[f'eagletree_acceptance_at_depth{{depth="{d}"}}']
+        if reached == 0:
+            assert math.isnan(value)
+        else:
+            assert value == sum(n for tokens, n in counts.items() if tokens > d) / reached
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +92,23 @@ def test_the_free_request_rows_are_the_rows_a_request_can_get(loop: EngineLoop) 
     assert len(seen) >= 2  # a step with the request running, and its last
     assert [free for finished, free in seen if not finished] == [limit - 1] * (len(seen) - 1)
     assert samples(client.get("/metrics").text)["eagletree_request_rows_free"] == limit
+
+
+def test_the_steps_of_each_draft_shape_are_counted(loop: EngineLoop) -> None:
+    client = TestClient(create_app(loop, "tiny"))
+    before = samples(client.get("/metrics").text)
+    done = threading.Event()
+
+    def sink(event: StreamEvent | BaseException) -> None:
+        assert isinstance(event, StreamEvent), event
+        if event.finished:
+            done.set()
+
+    loop.submit([2, 7, 3], SamplingParams(max_new_tokens=8), sink).result(timeout=20)
+    assert done.wait(timeout=60)
+    after = samples(client.get("/metrics").text)
+    shapes = [name for name in after if name.startswith("eagletree_draft_shape_steps_total")]
+    label = loop.engine.worker.shape.label  # type: ignore[attr-defined]  # a speculative worker
+    assert shapes == [f'eagletree_draft_shape_steps_total{{shape="{label}"}}']
+    steps = after[shapes[0]] - before.get(shapes[0], 0.0)
+    assert 1 <= steps <= 7  # one prefill, then at most one decode step per token
