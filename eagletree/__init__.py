@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from eagletree.app.engine.streaming import StreamEvent
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.errors import ConfigurationError, EagleTreeError
-    from eagletree.domain.sampling_params import SamplingParams
+    from eagletree.domain.sampling import SamplingParams
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
@@ -32,7 +32,7 @@ _LAZY = {
     "GenerationResult": "eagletree.app.engine.reports",
     "StreamEvent": "eagletree.app.engine.streaming",
     "EngineSettings": "eagletree.config.settings",
-    "SamplingParams": "eagletree.domain.sampling_params",
+    "SamplingParams": "eagletree.domain.sampling",
     "ConfigurationError": "eagletree.domain.errors",
     "EagleTreeError": "eagletree.domain.errors",
 }

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 RankPath = tuple[int, ...]  # the candidate rank chosen at each depth, root excluded
 
@@ -34,9 +34,18 @@ class DraftShape:
     num_steps: int
     topk: int
     num_draft_tokens: int
+    # derived once (a step reads them every time): plain decoding; most tokens one step commits
+    # (S accepted drafts and the bonus, within N); window slots one step writes past the
+    # committed length (the draft's S·k, the verify's N)
+    is_plain: bool = field(init=False, compare=False, repr=False)
+    tokens_per_step: int = field(init=False, compare=False, repr=False)
+    window_len: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         s, k, n = self.num_steps, self.topk, self.num_draft_tokens
+        object.__setattr__(self, "is_plain", s == 0)
+        object.__setattr__(self, "tokens_per_step", min(s + 1, n))
+        object.__setattr__(self, "window_len", max(s * k, n))
         if s == 0:
             if (k, n) != (1, 1):
                 raise ValueError(f"plain decoding has topk 1 and 1 node, got topk {k}, N {n}")
@@ -54,20 +63,6 @@ class DraftShape:
     @staticmethod
     def chain(num_steps: int) -> DraftShape:
         return DraftShape(num_steps, 1, num_steps + 1)
-
-    @property
-    def is_plain(self) -> bool:
-        return self.num_steps == 0
-
-    @property
-    def tokens_per_step(self) -> int:
-        """Most tokens one step commits: S accepted drafts and the bonus, within N."""
-        return min(self.num_steps + 1, self.num_draft_tokens)
-
-    @property
-    def window_len(self) -> int:
-        """Window slots one step writes past the committed length: the draft's S·k, verify's N."""
-        return max(self.num_steps * self.topk, self.num_draft_tokens)
 
     @property
     def label(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,14 +19,12 @@ class KVGeometry:
     layer_num: int
     dtype: torch.dtype
     device: torch.device
+    # rows per buffer, valid slots [0, num_rows): derived once (the moves read it every step)
+    num_rows: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.layer_num < 0 or self.page_size < 1:
             raise ValueError(
                 f"bad pool shape: size={self.size}, layers={self.layer_num}, page={self.page_size}"
             )
-
-    @property
-    def num_rows(self) -> int:
-        """Rows per buffer; valid slots are ``[0, num_rows)``."""
-        return self.size + self.page_size
+        object.__setattr__(self, "num_rows", self.size + self.page_size)

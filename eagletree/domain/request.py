@@ -26,7 +26,7 @@ import os
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 class FinishReason(enum.Enum):

@@ -23,7 +23,7 @@ from eagletree.app.workers.sampler import sample_next_tokens
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.batch import ForwardMode
 from eagletree.domain.request import FinishReason, Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.conftest import requires_cuda
 from tests.fakes import FakeRunner, fake_engine_parts, plain_engine
 

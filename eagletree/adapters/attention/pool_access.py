@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.adapters.attention.metadata import AttentionPlan
-from eagletree.adapters.memory.raw_words import as_raw_words
+from eagletree.adapters.memory.pool_rows import as_raw_words
 from eagletree.ports.memory import MHAKVCache, MLAKVCache
 
 if TYPE_CHECKING:

@@ -6,9 +6,8 @@ from typing import Final
 
 import torch
 
-from eagletree.adapters.memory.bounds import check_slots_in_range, checked_move
 from eagletree.adapters.memory.mla_pool import MLAKVPool
-from eagletree.adapters.memory.raw_words import as_raw_words
+from eagletree.adapters.memory.pool_rows import as_raw_words, check_slots_in_range, checked_move
 from eagletree.ports.memory import RowMover
 
 INDEX_KEY_DTYPE = torch.float8_e4m3fn

@@ -6,8 +6,12 @@ from typing import Final
 
 import torch
 
-from eagletree.adapters.memory.bounds import check_slots_in_range, checked_move, checks_by_default
-from eagletree.adapters.memory.raw_words import as_raw_words
+from eagletree.adapters.memory.pool_rows import (
+    as_raw_words,
+    check_slots_in_range,
+    checked_move,
+    checks_by_default,
+)
 from eagletree.domain.kv_geometry import KVGeometry
 from eagletree.ports.memory import RowMover
 

@@ -17,7 +17,7 @@ from eagletree.adapters.kernels.triton.kv_move_table import (
     build_row_table,
     segment_launch,
 )
-from eagletree.adapters.memory.raw_words import as_raw_words
+from eagletree.adapters.memory.pool_rows import as_raw_words
 
 
 def check_independent_groups(tgt: torch.Tensor, src: torch.Tensor, group_size: int) -> None:

@@ -6,7 +6,7 @@ from typing import Final
 
 import torch
 
-from eagletree.adapters.memory.bounds import checks_by_default
+from eagletree.adapters.memory.pool_rows import checks_by_default
 from eagletree.domain.errors import DoubleFree
 
 

@@ -27,7 +27,7 @@ from eagletree.app.bench.measure import (
 from eagletree.app.bench.profiling import synchronize
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.request import Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 def window_steps_bound(new_tokens: int, every: int, num_arrivals: int) -> int:

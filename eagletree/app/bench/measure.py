@@ -28,7 +28,7 @@ from eagletree.app.bench.profiling import (
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.errors import EagleTreeError
 from eagletree.domain.request import Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 class MeasurementError(EagleTreeError, RuntimeError):

@@ -13,8 +13,8 @@ from eagletree.domain.request import FinishReason
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
-    from eagletree.app.engine.readback import PendingStep
     from eagletree.app.engine.reports import EngineStats
+    from eagletree.app.engine.transfers import PendingStep
     from eagletree.domain.request import Request
 
 

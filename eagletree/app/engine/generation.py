@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from eagletree.app.engine.reports import EngineStats, GenerationResult, StepReport
 from eagletree.app.engine.streaming import OutputWatcher, StreamEvent
 from eagletree.domain.request import Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from eagletree.app.engine.prompts import Prompt

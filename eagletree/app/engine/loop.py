@@ -20,7 +20,7 @@ from eagletree.app.engine.prompts import Prompt, check_prompt_ids, encode_prompt
 from eagletree.app.engine.reports import EngineStats, GenerationResult, StepReport
 from eagletree.app.engine.scheduler import PrefillStep, Scheduler
 from eagletree.domain.request import Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from eagletree.app.engine.phases import PhaseAgreement

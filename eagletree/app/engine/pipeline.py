@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from eagletree.app.engine.commit import commit_step
-from eagletree.app.engine.readback import PendingStep, StepReadback
+from eagletree.app.engine.transfers import PendingStep, StepReadback
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan

@@ -26,8 +26,8 @@ from typing import Literal, get_args
 
 import torch
 
-from eagletree.app.engine.host_copy import to_device
 from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.transfers import to_device
 from eagletree.domain.errors import OutOfSlots
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from eagletree.app.engine.streaming import StreamEvent
     from eagletree.app.server.engine_loop import EngineLoop, Sink
-    from eagletree.domain.sampling_params import SamplingParams
+    from eagletree.domain.sampling import SamplingParams
 
 DISCONNECT_POLL_S = 0.25
 

@@ -28,7 +28,7 @@ from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.streaming import OutputWatcher, StreamEvent
 from eagletree.app.server.lockstep import STOP, AbortCommand, StepCommand, SubmitCommand
 from eagletree.app.server.metrics import ServerMetrics
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 logger = logging.getLogger("eagletree.server")
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from eagletree.app.engine.loop import Engine
 from eagletree.app.parallel.process_group import COLLECTIVE_TIMEOUT
 from eagletree.domain.request import Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

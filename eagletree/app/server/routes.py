@@ -29,7 +29,7 @@ from eagletree.app.server.protocol import (
 )
 from eagletree.app.server.request_body import read_body
 from eagletree.app.server.token_limits import max_new_tokens
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 State = Annotated[ServerState, Depends(server_state)]
 

@@ -21,7 +21,7 @@ from eagletree.app.training.acceptance_row import (
 from eagletree.app.training.prompt_lookup import LookupDrafter, simulate
 from eagletree.config.settings import EngineSettings
 from eagletree.domain.acceptance_stats import AcceptanceStats
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 def engine_settings(

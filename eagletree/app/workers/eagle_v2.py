@@ -14,7 +14,7 @@ One decode step (docs/speculative.md has the diagram):
 
 Nothing is allocated or freed here: the scheduler keeps ``2·max(S·k, N)`` slots backed past
 each request's committed length. Phases 1–6 are one function of the step's ``DecodeInputs``
-(``_decode_on_device``), so a ``DecodeStepRunner`` can replay them from a CUDA graph per
+(``_decode_as``), so a ``DecodeStepRunner`` can replay them from a CUDA graph per
 batch-size bucket; the prefill and the step around them are ``SpeculativeWorker``'s.
 """
 

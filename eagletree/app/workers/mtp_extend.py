@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.transfers import to_device
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:

@@ -135,7 +135,7 @@ class MultiLayerEagleWorkerV2(SpeculativeWorker):
         # a shorter request takes the ragged step, which is sized from exact host lengths
         return all(r.committed_len >= self.shape.num_steps - 1 for r in decode)
 
-    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         """Verify, then layer 0..S−1 over a fixed ``S − 1 + N`` rows per request (DRAFT_EXTEND
         from ``L − S + 1``; the S − 1 front rows' tokens are kept per row on the device) →
         tokens (bs, N) int64, emitted (bs,) int64. Device work only."""

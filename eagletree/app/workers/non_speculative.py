@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.sampler import sample_next_tokens, sample_tokens
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels

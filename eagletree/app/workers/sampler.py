@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.transfers import to_device
 from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 
 if TYPE_CHECKING:

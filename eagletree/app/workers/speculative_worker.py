@@ -4,7 +4,7 @@ A step prefills the plan's new requests — the target's prefill, each request's
 draft's prefill whose proposals root the request's first tree — then verifies the running ones:
 a draft of ``DraftShape`` (S, k, N) per request, one target forward over it, the accepted path
 committed, the draft re-extended. The workers differ in how they draft and re-extend (the hooks
-``_prefill_draft`` and ``_decode_on_device``): ``TreeWorker``'s beam for EAGLE v1 / v2
+``_prefill_draft`` and ``_decode_as``): ``TreeWorker``'s beam for EAGLE v1 / v2
 (``tree_worker.py``), a chain of MTP layers for ``MultiLayerEagleWorkerV2``.
 
 Per-request device state between steps (``DraftInput``: the bonus token, the draft's top-k after
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from eagletree.app.engine.host_copy import to_device
+from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.sampler import sample_next_tokens
 from eagletree.app.workers.shape_policy import AdaptiveShapes, FixedShape, ShapePolicy
@@ -123,11 +123,10 @@ class SpeculativeWorker(StepWorker):
     """A worker that verifies drafts with ``target``: the template ``step``.
 
     ``policy`` chooses each decode step's shape among its ``shapes`` (the first is the default:
-    idle steps and the width of a prefill's output); without one every step drafts ``shape``.
-    A subclass sets ``_state`` and implements ``_prefill_draft`` and ``_decode_as`` (the step
-    of one shape; a subclass with one shape may override ``_decode_on_device`` instead); a
-    worker whose decode step is sized on the host for some batches says so in
-    ``_runs_on_device`` and implements ``_decode_on_host``. ``device_lengths``: the committed
+    idle steps); without one every step drafts ``shape``. A subclass sets ``_state`` and
+    implements ``_prefill_draft`` and ``_decode_as`` (the device step of one shape, which the
+    step runners replay); a worker whose decode step is sized on the host for some batches says
+    so in ``_runs_on_device`` and implements ``_decode_on_host``. ``device_lengths``: the committed
     lengths live on the device (a decode step may run ahead of the host); ``last_tree`` /
     ``last_verification`` keep the latest decode step's device results for inspection (tests,
     debugging; a verification's predict and hidden states may be compacted in place, see
@@ -169,6 +168,7 @@ class SpeculativeWorker(StepWorker):
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
+            decode=partial(self._decode_as, shape),
         )
         self._runners = {shape: self._steps} | {
             s: self._new_step_runner(partial(self._decode_as, s), _coins_per_step(s))
@@ -277,25 +277,21 @@ class SpeculativeWorker(StepWorker):
         request's last row, ``next_tokens`` (bs,) int64 the target's first tokens): store each
         request's state at its row; returns the draft forwards it ran. Device work only."""
 
-    def _decode_on_device(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
-        """The default shape's decode step (the runner ``step_runner`` replays)."""
-        return self._decode_as(self.shape, inputs)
-
     def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         """One decode step of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
         ``emitted`` of each row are the step's tokens), emitted (bs,) int64 and, when the
         policy observes, the accepted paths' ranks and offers (bs, 2·S) int64. Device work
         only."""
-        raise NotImplementedError(f"{type(self).__name__} drafts one shape")
+        raise NotImplementedError(f"{type(self).__name__} decodes on the host only")
 
     def _runs_on_device(self, decode: Sequence[Request]) -> bool:
-        """Whether the decode step over ``decode`` is ``_decode_on_device`` (run by the step
+        """Whether the decode step over ``decode`` is ``_decode_as`` (run by the step
         runner, from a graph where one is captured) rather than ``_decode_on_host``."""
         return True
 
     def _decode_on_host(self, decode: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode step sized from the requests' exact host lengths → (tokens, emitted),
-        as ``_decode_on_device``'s."""
+        as ``_decode_as``'s."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
 
 

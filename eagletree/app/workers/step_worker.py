@@ -37,7 +37,8 @@ class StepWorker(ABC):
     from a captured CUDA graph; ``capture_graphs`` records them); this takes one req_to_token
     row for padding. ``num_coins``: coins a decode step reserves per sampling request.
     ``device_lengths`` / ``device_tokens``: the buffers keep every row's committed length /
-    pending token on the device (``DecodeInputBuffers``).
+    pending token on the device (``DecodeInputBuffers``). ``decode``: the device function
+    ``step_runner`` runs (default: ``_decode_on_device``).
     """
 
     def __init__(
@@ -50,6 +51,7 @@ class StepWorker(ABC):
         use_cuda_graphs: bool = False,
         device_lengths: bool = False,
         device_tokens: bool = False,
+        decode: DecodeFunction | None = None,
     ) -> None:
         self._batches = BatchBuilder(req_to_token_pool)
         self._kernels = kernels
@@ -62,7 +64,7 @@ class StepWorker(ABC):
             device_lengths=device_lengths,
             device_tokens=device_tokens,
         )
-        self._steps = self._new_step_runner(self._decode_on_device, num_coins)
+        self._steps = self._new_step_runner(decode or self._decode_on_device, num_coins)
 
     @property
     def step_runner(self) -> DecodeStepRunner:

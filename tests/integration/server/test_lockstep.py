@@ -11,7 +11,7 @@ from eagletree.app.engine.streaming import StreamEvent
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.lockstep import STOP, StepCommand, SubmitCommand, follow
 from eagletree.domain.request import Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 WAIT_S = 60.0
 

@@ -18,7 +18,7 @@ from eagletree.app.engine.streaming import StreamEvent
 from eagletree.app.server.engine_loop import EngineLoop
 from eagletree.app.server.metrics import ServerMetrics
 from eagletree.app.server.openai_api import create_app
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.hypothesis_profiles import examples
 from tests.integration.server.conftest import server_engine
 

@@ -21,7 +21,7 @@ from eagletree.app.server.replica_loop import (
     follow_replica,
 )
 from eagletree.domain.request import FinishReason
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 WAIT_S = 60.0
 PROMPTS = ([1, 40, 41, 42], [7, 8], [3, 30, 31], [9, 90, 91, 92, 93])

@@ -21,7 +21,7 @@ from eagletree.app.server.engine_loop import EngineLoop, Sink
 from eagletree.app.server.openai_api import create_app
 from eagletree.app.server.protocol import ChatBody, ChatMessage
 from eagletree.app.server.token_limits import max_new_tokens
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.hypothesis_profiles import examples
 from tests.integration.server.conftest import server_engine
 

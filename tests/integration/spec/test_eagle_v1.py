@@ -27,7 +27,7 @@ from eagletree.app.engine.scheduler import PrefillStep, free_window_tail
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.domain.request import FinishReason, Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner
 from tests.conftest import requires_triton

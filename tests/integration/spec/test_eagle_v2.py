@@ -27,8 +27,7 @@ from eagletree.domain.batch import DraftDecodeSpec, ForwardBatch, ForwardMode
 from eagletree.domain.compaction import accepted_move_plan
 from eagletree.domain.model_output import ModelOutput
 from eagletree.domain.request import FinishReason
-from eagletree.domain.sampling import probs_from_logits
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams, probs_from_logits
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner

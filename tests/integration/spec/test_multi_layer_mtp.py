@@ -25,7 +25,7 @@ from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
 from eagletree.domain.request import FinishReason
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from eagletree.ports.attention import AttentionBackend
 from eagletree.ports.memory import KVPool, ReqToTokenPool
 from eagletree.ports.model import DraftRunner

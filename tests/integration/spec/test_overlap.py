@@ -19,11 +19,10 @@ from eagletree.app.composition.container import build_engine
 from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.engine.reports import GenerationResult
-from eagletree.app.workers.decode_inputs import DecodeInputs
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.domain.request import FinishReason, Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.conftest import requires_cuda
 from tests.integration.spec.harness import (
@@ -423,13 +422,15 @@ def test_the_tripwire_catches_a_read_back_inside_a_step(
     loaded = models("llama", "eagle")
     prompts = prompts_for(2, seed=1)
     worker_class = NonSpeculativeWorker if worker == "plain" else EagleWorkerV2
-    decode = worker_class._decode_on_device
+    name = "_decode_on_device" if worker == "plain" else "_decode_as"  # what the runner runs
+    decode = getattr(worker_class, name)
 
-    def reads_back(self: Any, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
-        inputs.seq_lens.max().item()  # what the tripwire is for
-        return decode(self, inputs)
+    def reads_back(self: Any, *args: Any) -> tuple[torch.Tensor, ...]:
+        args[-1].seq_lens.max().item()  # what the tripwire is for (the last: the inputs)
+        result: tuple[torch.Tensor, ...] = decode(self, *args)
+        return result
 
-    monkeypatch.setattr(worker_class, "_decode_on_device", reads_back)
+    monkeypatch.setattr(worker_class, name, reads_back)
     if worker == "plain":
         engine = plain_engine(loaded, overlap=True)
     else:

@@ -19,7 +19,7 @@ from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.engine.worker import StepOutput
 from eagletree.domain.request import RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,

@@ -6,6 +6,7 @@ steps it reads back and only ever chooses among its shapes."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.workers.shape_policy import AdaptiveShapes
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import FinishReason, Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.integration.spec.harness import (
     SIZES,
     WEIGHT_STD,
@@ -45,12 +46,12 @@ class RandomShapes:
     def __init__(self, shapes: Sequence[DraftShape], seed: int) -> None:
         self.shapes = tuple(shapes)
         self._rng = random.Random(seed)
-        self.chosen: list[DraftShape] = []
+        self.chosen: Counter[DraftShape] = Counter()
         self.observed: list[tuple[DraftShape, int, list[int]]] = []
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         shape = self._rng.choice(self.shapes)
-        self.chosen.append(shape)
+        self.chosen[shape] += 1
         return shape
 
     def observe(

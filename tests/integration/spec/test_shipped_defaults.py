@@ -26,7 +26,7 @@ from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
 from eagletree.app.composition.container import build_engine_container
 from eagletree.app.composition.platform import resolve_platform
 from eagletree.app.engine.loop import Engine
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import WEIGHT_STD, greedy_outputs, ragged_prompts
 from tests.integration.spec.oracle_head import install_oracle_heads

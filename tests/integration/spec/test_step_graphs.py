@@ -24,7 +24,7 @@ from eagletree.app.workers.step_graphs import (
     graph_buckets,
 )
 from eagletree.domain.request import FinishReason, Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.conftest import requires_triton
 from tests.integration.spec.harness import (
     SIZES,

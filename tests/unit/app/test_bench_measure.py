@@ -24,7 +24,7 @@ from eagletree.app.bench.profiling import (
 )
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.request import FinishReason, Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_inputs
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 VOCAB = 40
 CPU = torch.device("cpu")

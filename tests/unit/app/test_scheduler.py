@@ -20,7 +20,7 @@ from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.engine.scheduler import PREFILL_STEPS, PrefillStep, Scheduler
 from eagletree.domain.request import FinishReason, Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 from tests.hypothesis_profiles import examples
 
 CONTEXT = 40

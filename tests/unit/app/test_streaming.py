@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from eagletree.app.engine.streaming import IncrementalDecoder, OutputWatcher
 from eagletree.domain.request import FinishReason, Request
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 
 class ByteTokenizer:

@@ -6,7 +6,7 @@ import pytest
 
 from eagletree.domain.acceptance_stats import AcceptanceStats
 from eagletree.domain.request import FinishReason, Request, RequestStatus
-from eagletree.domain.sampling_params import SamplingParams
+from eagletree.domain.sampling import SamplingParams
 
 EOS = 2
 

@@ -1,4 +1,5 @@
-"""Adapter helper: what the KV pools share — argument and slot-range checks, the checked move."""
+"""Adapter helper: what the KV pools share about slot rows — argument and slot-range checks, the
+checked move, and integer views of any dtype that make row copies bit-exact."""
 
 from __future__ import annotations
 
@@ -68,3 +69,20 @@ def checked_move(
         check_slots_in_range(tgt, geometry.num_rows, "move_kv_cache target")
         check_slots_in_range(src, geometry.num_rows, "move_kv_cache source")
     mover.move(buffers, tgt, src, independent_groups=independent_groups)
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_raw_words(buf: torch.Tensor) -> torch.Tensor:
+    """The same memory as an integer tensor of the same element size (a view, no copy).
+
+    Index kernels are missing for some dtypes (float8 on CPU) and a float copy could in principle
+    canonicalise NaN payloads; integer views have neither problem.
+    """
+    word = _SAME_SIZE_INT.get(buf.element_size())
+    if word is None:
+        raise TypeError(
+            f"cannot move rows of dtype {buf.dtype} (element size {buf.element_size()})"
+        )
+    return buf if buf.dtype == word else buf.view(word)

@@ -1,4 +1,6 @@
-"""App: a step's outputs on their way to the host — pinned copies and an event, read once.
+"""App: a step's data between host and device — request data going to the device without
+waiting for it (``to_device``), and a step's outputs on their way to the host: pinned copies and
+an event, read once.
 
 The engine's overlap mode launches step i + 1 before it reads step i's tokens. Step i's outputs
 may be a CUDA graph's static output tensors, which the replay of step i + 1 overwrites, so they
@@ -67,3 +69,10 @@ class StepReadback:
             self._blocks[self._turn] = block
         self._turn ^= 1
         return block[:numel].view(shape)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host → device copy that does not wait for the device (pinned staging on CUDA)."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
