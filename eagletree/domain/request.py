@@ -1,6 +1,6 @@
 """Domain: per-request state — tokens, lengths of the KV window, life cycle, finish, coins.
 
-The request's ``SamplingParams`` are in domain/sampling_params.py, the ``AcceptanceStats`` of its
+The request's ``SamplingParams`` are in domain/sampling.py, the ``AcceptanceStats`` of its
 verify steps in domain/acceptance_stats.py.
 
 Lengths (page_size 1), all host-side Python ints:

@@ -1,7 +1,7 @@
 """App: the engine's steps from launch to commit, at most one of them in flight between calls.
 
 ``Engine.step`` schedules a plan and hands it here: the worker's step is launched, its outputs
-start on their way to the host (app/engine/readback.py), and the step launched before it is read —
+start on their way to the host (app/engine/transfers.py), and the step launched before it is read —
 its tokens committed (app/engine/commit.py), the requests it finished released. Without overlap
 the step just launched is read in the same call.
 """
