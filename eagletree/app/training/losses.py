@@ -6,16 +6,8 @@ real prefix) and, for EAGLE-3, when the target's choice lies in the draft vocabu
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch.nn import functional
-
-
-class StepLoss(NamedTuple):
-    loss: torch.Tensor  # () the step's weighted loss, differentiable
-    num_correct: torch.Tensor  # () int64: rows whose draft top-1 is the target's top-1
-    num_rows: torch.Tensor  # () int64: valid rows
 
 
 def valid_rows(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
