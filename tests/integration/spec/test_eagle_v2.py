@@ -326,7 +326,18 @@ def test_stop_ids_eos_and_max_new_tokens_cut_an_accepted_path(
 
 # -- sampling losslessness ----------------------------------------------------------------------
 
-TINY_VOCAB = dataclasses.replace(SIZES, vocab_size=8, draft_vocab_size=8)
+# one small layer: 20,000 sampled requests run its forward; the distribution test does not
+# depend on the model's size (three layers of 64 doubled its time)
+TINY_VOCAB = dataclasses.replace(
+    SIZES,
+    vocab_size=8,
+    draft_vocab_size=8,
+    num_layers=1,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    num_kv_heads=1,
+)
 NUM_SAMPLES = 20_000
 
 
