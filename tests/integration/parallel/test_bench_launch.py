@@ -22,6 +22,9 @@ from eagletree.app.parallel.router import route_by_load
 pytest.importorskip("pydantic_settings")
 pytest.importorskip("dependency_injector")
 
+# whole bench runs on spawned ranks, 28 s: the slow lane (README)
+pytestmark = pytest.mark.slow
+
 PROMPT_LEN = 8
 
 
