@@ -22,6 +22,16 @@ def pytest_configure(config: pytest.Config) -> None:
     load_profile_from_environment()
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the GPU machine may lack
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup``: whole integration modules, single unit tests (see the module)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_scheduling import IntegrationModuleScheduling
+
+    return IntegrationModuleScheduling(config, log)
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
