@@ -24,12 +24,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the GPU machine may lack
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadgroup``: whole integration modules, single unit tests (see the module)."""
+    """``--dist loadgroup``: single tests, but whole modules where fixtures are costly (see
+    ``tests/xdist_scheduling.py``)."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from tests.xdist_scheduling import IntegrationModuleScheduling
+    from tests.xdist_scheduling import CostlyFixtureScheduling
 
-    return IntegrationModuleScheduling(config, log)
+    return CostlyFixtureScheduling(config, log)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
