@@ -18,7 +18,6 @@ def test_a_rank_that_raises_ends_the_group_with_its_rank_and_error() -> None:
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.slow  # it waits out its 20 s deadline
 def test_a_rank_running_past_the_deadline_is_killed_and_named() -> None:
     # a deadline rank 0 (which returns at once) meets even on a loaded 2-core machine, where
     # starting a spawned interpreter and importing torch took more than 8 s
