@@ -22,6 +22,17 @@ def pytest_configure(config: pytest.Config) -> None:
     load_profile_from_environment()
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the GPU machine may lack
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup``: single tests, but whole modules where fixtures are costly (see
+    ``tests/xdist_scheduling.py``)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_scheduling import CostlyFixtureScheduling
+
+    return CostlyFixtureScheduling(config, log)
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 

@@ -25,6 +25,8 @@ pytest.importorskip("dependency_injector")
 PROMPT_LEN = 8
 
 
+# whole bench runs on spawned ranks, 15 s each: the slow lane (README); the refused flags stay
+@pytest.mark.slow
 def test_bench_with_tp_2_measures_on_two_ranks_and_reports_once(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "eagletree.app.cli.main", "bench", "--tp", "2",
@@ -51,6 +53,7 @@ def test_bench_with_tp_2_measures_on_two_ranks_and_reports_once(tmp_path: Path) 
     assert (tmp_path / "run.md").read_text().count("eagletree bench:") == 1
 
 
+@pytest.mark.slow
 def test_bench_with_dp_2_measures_the_batch_over_both_replicas(tmp_path: Path) -> None:
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     common = [

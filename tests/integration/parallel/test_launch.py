@@ -87,18 +87,23 @@ def single(checkpoints: tuple[Path, Path]) -> list[list[int]]:
     return outputs
 
 
+# each launch starts 2 to 4 interpreters (8-14 s): the slow lane (README) runs them, .ci/run keeps
+# the spawned --dp 2 launch and the refused flags
+@pytest.mark.slow
 def test_generate_with_tp_2_prints_the_single_process_tokens_once(
     checkpoints: tuple[Path, Path], single: list[list[int]]
 ) -> None:
     assert generate(2, *checkpoints) == single
 
 
+@pytest.mark.slow
 def test_generate_under_torchrun_prints_the_single_process_tokens_once(
     checkpoints: tuple[Path, Path], single: list[list[int]]
 ) -> None:
     assert generate(2, *checkpoints, torchrun=True) == single
 
 
+@pytest.mark.slow
 def test_unseeded_sampling_with_tp_2_completes(checkpoints: tuple[Path, Path]) -> None:
     # the exit status is checked by ``generate``; a sampled eos (id 2) may end a request early
     outputs = generate(2, *checkpoints, "--temperature", "1.0")
@@ -111,6 +116,7 @@ def test_generate_with_dp_2_prints_the_single_process_tokens_once(
     assert generate(1, *checkpoints, dp=2) == single
 
 
+@pytest.mark.slow
 def test_generate_with_tp_2_and_dp_2_under_torchrun_prints_the_single_process_tokens_once(
     checkpoints: tuple[Path, Path], single: list[list[int]]
 ) -> None:

@@ -35,6 +35,9 @@ from tests.integration.parallel.test_serve_tp import (
 # the fixtures imported above, re-exported so that pytest (and ruff) see them used by name
 __all__ = ["checkpoints", "launch"]
 
+# served groups of 2 and 4 processes, 40 s in all: the slow lane (README)
+pytestmark = pytest.mark.slow
+
 STREAMED = [7, 30, 2, 19]
 ABORTED = [90, 91, 92]  # asks for far more tokens than it is given the time to make
 METRIC_TIMEOUT_S = 15.0

@@ -33,6 +33,9 @@ from tests.integration.spec.harness import WEIGHT_STD
 if any(importlib.util.find_spec(name) is None for name in ("fastapi", "uvicorn")):
     pytest.skip("the serve extra is not installed", allow_module_level=True)
 
+# served groups of 2 and 4 processes, 50 s in all: the slow lane (README)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[3]
 STARTUP_TIMEOUT_S = 60.0
 EXIT_TIMEOUT_S = 30.0

@@ -127,7 +127,9 @@ def test_greedy_speculation_on_the_triton_backend_is_lossless(
     spec_models: ModelCache, config: tuple[int, int, int], device: torch.device
 ) -> None:
     requires_triton(device)
-    models = spec_models("llama", "eagle", device)
+    # one target layer: the interpreted kernels run per layer, and the torch backend's tests
+    # take the three-layer target
+    models = spec_models("llama", "eagle", device, sizes=dataclasses.replace(SIZES, num_layers=1))
     prompts = prompts_for(2, seed=4)
     expected = greedy_outputs(plain_engine(models, backend="triton"), prompts, 6)
     spec = speculative_engine(models, *config, backend="triton")
@@ -326,7 +328,18 @@ def test_stop_ids_eos_and_max_new_tokens_cut_an_accepted_path(
 
 # -- sampling losslessness ----------------------------------------------------------------------
 
-TINY_VOCAB = dataclasses.replace(SIZES, vocab_size=8, draft_vocab_size=8)
+# one small layer: 20,000 sampled requests run its forward; the distribution test does not
+# depend on the model's size (three layers of 64 doubled its time)
+TINY_VOCAB = dataclasses.replace(
+    SIZES,
+    vocab_size=8,
+    draft_vocab_size=8,
+    num_layers=1,
+    hidden_size=32,
+    intermediate_size=48,
+    num_heads=2,
+    num_kv_heads=1,
+)
 NUM_SAMPLES = 20_000
 
 

@@ -37,11 +37,13 @@ pytest.importorskip("dependency_injector")
 from eagletree.app.composition.container import build_engine
 from eagletree.config.settings import EngineSettings
 
+# one target layer: the interpreted Triton attention runs per layer, and one shows what these
+# tests check (the backends' defaults, compaction through deep acceptance) as well as two
 SIZES = ModelSizes(
     vocab_size=96,
     hidden_size=64,
     intermediate_size=96,
-    num_layers=2,
+    num_layers=1,
     num_heads=4,
     num_kv_heads=2,
     head_dim=16,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagletree.adapters.kernels.triton import split_merge
 from eagletree.adapters.kernels.triton.split_merge import (
     MAX_ROWS_PER_PROGRAM,
     ROWS_PER_PROGRAM_FROM,
@@ -33,13 +34,28 @@ def test_rows_per_program_keeps_about_a_thousand_programs_and_is_a_power_of_two(
 
 
 @pytest.mark.parametrize(
-    ("tokens", "heads", "splits", "dtype"),
-    [(1, 32, 32, torch.float32), (3, 5, 3, torch.bfloat16), (96, 32, 2, torch.float32)],
+    ("tokens", "heads", "splits", "dtype", "rows_from"),
+    [
+        (1, 32, 32, torch.float32, None),
+        (3, 5, 3, torch.bfloat16, None),
+        # several rows per program (4, the last program ragged with 3) from a lowered threshold:
+        # the real one needs over 2048 rows, over 1024 programs (12 s in the Triton interpreter)
+        (7, 5, 2, torch.float32, 8),
+    ],
 )
 def test_the_merge_equals_the_log_sum_exp_weighted_mean_of_the_splits(
-    device: torch.device, tokens: int, heads: int, splits: int, dtype: torch.dtype
+    device: torch.device,
+    monkeypatch: pytest.MonkeyPatch,
+    tokens: int,
+    heads: int,
+    splits: int,
+    dtype: torch.dtype,
+    rows_from: int | None,
 ) -> None:
     requires_triton(device)
+    if rows_from is not None:
+        monkeypatch.setattr(split_merge, "ROWS_PER_PROGRAM_FROM", rows_from)
+        assert rows_per_program(tokens * heads) > 1  # the case the test exists for
     generator = torch.Generator().manual_seed(tokens * heads + splits)
     part_o = torch.randn(tokens, heads, splits, 24, generator=generator)
     part_lse = torch.randn(tokens, heads, splits, generator=generator) * 4
@@ -50,5 +66,3 @@ def test_the_merge_equals_the_log_sum_exp_weighted_mean_of_the_splits(
     expected = reference(part_o, part_lse)
     assert_computed_close(out.cpu(), expected.to(dtype))
     assert (out[0, 0] == 0).all()
-    if tokens * heads >= 2 * ROWS_PER_PROGRAM_FROM:
-        assert rows_per_program(tokens * heads) > 1  # the case the test exists for
