@@ -13,15 +13,16 @@ pairs, else gather/scatter); "grouped" adds ``independent_groups=6`` — the wor
 launch — shown only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per
 slot over all buffers (read + written); self-moves are not counted. "exact" says every mover
 timed on that row left the targets equal to the sources gathered before the move and a sample
-of the other rows untouched, bit for bit. Three times per mover, all medians with the L2
-flushed before each call:
+of the other rows untouched, bit for bit. Three times per mover, from ``benchmarks.timing``,
+all medians, the first two with the L2 flushed before each call:
 
-* "µs": ``triton.testing.do_bench`` (CUDA events around an eager call). When one call's host
-  work (Python, launches) outlasts the 256 MB L2 flush that do_bench runs before it, the GPU
+* "µs": ``median_us`` (CUDA events around an eager call). When one call's host work (Python,
+  launches) outlasts the 256 MB L2 flush run before it (its time is in the header), the GPU
   idles waiting for the launch and this counts the wait: small moves then measure the host.
-* "graph µs": the same call captured once in a CUDA graph and replayed: device time only
-  (kernels and the gaps between them), what a graph-captured decode step pays.
-* "host µs": CPU time of one eager call (the GPU idle before it): what an eager step pays.
+* "graph µs": ``replay_us``, the same call captured once in a CUDA graph and replayed: device
+  time only (kernels and the gaps between them), what a graph-captured decode step pays.
+* "host µs": ``host_us``, CPU time of one eager call (the GPU idle before it): what an eager
+  step pays.
 
 The profiler counts kernel launches after every timing of a layout (CUPTI left behind by a
 profiler session would otherwise slow the launches that follow).
@@ -45,14 +46,20 @@ once from each arm's directory, where ``python -m`` imports that arm's ``eagletr
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
 import torch
 
+from benchmarks.timing import (
+    copy_bandwidth_gbs,
+    host_us,
+    l2_flush_us,
+    launched_kernels,
+    median_us,
+    replay_us,
+)
 from eagletree.adapters.memory.row_movers import (
     TorchRowMover,
     TritonRowMover,
@@ -153,88 +160,16 @@ def hint_holds(tgt: torch.Tensor, src: torch.Tensor) -> bool:
     return True
 
 
-def median_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float:
-    if device.type == "cuda":
-        import triton.testing
-
-        ms: float = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-        return ms * 1e3
-    start = time.perf_counter()  # the CPU run (smoke, interpreter) only checks that it runs
-    fn()
-    return (time.perf_counter() - start) * 1e6
-
-
-def graph_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
-    """Median replay time of ``fn`` captured in a CUDA graph (None off CUDA or if capture fails:
-    the reason is printed)."""
+def graph_us(call: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
+    """``replay_us`` of the call (None off CUDA, or if capture fails: the reason is printed and
+    the eager timings still stand)."""
     if device.type != "cuda":
         return None
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture wants
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            fn()
-    except RuntimeError as error:  # report and go on: the eager timings still stand
+        return replay_us([call], device, rep_ms=rep_ms)
+    except RuntimeError as error:
         print(f"graph capture failed: {error}", flush=True)
         return None
-    us = median_us(graph.replay, device, rep_ms)
-    del graph
-    return us
-
-
-def host_us(fn: Callable[[], None], device: torch.device, calls: int = 20) -> float | None:
-    """Median CPU time of one call issued to an idle GPU (what an eager step pays per move)."""
-    if device.type != "cuda":
-        return None
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
-
-
-def flush_us(device: torch.device) -> float | None:
-    """How long the L2 flush takes that do_bench runs before every timed call (256 MB zeroed)."""
-    if device.type != "cuda":
-        return None
-    cache = torch.empty(256 << 18, dtype=torch.int32, device=device)
-
-    def flush() -> None:
-        cache.zero_()
-
-    return median_us(flush, device, 100)
-
-
-def count_launches(fn: Callable[[], None], device: torch.device) -> int | None:
-    """Kernels one call launches, from the CUDA profiler (None where it cannot tell)."""
-    if device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return len([event for event in prof.events() if event.device_type.name == "CUDA"])
-
-
-def copy_bandwidth_gbs(device: torch.device, num_bytes: int) -> float:
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-
-    def copy() -> None:
-        dst.copy_(src)
-
-    us = median_us(copy, device, 200)
-    return 2 * num_bytes / us / 1e3
 
 
 def check_exact(
@@ -293,9 +228,10 @@ def time_variants(
         call = partial(mover.move, buffers, tgt, src, independent_groups=hint)
         exact = check_exact(call, buffers, tgt, src, untouched)
         t = timings[key] = Timing(
-            us=median_us(call, device, rep_ms),
+            us=median_us(call, device, rep_ms=rep_ms),
             graph_us=graph_us(call, device, rep_ms),
-            host_us=host_us(call, device),
+            # off CUDA the eager time is all host time already
+            host_us=host_us(call, device) if device.type == "cuda" else None,
             launches=None,
             exact=exact,
         )
@@ -330,7 +266,7 @@ def run(args: argparse.Namespace) -> str:
     header = (
         f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s"
         f" (1 GiB device copy, read + write); the L2 flush before each timed call takes"
-        f" {fmt(flush_us(device))} µs"
+        f" {fmt(l2_flush_us(device))} µs"
     )
     tables = {
         "default": [
@@ -371,7 +307,9 @@ def run(args: argparse.Namespace) -> str:
         # CUPTI state behind that slows the launches timed after it.
         for row in measured:
             for key, call in row.calls.items():
-                row.timings[key] = row.timings[key]._replace(launches=count_launches(call, device))
+                launched = launched_kernels(call, device)
+                launches = None if launched is None else len(launched)
+                row.timings[key] = row.timings[key]._replace(launches=launches)
             tables[row.table] += format_rows(row, copy_gbs)
         del buffers, measured
         if device.type == "cuda":
@@ -427,7 +365,7 @@ def main() -> None:
     parser.add_argument(
         "--variants", default="", help=f"'all' or a comma list of: {', '.join(TUNING)}"
     )
-    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per timing")
+    parser.add_argument("--rep-ms", type=int, default=200, help="ms per timing")
     args = parser.parse_args()
     table = run(args)
     print()
