@@ -1,12 +1,12 @@
 """Benchmark: KV compaction moves, torch (gather/scatter per buffer) vs the fused Triton mover.
 
-Layouts: Llama-3.1-8B (32 layers, K and V of 8 heads x 128, bf16: 64 buffers of 2 KiB rows),
-DeepSeek MLA (61 layers x 576 bf16: 61 buffers of 1152 B rows) and DSA (MLA plus per layer fp8
-indexer keys of 128 B and an fp32 scale: 183 buffers). Moves: bs·(S+1) pairs for bs in
-{1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair move, shaped like compaction plans: every request
-owns a window of N = 16 scattered slots and moves the nodes of an accepted path (increasing, so
-targets and sources overlap) to the window's front. "reversed" is the 65 536-pair move in reverse
-pair order (its groups no longer start at multiples of 6, so the hint does not hold).
+Layouts (``benchmarks/kv_move_workload.py``): Llama-3.1-8B (64 buffers of 2 KiB rows), DeepSeek
+MLA (61 buffers of 1152 B rows) and DSA (MLA plus per layer fp8 indexer keys and an fp32 scale:
+183 buffers). Moves: bs·(S+1) pairs for bs in {1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair
+move, shaped like compaction plans: every request owns a window of N = 16 scattered slots and
+moves the nodes of an accepted path (increasing, so targets and sources overlap) to the window's
+front. "reversed" is the 65 536-pair move in reverse pair order (its groups no longer start at
+multiples of 6, so the hint does not hold).
 
 Columns: "triton" is ``TritonRowMover().move(buffers, tgt, src)`` (no hint: one launch up to 512
 pairs, else gather/scatter); "grouped" adds ``independent_groups=6`` — the workers' call, one
@@ -27,15 +27,16 @@ all medians, the first two with the L2 flushed before each call:
 The profiler counts kernel launches after every timing of a layout (CUPTI left behind by a
 profiler session would otherwise slow the launches that follow).
 
-``--variants all`` (or a comma list of names, see ``TUNING``) adds one row per (layout, move,
-variant) with other staging, tile, grid and warp settings.
+``--variants all`` (or a comma list of names, see ``TUNING`` in ``kv_move_variants``) adds one
+row per (layout, move, variant) with other staging, tile, grid and warp settings.
 
     PYTHONPATH=$PWD python3 -m benchmarks.kv_move --out kv_move.md [--variants all]
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 -m benchmarks.kv_move --smoke --variants all
 
 A baseline is another revision measured in the same device call, not a copy of its kernel. The
-file needs only the movers' public API (``TorchRowMover``, ``TritonRowMover`` and the keywords
-of ``TUNING``, ``move``, ``check_independent_groups``), so it runs against any arm that has it:
+benchmark needs only the movers' public API (``TorchRowMover``, ``TritonRowMover`` and the
+keywords of ``TUNING``, ``move``, ``check_independent_groups``), so it runs against any arm that
+has it:
 export the arms with ``bash scripts/ab-arms.sh base=REV new=HEAD`` (carry ``ab``), then run it
 once from each arm's directory, where ``python -m`` imports that arm's ``eagletree`` first:
 
@@ -52,6 +53,14 @@ from typing import NamedTuple
 
 import torch
 
+from benchmarks.kv_move_variants import DEFAULT, TUNING, Variant
+from benchmarks.kv_move_workload import (
+    STEPS_PLUS_ONE,
+    WINDOW,
+    hint_holds,
+    layout_buffers,
+    make_moves,
+)
 from benchmarks.timing import (
     copy_bandwidth_gbs,
     host_us,
@@ -60,104 +69,9 @@ from benchmarks.timing import (
     median_us,
     replay_us,
 )
-from eagletree.adapters.memory.row_movers import (
-    TorchRowMover,
-    TritonRowMover,
-    check_independent_groups,
-)
 
-STEPS_PLUS_ONE = 6
-WINDOW = 16
 BATCH_SIZES = (1, 8, 64, 256)
 BIG_MOVE = 65_536
-Mover = TorchRowMover | TritonRowMover
-
-
-class Variant(NamedTuple):
-    make: Callable[[], Mover]
-    grouped: bool  # passes independent_groups=STEPS_PLUS_ONE (rows where the promise holds)
-
-
-DEFAULT = {
-    "torch": Variant(TorchRowMover, grouped=False),
-    "triton": Variant(TritonRowMover, grouped=False),
-    "grouped": Variant(TritonRowMover, grouped=True),
-}
-TUNING = {
-    # grouped: pairs staged per program (whole groups of 6), register block, warps, tile
-    "grouped lanes=8": Variant(lambda: TritonRowMover(group_lanes=8), grouped=True),
-    "grouped lanes=16": Variant(lambda: TritonRowMover(group_lanes=16), grouped=True),
-    "grouped lanes=64": Variant(lambda: TritonRowMover(group_lanes=64), grouped=True),
-    "grouped regs=4096": Variant(lambda: TritonRowMover(register_words=4096), grouped=True),
-    "grouped regs=16384": Variant(lambda: TritonRowMover(register_words=16384), grouped=True),
-    "grouped warps=4": Variant(lambda: TritonRowMover(num_warps=4), grouped=True),
-    "grouped warps=16": Variant(lambda: TritonRowMover(num_warps=16), grouped=True),
-    "grouped tile=64": Variant(lambda: TritonRowMover(tile_words=64), grouped=True),
-    "grouped tile=512": Variant(lambda: TritonRowMover(tile_words=512), grouped=True),
-    # small moves: tiles as wide as the register block allows (few programs), or >= 128 programs
-    "grouped min_programs=1": Variant(lambda: TritonRowMover(min_programs=1), grouped=True),
-    "grouped min_programs=128": Variant(lambda: TritonRowMover(min_programs=128), grouped=True),
-    # no hint: where the one-launch path stops
-    "staged<=64": Variant(lambda: TritonRowMover(max_staged_moves=64), grouped=False),
-    "staged<=2048": Variant(
-        lambda: TritonRowMover(max_staged_moves=2048, register_words=16384), grouped=False
-    ),
-}
-
-
-def layout_buffers(
-    name: str, num_rows: int, device: torch.device, layers: int | None
-) -> tuple[torch.Tensor, ...]:
-    """Random-filled buffers of one layout, in pool order (never zeros: zeros hide bugs)."""
-    bf16 = torch.bfloat16
-
-    def randomised(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype, device=device)
-        words = buf.view(torch.uint8) if buf.element_size() == 1 else buf.view(torch.int16)
-        words.random_()  # random bit patterns, any dtype
-        return buf
-
-    if name == "llama":
-        n = 32 if layers is None else layers
-        return tuple(randomised((num_rows, 8, 128), bf16) for _ in range(2 * n))
-    n = 61 if layers is None else layers
-    latent = [randomised((num_rows, 1, 576), bf16) for _ in range(n)]
-    if name == "mla":
-        return tuple(latent)
-    assert name == "dsa"
-    index_k = [randomised((num_rows, 128), torch.float8_e4m3fn) for _ in range(n)]
-    scales = [randomised((num_rows,), torch.float32) for _ in range(n)]
-    return tuple(b for layer in zip(latent, index_k, scales, strict=True) for b in layer)
-
-
-def compaction_moves(
-    num_pairs: int, num_rows: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed (tgt, src) of full-length accepted paths in scattered windows of WINDOW slots."""
-    requests = -(-num_pairs // STEPS_PLUS_ONE)
-    windows = torch.randperm(num_rows - 1, generator=gen)[: requests * WINDOW] + 1
-    windows = windows.view(requests, WINDOW)
-    # path: node 0 (the root) then STEPS_PLUS_ONE - 1 increasing nodes, so node k >= k
-    later = torch.rand(requests, WINDOW - 1, generator=gen).argsort(dim=1)[:, : STEPS_PLUS_ONE - 1]
-    path = torch.cat([torch.zeros(requests, 1, dtype=torch.int64), later.sort(dim=1).values + 1], 1)
-    tgt = windows[:, :STEPS_PLUS_ONE].reshape(-1)[:num_pairs]
-    src = windows.gather(1, path).reshape(-1)[:num_pairs]
-    return tgt, src
-
-
-def make_moves(
-    order: str, num_pairs: int, num_rows: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    tgt, src = compaction_moves(num_pairs, num_rows, gen)
-    return (tgt.flip(0), src.flip(0)) if order == "reversed" else (tgt, src)
-
-
-def hint_holds(tgt: torch.Tensor, src: torch.Tensor) -> bool:
-    try:
-        check_independent_groups(tgt, src, STEPS_PLUS_ONE)
-    except ValueError:
-        return False
-    return True
 
 
 def graph_us(call: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
