@@ -32,7 +32,7 @@ import triton
 
 from benchmarks.attention_setup import KV_HEADS, Point, Setup, build_backends, make_setup
 from benchmarks.attention_sweeps import min_chunk_sweep, split_sweep, tune
-from benchmarks.timing import median_us
+from benchmarks.timing import copy_bandwidth_gbs, median_us
 from eagletree.domain.batch import ForwardMode
 from eagletree.ports.attention import AttentionBackend
 
@@ -53,15 +53,6 @@ def measure(
         rep_ms=rep_ms,
     )
     return us, init_us, out.float()
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes read + written per second of a 1 GiB device-to-device copy (64 KiB on CPU)."""
-    numel = (1 << 30) // 4 if device.type == "cuda" else 1 << 14
-    src = torch.randn(numel, device=device)
-    dst = torch.empty_like(src)
-    us = median_us(lambda: dst.copy_(src), device, rep_ms=200)
-    return 2 * numel * 4 / (us * 1e-6)
 
 
 def points(quick: bool, smoke: bool, key_shapes: bool) -> list[Point]:
@@ -127,7 +118,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     names = (args.backends or "torch,triton,flash").split(",")
-    copy_bw = copy_bandwidth(device)
+    # in bytes/s, the unit of the KV bandwidth; 64 KiB on the CPU keeps the smoke run short
+    copy_bw = copy_bandwidth_gbs(device, (1 << 30) if device.type == "cuda" else (1 << 16)) * 1e9
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     lines = [
         f"device: {device_name}; torch {torch.__version__}, triton {triton.__version__}; "

@@ -1,40 +1,42 @@
 """Benchmark: KV compaction moves, torch (gather/scatter per buffer) vs the fused Triton mover.
 
-Layouts: Llama-3.1-8B (32 layers, K and V of 8 heads x 128, bf16: 64 buffers of 2 KiB rows),
-DeepSeek MLA (61 layers x 576 bf16: 61 buffers of 1152 B rows) and DSA (MLA plus per layer fp8
-indexer keys of 128 B and an fp32 scale: 183 buffers). Moves: bs·(S+1) pairs for bs in
-{1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair move, shaped like compaction plans: every request
-owns a window of N = 16 scattered slots and moves the nodes of an accepted path (increasing, so
-targets and sources overlap) to the window's front. "reversed" is the 65 536-pair move in reverse
-pair order (its groups no longer start at multiples of 6, so the hint does not hold).
+Layouts (``benchmarks/kv_move_workload.py``): Llama-3.1-8B (64 buffers of 2 KiB rows), DeepSeek
+MLA (61 buffers of 1152 B rows) and DSA (MLA plus per layer fp8 indexer keys and an fp32 scale:
+183 buffers). Moves: bs·(S+1) pairs for bs in {1, 8, 64, 256}, S+1 = 6, plus one 65 536-pair
+move, shaped like compaction plans: every request owns a window of N = 16 scattered slots and
+moves the nodes of an accepted path (increasing, so targets and sources overlap) to the window's
+front. "reversed" is the 65 536-pair move in reverse pair order (its groups no longer start at
+multiples of 6, so the hint does not hold).
 
 Columns: "triton" is ``TritonRowMover().move(buffers, tgt, src)`` (no hint: one launch up to 512
 pairs, else gather/scatter); "grouped" adds ``independent_groups=6`` — the workers' call, one
 launch — shown only where that promise holds. Bytes = 2 x (pairs with tgt != src) x bytes per
 slot over all buffers (read + written); self-moves are not counted. "exact" says every mover
 timed on that row left the targets equal to the sources gathered before the move and a sample
-of the other rows untouched, bit for bit. Three times per mover, all medians with the L2
-flushed before each call:
+of the other rows untouched, bit for bit. Three times per mover, from ``benchmarks.timing``,
+all medians, the first two with the L2 flushed before each call:
 
-* "µs": ``triton.testing.do_bench`` (CUDA events around an eager call). When one call's host
-  work (Python, launches) outlasts the 256 MB L2 flush that do_bench runs before it, the GPU
+* "µs": ``median_us`` (CUDA events around an eager call). When one call's host work (Python,
+  launches) outlasts the 256 MB L2 flush run before it (its time is in the header), the GPU
   idles waiting for the launch and this counts the wait: small moves then measure the host.
-* "graph µs": the same call captured once in a CUDA graph and replayed: device time only
-  (kernels and the gaps between them), what a graph-captured decode step pays.
-* "host µs": CPU time of one eager call (the GPU idle before it): what an eager step pays.
+* "graph µs": ``replay_us``, the same call captured once in a CUDA graph and replayed: device
+  time only (kernels and the gaps between them), what a graph-captured decode step pays.
+* "host µs": ``host_us``, CPU time of one eager call (the GPU idle before it): what an eager
+  step pays.
 
 The profiler counts kernel launches after every timing of a layout (CUPTI left behind by a
 profiler session would otherwise slow the launches that follow).
 
-``--variants all`` (or a comma list of names, see ``TUNING``) adds one row per (layout, move,
-variant) with other staging, tile, grid and warp settings.
+``--variants all`` (or a comma list of names, see ``TUNING`` in ``kv_move_variants``) adds one
+row per (layout, move, variant) with other staging, tile, grid and warp settings.
 
     PYTHONPATH=$PWD python3 -m benchmarks.kv_move --out kv_move.md [--variants all]
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 -m benchmarks.kv_move --smoke --variants all
 
 A baseline is another revision measured in the same device call, not a copy of its kernel. The
-file needs only the movers' public API (``TorchRowMover``, ``TritonRowMover`` and the keywords
-of ``TUNING``, ``move``, ``check_independent_groups``), so it runs against any arm that has it:
+benchmark needs only the movers' public API (``TorchRowMover``, ``TritonRowMover`` and the
+keywords of ``TUNING``, ``move``, ``check_independent_groups``), so it runs against any arm that
+has it:
 export the arms with ``bash scripts/ab-arms.sh base=REV new=HEAD`` (carry ``ab``), then run it
 once from each arm's directory, where ``python -m`` imports that arm's ``eagletree`` first:
 
@@ -45,196 +47,43 @@ once from each arm's directory, where ``python -m`` imports that arm's ``eagletr
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
 import torch
 
-from eagletree.adapters.memory.row_movers import (
-    TorchRowMover,
-    TritonRowMover,
-    check_independent_groups,
+from benchmarks.kv_move_variants import DEFAULT, TUNING, Variant
+from benchmarks.kv_move_workload import (
+    STEPS_PLUS_ONE,
+    WINDOW,
+    hint_holds,
+    layout_buffers,
+    make_moves,
+)
+from benchmarks.timing import (
+    copy_bandwidth_gbs,
+    host_us,
+    l2_flush_us,
+    launched_kernels,
+    median_us,
+    replay_us,
 )
 
-STEPS_PLUS_ONE = 6
-WINDOW = 16
 BATCH_SIZES = (1, 8, 64, 256)
 BIG_MOVE = 65_536
-Mover = TorchRowMover | TritonRowMover
 
 
-class Variant(NamedTuple):
-    make: Callable[[], Mover]
-    grouped: bool  # passes independent_groups=STEPS_PLUS_ONE (rows where the promise holds)
-
-
-DEFAULT = {
-    "torch": Variant(TorchRowMover, grouped=False),
-    "triton": Variant(TritonRowMover, grouped=False),
-    "grouped": Variant(TritonRowMover, grouped=True),
-}
-TUNING = {
-    # grouped: pairs staged per program (whole groups of 6), register block, warps, tile
-    "grouped lanes=8": Variant(lambda: TritonRowMover(group_lanes=8), grouped=True),
-    "grouped lanes=16": Variant(lambda: TritonRowMover(group_lanes=16), grouped=True),
-    "grouped lanes=64": Variant(lambda: TritonRowMover(group_lanes=64), grouped=True),
-    "grouped regs=4096": Variant(lambda: TritonRowMover(register_words=4096), grouped=True),
-    "grouped regs=16384": Variant(lambda: TritonRowMover(register_words=16384), grouped=True),
-    "grouped warps=4": Variant(lambda: TritonRowMover(num_warps=4), grouped=True),
-    "grouped warps=16": Variant(lambda: TritonRowMover(num_warps=16), grouped=True),
-    "grouped tile=64": Variant(lambda: TritonRowMover(tile_words=64), grouped=True),
-    "grouped tile=512": Variant(lambda: TritonRowMover(tile_words=512), grouped=True),
-    # small moves: tiles as wide as the register block allows (few programs), or >= 128 programs
-    "grouped min_programs=1": Variant(lambda: TritonRowMover(min_programs=1), grouped=True),
-    "grouped min_programs=128": Variant(lambda: TritonRowMover(min_programs=128), grouped=True),
-    # no hint: where the one-launch path stops
-    "staged<=64": Variant(lambda: TritonRowMover(max_staged_moves=64), grouped=False),
-    "staged<=2048": Variant(
-        lambda: TritonRowMover(max_staged_moves=2048, register_words=16384), grouped=False
-    ),
-}
-
-
-def layout_buffers(
-    name: str, num_rows: int, device: torch.device, layers: int | None
-) -> tuple[torch.Tensor, ...]:
-    """Random-filled buffers of one layout, in pool order (never zeros: zeros hide bugs)."""
-    bf16 = torch.bfloat16
-
-    def randomised(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        buf = torch.empty(shape, dtype=dtype, device=device)
-        words = buf.view(torch.uint8) if buf.element_size() == 1 else buf.view(torch.int16)
-        words.random_()  # random bit patterns, any dtype
-        return buf
-
-    if name == "llama":
-        n = 32 if layers is None else layers
-        return tuple(randomised((num_rows, 8, 128), bf16) for _ in range(2 * n))
-    n = 61 if layers is None else layers
-    latent = [randomised((num_rows, 1, 576), bf16) for _ in range(n)]
-    if name == "mla":
-        return tuple(latent)
-    assert name == "dsa"
-    index_k = [randomised((num_rows, 128), torch.float8_e4m3fn) for _ in range(n)]
-    scales = [randomised((num_rows,), torch.float32) for _ in range(n)]
-    return tuple(b for layer in zip(latent, index_k, scales, strict=True) for b in layer)
-
-
-def compaction_moves(
-    num_pairs: int, num_rows: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed (tgt, src) of full-length accepted paths in scattered windows of WINDOW slots."""
-    requests = -(-num_pairs // STEPS_PLUS_ONE)
-    windows = torch.randperm(num_rows - 1, generator=gen)[: requests * WINDOW] + 1
-    windows = windows.view(requests, WINDOW)
-    # path: node 0 (the root) then STEPS_PLUS_ONE - 1 increasing nodes, so node k >= k
-    later = torch.rand(requests, WINDOW - 1, generator=gen).argsort(dim=1)[:, : STEPS_PLUS_ONE - 1]
-    path = torch.cat([torch.zeros(requests, 1, dtype=torch.int64), later.sort(dim=1).values + 1], 1)
-    tgt = windows[:, :STEPS_PLUS_ONE].reshape(-1)[:num_pairs]
-    src = windows.gather(1, path).reshape(-1)[:num_pairs]
-    return tgt, src
-
-
-def make_moves(
-    order: str, num_pairs: int, num_rows: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    tgt, src = compaction_moves(num_pairs, num_rows, gen)
-    return (tgt.flip(0), src.flip(0)) if order == "reversed" else (tgt, src)
-
-
-def hint_holds(tgt: torch.Tensor, src: torch.Tensor) -> bool:
-    try:
-        check_independent_groups(tgt, src, STEPS_PLUS_ONE)
-    except ValueError:
-        return False
-    return True
-
-
-def median_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float:
-    if device.type == "cuda":
-        import triton.testing
-
-        ms: float = triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median")
-        return ms * 1e3
-    start = time.perf_counter()  # the CPU run (smoke, interpreter) only checks that it runs
-    fn()
-    return (time.perf_counter() - start) * 1e6
-
-
-def graph_us(fn: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
-    """Median replay time of ``fn`` captured in a CUDA graph (None off CUDA or if capture fails:
-    the reason is printed)."""
+def graph_us(call: Callable[[], None], device: torch.device, rep_ms: int) -> float | None:
+    """``replay_us`` of the call (None off CUDA, or if capture fails: the reason is printed and
+    the eager timings still stand)."""
     if device.type != "cuda":
         return None
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up on a side stream, as graph capture wants
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            fn()
-    except RuntimeError as error:  # report and go on: the eager timings still stand
+        return replay_us([call], device, rep_ms=rep_ms)
+    except RuntimeError as error:
         print(f"graph capture failed: {error}", flush=True)
         return None
-    us = median_us(graph.replay, device, rep_ms)
-    del graph
-    return us
-
-
-def host_us(fn: Callable[[], None], device: torch.device, calls: int = 20) -> float | None:
-    """Median CPU time of one call issued to an idle GPU (what an eager step pays per move)."""
-    if device.type != "cuda":
-        return None
-    samples = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
-    return statistics.median(samples) * 1e6
-
-
-def flush_us(device: torch.device) -> float | None:
-    """How long the L2 flush takes that do_bench runs before every timed call (256 MB zeroed)."""
-    if device.type != "cuda":
-        return None
-    cache = torch.empty(256 << 18, dtype=torch.int32, device=device)
-
-    def flush() -> None:
-        cache.zero_()
-
-    return median_us(flush, device, 100)
-
-
-def count_launches(fn: Callable[[], None], device: torch.device) -> int | None:
-    """Kernels one call launches, from the CUDA profiler (None where it cannot tell)."""
-    if device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return len([event for event in prof.events() if event.device_type.name == "CUDA"])
-
-
-def copy_bandwidth_gbs(device: torch.device, num_bytes: int) -> float:
-    src = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-
-    def copy() -> None:
-        dst.copy_(src)
-
-    us = median_us(copy, device, 200)
-    return 2 * num_bytes / us / 1e3
 
 
 def check_exact(
@@ -293,9 +142,10 @@ def time_variants(
         call = partial(mover.move, buffers, tgt, src, independent_groups=hint)
         exact = check_exact(call, buffers, tgt, src, untouched)
         t = timings[key] = Timing(
-            us=median_us(call, device, rep_ms),
+            us=median_us(call, device, rep_ms=rep_ms),
             graph_us=graph_us(call, device, rep_ms),
-            host_us=host_us(call, device),
+            # off CUDA the eager time is all host time already
+            host_us=host_us(call, device) if device.type == "cuda" else None,
             launches=None,
             exact=exact,
         )
@@ -330,7 +180,7 @@ def run(args: argparse.Namespace) -> str:
     header = (
         f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_gbs:.0f} GB/s"
         f" (1 GiB device copy, read + write); the L2 flush before each timed call takes"
-        f" {fmt(flush_us(device))} µs"
+        f" {fmt(l2_flush_us(device))} µs"
     )
     tables = {
         "default": [
@@ -371,7 +221,9 @@ def run(args: argparse.Namespace) -> str:
         # CUPTI state behind that slows the launches timed after it.
         for row in measured:
             for key, call in row.calls.items():
-                row.timings[key] = row.timings[key]._replace(launches=count_launches(call, device))
+                launched = launched_kernels(call, device)
+                launches = None if launched is None else len(launched)
+                row.timings[key] = row.timings[key]._replace(launches=launches)
             tables[row.table] += format_rows(row, copy_gbs)
         del buffers, measured
         if device.type == "cuda":
@@ -427,7 +279,7 @@ def main() -> None:
     parser.add_argument(
         "--variants", default="", help=f"'all' or a comma list of: {', '.join(TUNING)}"
     )
-    parser.add_argument("--rep-ms", type=int, default=200, help="do_bench time per timing")
+    parser.add_argument("--rep-ms", type=int, default=200, help="ms per timing")
     args = parser.parse_args()
     table = run(args)
     print()

@@ -8,6 +8,10 @@ graph first and times its replays, so that a kernel of a few µs is timed withou
 launch that an eager call would add. Off CUDA (smoke runs under the Triton interpreter, the CPU
 rows of ``domain_ops``) a time is the median of ``time.perf_counter`` over the calls that fit
 in ``rep_ms``, the first call being the warm-up when more than one fits.
+
+``host_us`` is the other side of an eager call: the host's time in it, issued to an idle
+device. ``copy_bandwidth_gbs`` and ``l2_flush_us`` time the yardsticks a table states next to
+its times: a device copy's bandwidth, and the flush ``median_us`` runs before each call.
 """
 
 from __future__ import annotations
@@ -117,6 +121,45 @@ def kernel_names(fn: Callable[[], object], device: torch.device) -> list[str] | 
     """Names of the kernels one call of ``fn`` launches, in order (None off CUDA)."""
     launched = launched_kernels(fn, device)
     return None if launched is None else [name for name, _ in launched]
+
+
+def host_us(fn: Callable[[], object], device: torch.device, *, calls: int = 20) -> float:
+    """Median µs the host spends in one call of ``fn`` issued to an idle device (the device
+    synchronised before each call): the Python and launches an eager caller pays per call,
+    whatever its kernels take after it returns."""
+    fn()  # compiles, allocates, fills the callee's caches
+    samples: list[float] = []
+    for _ in range(calls):
+        _synchronize(device)
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    _synchronize(device)
+    return statistics.median(samples) * 1e6
+
+
+def copy_bandwidth_gbs(device: torch.device, num_bytes: int) -> float:
+    """GB/s of a ``num_bytes`` copy on ``device``, bytes read + written: the ceiling that a
+    kernel moving memory is measured against."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src), device, rep_ms=200)
+    return 2 * num_bytes / us / 1e3
+
+
+def l2_flush_us(device: torch.device) -> float | None:
+    """µs of the L2 flush that ``median_us`` runs before each timed call (None off CUDA, where
+    none runs): an eager call whose host work outlasts it keeps the device waiting for its
+    launch, and the wait is timed with the call."""
+    if device.type != "cuda":
+        return None
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return median_us(flush.zero_, device)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _host_median_us(fn: Callable[[], object], rep_ms: float) -> float:
