@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.workers.speculative_worker import DraftInput
+from eagletree.app.workers.draft_state import DraftInput
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 from eagletree.domain.sampling import top_k_probs
 

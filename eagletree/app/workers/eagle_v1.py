@@ -34,7 +34,7 @@ from eagletree.domain.tree import TreeMaskMode
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from eagletree.app.workers.speculative_worker import DraftInput
+    from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.request import Request
     from eagletree.ports.memory import TokenSlotAllocator

@@ -19,7 +19,7 @@ from eagletree.app.workers.draft_extender import shift_left
 
 if TYPE_CHECKING:
     from eagletree.app.workers.decode_inputs import DecodeWindow
-    from eagletree.app.workers.speculative_worker import DraftInput
+    from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.domain.batch import ForwardBatch
     from eagletree.domain.tree import DraftTree, TreeMaskMode

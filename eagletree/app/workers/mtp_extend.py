@@ -22,7 +22,7 @@ from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
     from eagletree.app.workers.decode_inputs import DecodeWindow
-    from eagletree.app.workers.speculative_worker import DraftInput
+    from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.request import Request
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from eagletree.app.workers.speculative_worker import DraftInput, DraftStateStore
+from eagletree.app.workers.draft_state import DraftInput, DraftStateStore
 
 
 def kept_rows(last_rows: torch.Tensor, keep: int) -> torch.Tensor:
