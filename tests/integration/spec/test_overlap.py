@@ -25,6 +25,7 @@ from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.conftest import requires_cuda
+from tests.integration.spec.eagle_v2.engines import oracle_engine, random_checkpoints
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,
@@ -34,7 +35,6 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
-from tests.integration.spec.test_eagle_v2 import oracle_engine, random_checkpoints
 from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
 from tests.sync_tripwire import HostSyncError, no_host_sync
 
