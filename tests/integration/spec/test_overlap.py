@@ -35,7 +35,7 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
-from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
+from tests.integration.spec.multi_layer_mtp.engines import NUM_LAYERS, mtp_engine
 from tests.sync_tripwire import HostSyncError, no_host_sync
 
 ModelCache = Callable[..., SpecModels]

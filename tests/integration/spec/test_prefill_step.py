@@ -29,8 +29,8 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
+from tests.integration.spec.multi_layer_mtp.engines import NUM_LAYERS, mtp_engine
 from tests.integration.spec.test_eagle_v1 import v1_engine
-from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
 
 NUM_REQUESTS = 7
 ARRIVAL_EVERY = 2  # steps between two submits after the first three
