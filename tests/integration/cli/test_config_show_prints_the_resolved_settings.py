@@ -1,32 +1,17 @@
-"""Tests of the `eagletree` command line through its entry point."""
+"""`eagletree config show` through the entry point: what generate runs as parseable
+TOML, the target, the resolved speculation and its fallback, overlap and CPU threads,
+the environment, and the settings file given either way."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import tomllib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from eagletree.app.cli.main import main, to_toml
-
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
-
-
-@pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in os.environ:
-        if name.startswith("EAGLETREE_"):
-            monkeypatch.delenv(name)
-
-
-def show(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
-    assert main(["config", "show", *args]) == 0
-    return tomllib.loads(capsys.readouterr().out)
+from eagletree.app.cli.main import main
+from tests.integration.cli.commands import EXAMPLES, show
 
 
 def test_show_prints_what_generate_runs_without_a_file_as_parseable_toml(
@@ -132,77 +117,6 @@ def test_show_includes_the_environment(
     assert show(capsys, "--settings", str(EXAMPLES / "chain.toml"))["memory"]["page_size"] == 2
 
 
-def test_validate_accepts_every_example_once_its_checkpoints_exist(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    examples = tmp_path / "examples"
-    shutil.copytree(EXAMPLES, examples)
-    for arch, draft, out in (
-        ("llama", "eagle", "tiny-llama-eagle"),
-        ("llama", "eagle3", "tiny-llama-eagle3"),
-        ("deepseek-mla", "mtp", "tiny-deepseek-mtp"),
-    ):
-        argv = ["init-random", "--arch", arch, "--draft", draft]
-        assert main([*argv, "--out", str(tmp_path / "checkpoints" / out)]) == 0
-    capsys.readouterr()
-    for path in sorted(examples.glob("*.[ty]*ml")):
-        assert main(["config", "validate", str(path)]) == 0, (path, capsys.readouterr().err)
-        assert capsys.readouterr().out == "ok\n"
-
-
-def test_validate_accepts_the_defaults_before_and_after_the_default_checkpoint_exists(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    from eagletree.app.composition.default_checkpoint import ensure_default_checkpoint
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert main(["config", "validate"]) == 0  # generate writes it on first use
-    ensure_default_checkpoint(notify=lambda _: None)
-    assert main(["config", "validate"]) == 0
-    assert capsys.readouterr().out == "ok\nok\n"
-    shown = show(capsys)
-    assert shown["target"]["num_layers"] == 4  # now read from the checkpoint
-
-
-def test_validate_rejects_an_example_whose_checkpoints_are_missing(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    shutil.copy(EXAMPLES / "tiny-tree.toml", tmp_path)
-    assert main(["config", "validate", str(tmp_path / "tiny-tree.toml")]) == 1
-    err = capsys.readouterr().err
-    assert "model.target_path" in err and "is not a directory" in err
-
-
-def test_validate_rejects_a_typo_with_exit_status_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "bad.toml"
-    path.write_text('[backend]\nkv_move = "cuda"\n')
-    assert main(["config", "validate", str(path)]) == 1
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "backend.kv_move (EAGLETREE_BACKEND__KV_MOVE) = 'cuda': allowed values are" in (
-        captured.err
-    )
-
-
-def test_validate_rejects_a_contradiction(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "v2-paged.toml"
-    text = (EXAMPLES / "paged-v1.toml").read_text().replace('version = "auto"', 'version = "v2"')
-    path.write_text(text)
-    assert main(["config", "validate", str(path)]) == 1
-    assert "speculative.version = 'v2' cannot run this configuration" in capsys.readouterr().err
-
-
-def test_validate_rejects_a_missing_file(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["config", "validate", str(tmp_path / "nope.toml")]) == 1
-    assert "does not exist" in capsys.readouterr().err
-
-
 def test_show_with_a_bad_environment_fails_cleanly(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,60 +125,6 @@ def test_show_with_a_bad_environment_fails_cleanly(
     assert "speculative.algorithm (EAGLETREE_SPECULATIVE__ALGORITHM) = 'medusa'" in (
         capsys.readouterr().err
     )
-
-
-def test_a_missing_subcommand_is_a_usage_error() -> None:
-    with pytest.raises(SystemExit) as raised:
-        main(["config"])
-    assert raised.value.code == 2
-
-
-def test_demo_runs_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo"]) == 0
-    assert "one decode step" in capsys.readouterr().out
-
-
-def test_the_toml_writer_round_trips_nested_tables() -> None:
-    table = {
-        "a": {"s": 'quote " and \\ and é', "n": 3, "f": 0.5, "b": True, "none": None},
-        "b": {"list": ["x", "y"], "c": {"deep": 1}},
-    }
-    parsed = tomllib.loads(to_toml(table))
-    expected = {
-        "a": {"s": 'quote " and \\ and é', "n": 3, "f": 0.5, "b": True},
-        "b": {"list": ["x", "y"], "c": {"deep": 1}},
-    }
-    assert parsed == expected
-
-
-def test_demo_options_reach_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as raised:
-        main(["demo", "--help"])
-    assert raised.value.code == 0
-    assert "one tree decode step on fixed numbers" in capsys.readouterr().out
-
-
-def test_init_random_through_the_command_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
-    out = tmp_path / "ckpt"
-    status = main(["init-random", "--arch", "llama", "--draft", "eagle", "--out", str(out)])
-    assert status == 0
-    assert (out / "target" / "config.json").is_file() or (out / "config.json").is_file()
-
-
-def test_generate_through_the_command_prints_the_generated_ids(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv("EAGLETREE_MODEL__DEVICE", "cpu")
-    monkeypatch.setenv("EAGLETREE_MODEL__DTYPE", "float32")
-    monkeypatch.setenv("EAGLETREE_BACKEND__ATTENTION", "torch")
-    monkeypatch.setenv("EAGLETREE_BACKEND__KV_MOVE", "torch")
-    monkeypatch.setenv("EAGLETREE_MEMORY__MAX_TOTAL_TOKENS", "1024")
-    status = main(["generate", "--prompt-ids", "5 6 7", "--max-new-tokens", "3", "--no-progress"])
-    assert status == 0
-    printed = capfd.readouterr().out.split()  # the command writes to the real stdout
-    assert printed[0] == "[0]"
-    assert len([token for token in printed if token.isdigit()]) == 3
 
 
 def test_show_says_how_many_cpu_threads_the_engine_will_run(
@@ -298,20 +158,3 @@ def test_show_and_validate_take_the_settings_file_the_same_two_ways(
     assert main(["config", "show", paged, "--settings", str(bad)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: config show got two settings files") and "give one" in err
-
-
-def test_init_random_refuses_a_checkpoint_the_disk_of_out_cannot_hold(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import shutil as shutil_module
-    from collections import namedtuple
-
-    from eagletree.adapters.models.random_checkpoint_config import PRESETS
-    from eagletree.app.cli.init_random import check_room
-    from eagletree.domain.errors import ConfigurationError
-
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil_module, "disk_usage", lambda path: usage(1, 1, 1000))
-    with pytest.raises(ConfigurationError, match=r"takes [0-9.]+ MiB and .* has 0\.0 MiB free"):
-        check_room("llama", "eagle", PRESETS["tiny"], torch.bfloat16, tmp_path / "new" / "out")
-    assert not (tmp_path / "new").exists()
