@@ -1,4 +1,4 @@
-"""Random attention batches for the AttentionBackend contract tests, and a naive per-query oracle.
+"""Random attention batches for the AttentionBackend contract tests.
 
 A case owns a real KV pool and req_to_token table filled with random rows, a ForwardBatch of one
 mode, and the q/k/v of its new tokens. Row contents beyond each request's prefix are stale slot
@@ -12,9 +12,7 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from eagletree.adapters.attention.flash_varlen import VarlenKernel
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.mla_pool import MLAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
@@ -34,7 +32,6 @@ from eagletree.domain.tree import (
     organize_draft_results,
     select_top_k_tokens,
 )
-from tests.batch_widths import fixed_width
 
 Pool = MHAKVPool | MLAKVPool
 
@@ -280,120 +277,3 @@ def _randn(
     device: torch.device,
 ) -> torch.Tensor:
     return torch.randn(tuple(shape), generator=gen).to(dtype=dtype, device=device)
-
-
-def naive_attention(case: AttentionCase) -> torch.Tensor:
-    """Plain SDPA per query and head over an explicit key list → (num_tokens, H·Dv) fp32.
-
-    The key lists come from the mode's meaning, not from the backends' plan: tree ancestors are
-    walked through ``DraftTree.parents``; the pool rows are ``case.expected_buffers()``.
-    """
-    batch, layer = case.batch, case.layer
-    buffers = case.expected_buffers()
-    if len(buffers) == 1:
-        keys_buf = buffers[0].float()
-        values_buf = keys_buf[..., : layer.v_head_dim]
-    else:
-        keys_buf, values_buf = buffers
-    table = case.req_to_token.req_to_token.cpu()
-    seq_lens = batch.seq_lens.cpu().tolist()
-    rows = batch.req_pool_indices.cpu().tolist()
-    group = layer.num_q_heads // layer.num_kv_heads
-    out = torch.zeros(batch.num_tokens, layer.num_q_heads, layer.v_head_dim)
-    token = 0
-    for b, prefix in enumerate(seq_lens):
-        prefix_slots = table[rows[b], :prefix].tolist()
-        tails = _tail_lists(case, b, token)
-        for i, tail in enumerate(tails):
-            slots = torch.tensor(prefix_slots + tail, dtype=torch.int64)
-            keys = keys_buf.cpu()[slots].float()  # (len, Hk, Dk)
-            values = values_buf.cpu()[slots].float()
-            for h in range(layer.num_q_heads):
-                query = case.q[token + i, h].cpu().float().view(1, 1, -1)
-                out[token + i, h] = F.scaled_dot_product_attention(
-                    query,
-                    keys[:, h // group].unsqueeze(0),
-                    values[:, h // group].unsqueeze(0),
-                    scale=layer.scaling,
-                ).view(-1)
-        token += len(tails)
-    return out.view(batch.num_tokens, layer.num_q_heads * layer.v_head_dim)
-
-
-def _tail_lists(case: AttentionCase, b: int, first_token: int) -> list[list[int]]:
-    """For each query of request b, the slots of the tail keys it sees."""
-    batch = case.batch
-    slots = batch.out_cache_loc.cpu().tolist()
-    mode = batch.mode
-    if mode is ForwardMode.EXTEND:
-        assert batch.extend_lens is not None
-        n = int(batch.extend_lens[b])
-        return [slots[first_token : first_token + i + 1] for i in range(n)]
-    if mode is ForwardMode.DECODE:
-        return [[slots[first_token]]]
-    if mode is ForwardMode.DRAFT_EXTEND:
-        n = fixed_width(batch)
-        return [slots[first_token : first_token + i + 1] for i in range(n)]
-    if mode is ForwardMode.TARGET_VERIFY:
-        assert case.tree is not None
-        parents = case.tree.parents[b].cpu().tolist()
-        lists = []
-        for i in range(len(parents)):
-            chain, node = [], i
-            while node >= 0:
-                chain.append(slots[first_token + node])
-                node = parents[node]
-            lists.append(chain[::-1])
-        return lists
-    assert isinstance(batch.spec, DraftDecodeSpec)
-    topk = batch.spec.topk
-    ancestors = batch.spec.ancestor_slots.cpu().tolist()
-    return [ancestors[b * topk + j] + [slots[first_token + j]] for j in range(topk)]
-
-
-def emulated_flash_varlen(lse_layout: str) -> VarlenKernel:
-    """A torch stand-in for FlashAttention-2's varlen forward (bottom-right causal mask, GQA,
-    +inf LSE on rows without keys), returning the LSE ``"padded"`` (bs, H, max_q) or
-    ``"packed"`` (H, total_q), the two layouts FlashAttention versions use."""
-
-    def run(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_q: torch.Tensor,
-        cu_k: torch.Tensor,
-        max_q: int,
-        max_k: int,
-        scale: float,
-        causal: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype
-        assert cu_q.dtype == cu_k.dtype == torch.int32
-        total_q, num_heads, _ = q.shape
-        group = num_heads // k.shape[1]
-        bs = cu_q.numel() - 1
-        o = torch.zeros(total_q, num_heads, v.shape[2], dtype=q.dtype)
-        padded = torch.full((bs, num_heads, max_q), float("inf"))
-        packed = torch.full((num_heads, total_q), float("inf"))
-        starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
-        for b in range(bs):
-            q0, q1, k0, k1 = starts_q[b], starts_q[b + 1], starts_k[b], starts_k[b + 1]
-            sq, sk = q1 - q0, k1 - k0
-            assert sq <= max_q and sk <= max_k and k1 <= k.shape[0]
-            if sq == 0:
-                continue
-            keys = k[k0:k1].float().repeat_interleave(group, dim=1)
-            values = v[k0:k1].float().repeat_interleave(group, dim=1)
-            scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), keys) * scale
-            if causal:
-                allowed = torch.arange(sk).view(1, -1) <= torch.arange(sq).view(-1, 1) + sk - sq
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            lse = torch.logsumexp(scores, dim=-1)  # (H, sq)
-            probs = torch.where(torch.isneginf(lse).unsqueeze(-1), 0.0, scores.softmax(-1))
-            o[q0:q1] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
-            lse = torch.where(torch.isneginf(lse), float("inf"), lse)
-            padded[b, :, :sq] = lse
-            packed[:, q0:q1] = lse
-        return o, padded if lse_layout == "padded" else packed
-
-    return run
