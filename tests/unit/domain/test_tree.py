@@ -16,12 +16,11 @@ from eagletree.domain.tree import (
 )
 from tests.hypothesis_profiles import examples
 
-from .brute_force import (
+from .brute_force.beam import beam_reference, select_candidates
+from .brute_force.tree import (
     ancestors_or_self,
-    beam_reference,
     node_parents_from_beam,
     node_parents_from_parent_list,
-    select_candidates,
     tree_reference,
 )
 from .strategies import DEVICES, DraftCase, draft_cases

@@ -14,13 +14,8 @@ from eagletree.domain.sampling import probs_from_logits, sample_from_probs
 from eagletree.domain.verify import verify_tree_greedy, verify_tree_sampling
 from tests.hypothesis_profiles import examples
 
-from .brute_force import (
-    child_lists,
-    inverse_cdf,
-    links_from_child_lists,
-    probs_reference,
-    verify_sampling_reference,
-)
+from .brute_force.tree import child_lists, links_from_child_lists
+from .brute_force.verification import inverse_cdf, probs_reference, verify_sampling_reference
 from .strategies import DEVICES, TreeBatch, distinct_sibling_tokens, tree_batches
 
 
