@@ -1,15 +1,14 @@
-"""Parity of the draft heads over their KV pools with references built from transformers' layers.
+"""References of the draft heads built from transformers' layers, and the run that
+compares a head over its KV pool with one.
 
 EAGLE-1 and EAGLE-3 have no transformers class, so each reference is assembled from HF Llama
 modules the way SafeAILab / SpecForge define the head, written to disk in the published format,
-and loaded with our loader; the MTP reference is transformers' own ``MtpModel`` (DeepSeek-V3).
-Every reference recomputes a request's whole sequence densely; our runner sees it as a ragged
-EXTEND followed by DECODE steps through the pool.
+and loaded with our loader. Every reference recomputes a request's whole sequence densely; our
+runner sees it as a ragged EXTEND followed by DECODE steps through the pool.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,24 +19,17 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from eagletree.adapters.models.draft_loading import load_draft
-from eagletree.adapters.models.eagle3 import Eagle3Draft
-from eagletree.adapters.models.loading import load_target
 from eagletree.adapters.models.runner import DraftModelRunner
 from tests.integration.models.harness import (
-    BACKENDS,
     Memory,
     Requests,
     perturb_parameters,
     random_prompts,
     relative_error,
-    skip_unless_backend_runs,
 )
 
 transformers = pytest.importorskip("transformers")
 llama_modeling = pytest.importorskip("transformers.models.llama.modeling_llama")
-deepseek_modeling = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
-pytestmark = pytest.mark.hf
 
 TOLERANCE = 1e-4
 VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 61, 64, 4, 2, 16
@@ -80,14 +72,6 @@ def save_draft(directory: Path, config: dict[str, Any], tensors: dict[str, torch
     (directory / "config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
     return directory
-
-
-@pytest.fixture
-def llama_target(tmp_path: Path) -> Any:
-    model = transformers.LlamaForCausalLM(llama_config(num_hidden_layers=2)).eval()
-    perturb_parameters(model, seed=21)
-    model.save_pretrained(tmp_path / "target")
-    return model
 
 
 def eagle_reference(tmp_path: Path, target: Any) -> tuple[Path, Reference]:
@@ -223,99 +207,3 @@ def run_draft_against_reference(
             assert torch.isfinite(got).all() and torch.isfinite(want).all()
             assert relative_error(got, want) <= TOLERANCE
             row += len(chunk)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_eagle_head_matches_its_transformers_reference(
-    tmp_path: Path, device: torch.device, backend: str, llama_target: Any
-) -> None:
-    skip_unless_backend_runs(backend, device)
-    path, reference = eagle_reference(tmp_path, llama_target)
-    target = load_target(tmp_path / "target", torch.float32, device)
-    (head,) = load_draft(path, "eagle", target, torch.float32)
-    memory = Memory(device)
-    runner = DraftModelRunner(head, *memory.runner_parts(head.kv_layout, backend, torch.float32))
-    run_draft_against_reference(runner, memory, reference, HIDDEN)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_eagle3_head_matches_its_transformers_reference_over_the_target_vocabulary(
-    tmp_path: Path, device: torch.device, backend: str, llama_target: Any
-) -> None:
-    skip_unless_backend_runs(backend, device)
-    path, reference, fuse = eagle3_reference(tmp_path, llama_target, draft_vocab=23)
-    target = load_target(tmp_path / "target", torch.float32, device)
-    (head,) = load_draft(path, "eagle3", target, torch.float32)
-    assert isinstance(head, Eagle3Draft)
-    memory = Memory(device)
-    runner = DraftModelRunner(head, *memory.runner_parts(head.kv_layout, backend, torch.float32))
-    run_draft_against_reference(runner, memory, reference, 3 * HIDDEN, fuse)
-
-
-def test_deepseek_mtp_layers_match_transformers_mtp_model(
-    tmp_path: Path, device: torch.device
-) -> None:
-    modeling_layers = importlib.import_module("transformers.modeling_layers")
-    if not hasattr(getattr(modeling_layers, "MtpModel", None), "forward_layer"):
-        # transformers 5.17 (the GPU machine's) has an MtpModel without per-layer stepping;
-        # CI pins 5.24, where this reference runs
-        pytest.skip("this transformers has no MtpModel.forward_layer")
-    config = transformers.DeepseekV3Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        first_k_dense_replace=4,
-        n_routed_experts=4,
-        n_group=1,
-        topk_group=1,
-        num_experts_per_tok=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        q_lora_rank=24,
-        kv_lora_rank=32,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=12,
-        max_position_embeddings=64,
-        num_mtp_layers=2,
-    )
-    config._attn_implementation = "eager"
-    main = transformers.DeepseekV3ForCausalLM(config).eval()
-    perturb_parameters(main, seed=41)
-    main.save_pretrained(tmp_path / "target")
-    mtp = modeling_layers.MtpModel(main, 2).eval()
-    for layer in mtp.layers:  # dense MLPs, as the layers we support
-        layer.mtp_block.mlp = deepseek_modeling.DeepseekV3MLP(config)
-    perturb_parameters(mtp.layers, seed=42)
-
-    # published layout: the MTP layers inside the DeepSeek-V3 checkpoint, after the main layers
-    tensors = {}
-    for i, layer in enumerate(mtp.layers):
-        for name, tensor in layer.state_dict().items():
-            name = name.replace("mtp_block.", "").replace("post_norm.", "shared_head.norm.")
-            tensors[f"model.layers.{2 + i}.{name}"] = tensor
-    shard = tmp_path / "target" / "model-mtp.safetensors"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(shard))
-    raw = json.loads((tmp_path / "target" / "config.json").read_text())
-    raw["num_nextn_predict_layers"] = 2
-    (tmp_path / "target" / "config.json").write_text(json.dumps(raw))
-
-    target = load_target(tmp_path / "target", torch.float32, device)
-    layers = load_draft(tmp_path / "target", "mtp", target, torch.float32)
-    assert len(layers) == 2
-    memory = Memory(device)
-    for index, head in enumerate(layers):
-        runner = DraftModelRunner(
-            head, *memory.runner_parts(head.kv_layout, "torch", torch.float32)
-        )
-
-        def reference(
-            ids: torch.Tensor, hidden: torch.Tensor, index: int = index
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            positions = torch.arange(ids.shape[0])[None]
-            out = mtp.forward_layer(index, hidden[None], positions, None, input_ids=ids[None])
-            return out[0], mtp._project_to_logits(out[0])
-
-        run_draft_against_reference(runner, memory, reference, HIDDEN)
