@@ -24,8 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which the GPU machine may lack
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadgroup``: single tests, but whole modules where fixtures are costly (see
-    ``tests/xdist_scheduling.py``)."""
+    """``--dist loadgroup``: single tests, but whole modules or folders where fixtures are
+    costly (see ``tests/xdist_scheduling.py``)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from tests.xdist_scheduling import CostlyFixtureScheduling

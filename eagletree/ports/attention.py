@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 class AttentionBackend(Protocol):
     """Computes attention for one layer of one forward; owned by one runner with its pools.
 
-    Contract (tests/contracts/test_attention.py, every adapter against the torch reference):
+    Contract (tests/contracts/attention/, every adapter against the torch reference):
       * ``init_forward_metadata(batch)`` is called once per forward, before the layers; it may
         only fill preallocated buffers (so that the engine can capture CUDA graphs) and, when
         ``batch.seq_lens_sum is None`` (a GPU-only batch), must not synchronise with the host.

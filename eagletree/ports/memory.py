@@ -59,7 +59,7 @@ class ReqToTokenPool(Protocol):
 class RowMover(Protocol):
     """Moves rows between slots of several slot-indexed buffers (the engine of ``move_kv_cache``).
 
-    Contract (tests/contracts/test_kv_pool.py): ``move(buffers, tgt, src)`` equals
+    Contract (tests/contracts/kv_pool/): ``move(buffers, tgt, src)`` equals
     ``domain.kv_move.move_rows_reference`` bit for bit for any (tgt, src) with distinct targets
     (except (0, 0) padding), including chains where a target is another pair's source; any dtype
     (rows are copied as raw bytes); an empty move does nothing and launches nothing. ``tgt`` and

@@ -1,8 +1,9 @@
 """The requests `eagletree serve` refuses, one per row of the "Server" table in docs/errors.md:
 each with the words of its message and the field its error body names.
 
-Data only (no FastAPI), so that tests/integration/test_errors.py can check the table against
-these ids where the serve extra is not installed; test_bad_requests.py sends them.
+Data only (no FastAPI), so that
+tests/integration/test_a_mistake_is_one_line_naming_what_to_change.py can check the table
+against these ids where the serve extra is not installed; test_bad_requests.py sends them.
 """
 
 from __future__ import annotations

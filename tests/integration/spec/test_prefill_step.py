@@ -20,6 +20,8 @@ from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.engine.worker import StepOutput
 from eagletree.domain.request import RequestStatus
 from eagletree.domain.sampling import SamplingParams
+from tests.integration.spec.eagle_v1.engines import v1_engine
+from tests.integration.spec.eagle_v2.engines import random_checkpoints
 from tests.integration.spec.harness import (
     SIZES,
     SpecModels,
@@ -28,9 +30,7 @@ from tests.integration.spec.harness import (
     ragged_prompts,
     speculative_engine,
 )
-from tests.integration.spec.test_eagle_v1 import v1_engine
-from tests.integration.spec.test_eagle_v2 import random_checkpoints
-from tests.integration.spec.test_multi_layer_mtp import NUM_LAYERS, mtp_engine
+from tests.integration.spec.multi_layer_mtp.engines import NUM_LAYERS, mtp_engine
 
 NUM_REQUESTS = 7
 ARRIVAL_EVERY = 2  # steps between two submits after the first three

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from .brute_force import child_lists, links_from_child_lists
+from .brute_force.tree import child_lists, links_from_child_lists
 
 # how the draft probabilities of one example are drawn; all but "continuous" produce exact ties
 PROBABILITY_MODES = ("palette", "quantised", "all_equal", "with_ones", "continuous", "sorted")

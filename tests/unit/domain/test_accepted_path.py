@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from eagletree.domain.accepted_path import accepted_path_ranks
 from tests.hypothesis_profiles import examples
 
-from .brute_force import child_lists
+from .brute_force.tree import child_lists
 from .strategies import TreeBatch, tree_batches
 
 # root 0 → {1, 2, 3}; 1 → {4, 5}; 3 → {6}; 4 → {7}

@@ -20,7 +20,7 @@ from eagletree.domain.kv_move import move_rows_reference
 from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
-from .brute_force import FakeKVPool, move_pairs_reference
+from .brute_force.compaction import FakeKVPool, move_pairs_reference
 from .strategies import DEVICES, TreeBatch, tree_batches
 
 

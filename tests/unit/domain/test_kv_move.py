@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from eagletree.domain.kv_move import move_rows_reference
 from tests.hypothesis_profiles import examples
 
-from .brute_force import FakeKVPool
+from .brute_force.compaction import FakeKVPool
 from .strategies import DEVICES
 
 

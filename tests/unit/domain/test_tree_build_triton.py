@@ -12,7 +12,7 @@ from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
 from .strategies import DEVICES, DraftCase, draft_cases
-from .test_tree import organize, run_beam
+from .tree.beam_runs import organize, run_beam
 
 FIELDS = (
     "tree_mask",

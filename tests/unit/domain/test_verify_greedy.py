@@ -15,12 +15,8 @@ from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
-from .brute_force import (
-    VerifyReference,
-    child_lists,
-    links_from_child_lists,
-    verify_greedy_reference,
-)
+from .brute_force.tree import child_lists, links_from_child_lists
+from .brute_force.verification import VerifyReference, verify_greedy_reference
 from .strategies import DEVICES, TreeBatch, tree_batches
 
 Links = tuple[list[int], list[int]]
