@@ -1,4 +1,4 @@
-"""The v1 tests' checkpoints, loaded once per module, on one CPU thread."""
+"""The v1 tests' checkpoints, loaded once per package, on one CPU thread."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def one_cpu_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spec_models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
     cache: dict[tuple[object, ...], SpecModels] = {}
 

@@ -1,4 +1,4 @@
-"""The v2 tests' tiny random checkpoints, loaded once per module."""
+"""The v2 tests' tiny random checkpoints, loaded once per package."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from tests.integration.spec.eagle_v2.engines import ModelCache
 from tests.integration.spec.harness import SpecModels, load_spec_models
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spec_models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
     """Loads each (arch, draft, device, sizes) once per module."""
     cache: dict[tuple[object, ...], SpecModels] = {}

@@ -1,4 +1,4 @@
-"""The multi-layer MTP tests' checkpoints, loaded once per module, on one CPU thread."""
+"""The multi-layer MTP tests' checkpoints, loaded once per package, on one CPU thread."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def one_cpu_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def mtp_models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
     cache: dict[tuple[str, str], SpecModels] = {}
 

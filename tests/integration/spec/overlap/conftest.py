@@ -1,4 +1,4 @@
-"""The overlap tests' checkpoints, loaded once per module."""
+"""The overlap tests' checkpoints, loaded once per package."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.integration.spec.harness import SIZES, SpecModels, load_spec_models
 from tests.integration.spec.overlap.runs import ModelCache
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def models(tmp_path_factory: pytest.TempPathFactory) -> ModelCache:
     cache: dict[tuple[str, str, str, str], SpecModels] = {}
 
