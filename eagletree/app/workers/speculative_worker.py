@@ -164,10 +164,19 @@ class SpeculativeWorker(StepWorker):
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend)
             forwards = 1 + max(shape.num_steps, 1)
             observer = None if observed is None else partial(self.policy.observe, shape)
-            output = StepOutput(
-                decode, tokens, emitted, emitted, forwards, 0, True, observed, observer
+            outputs.append(
+                StepOutput(
+                    requests=decode,
+                    tokens=tokens,
+                    num_emitted=emitted,
+                    num_committed=emitted,
+                    num_forwards=forwards,
+                    num_prefill=0,
+                    speculative=True,
+                    observed=observed,
+                    observer=observer,
+                )
             )
-            outputs.append(output)
         return _joined(outputs, num_prefill=len(plan.prefill))
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
