@@ -14,6 +14,7 @@ from typing import Literal
 
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
+from eagletree.domain.draft_shape import max_draft_tokens
 from eagletree.domain.errors import ConfigurationError
 
 logger = logging.getLogger("eagletree.config")
@@ -70,11 +71,6 @@ def default_parameters(target: TargetDescription) -> tuple[tuple[int, int, int],
     if target.architecture in DEEPSEEK_FAMILY or target.attention_kind in ("mla", "dsa"):
         return DEEPSEEK_FAMILY_PARAMETERS, "the DeepSeek/MLA family"
     return OTHER_PARAMETERS, "architectures without a tuned default"
-
-
-def max_draft_tokens(num_steps: int, topk: int) -> int:
-    """Largest N: the root plus k first-step candidates plus k² per later step."""
-    return 1 + topk + (num_steps - 1) * topk * topk
 
 
 def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> ResolvedSpeculative:

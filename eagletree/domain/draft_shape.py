@@ -26,6 +26,11 @@ from dataclasses import dataclass, field
 RankPath = tuple[int, ...]  # the candidate rank chosen at each depth, root excluded
 
 
+def max_draft_tokens(num_steps: int, topk: int) -> int:
+    """Largest N: the root plus k first-step candidates plus k² per later step."""
+    return 1 + topk + (num_steps - 1) * topk * topk
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class DraftShape:
     """Draft depth ``num_steps`` (S), beam width ``topk`` (k), nodes verified
@@ -54,10 +59,10 @@ class DraftShape:
             raise ValueError(f"a draft shape needs S >= 1, k >= 1, N >= 2; got {self.label}")
         if k == 1 and n != s + 1:
             raise ValueError(f"a chain of depth {s} verifies {s + 1} nodes, got N {n}")
-        if n - 1 > k + (s - 1) * k * k:
+        if n > max_draft_tokens(s, k):
             raise ValueError(
-                f"{self.label}: N - 1 = {n - 1} exceeds the {k + (s - 1) * k * k} candidates "
-                f"a depth-{s}, width-{k} beam drafts"
+                f"{self.label}: N - 1 = {n - 1} exceeds the {max_draft_tokens(s, k) - 1} "
+                f"candidates a depth-{s}, width-{k} beam drafts"
             )
 
     @staticmethod

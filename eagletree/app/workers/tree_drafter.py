@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.domain.batch import DraftDecodeSpec, ForwardBatch, ForwardMode
+from eagletree.domain.draft_shape import max_draft_tokens
 from eagletree.domain.sampling import top_k_probs
 from eagletree.domain.tree import (
     BeamStep,
@@ -64,7 +65,7 @@ class TreeDrafter:
                 f"num_steps={num_steps} and topk={topk} must be >= 1 and num_draft_tokens="
                 f"{num_draft_tokens} >= 2"
             )
-        if num_draft_tokens - 1 > topk + (num_steps - 1) * topk * topk:
+        if num_draft_tokens > max_draft_tokens(num_steps, topk):
             raise ValueError(
                 f"num_draft_tokens={num_draft_tokens} exceeds the {topk}-wide, {num_steps}-deep "
                 "beam's candidates plus the root"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eagletree.config.eagle_hook import max_draft_tokens
+from eagletree.domain.draft_shape import max_draft_tokens
 
 
 def _tree_capacity(num_steps: int, topk: int) -> int:
