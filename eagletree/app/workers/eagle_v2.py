@@ -88,7 +88,7 @@ class EagleWorkerV2(TreeWorker):
         emitted (bs,) ones (and no observed columns). Device work only."""
         window = DecodeWindow.of(inputs)
         bs = window.batch_size
-        pending = self._state.gather(inputs.rows).bonus_tokens  # (bs,) int64
+        pending = self._state.bonus_tokens[inputs.rows]  # (bs,) int64
         slots = window.slots(self._target.req_to_token_pool.req_to_token, 1).reshape(bs)
         batch = ForwardBatch(
             mode=ForwardMode.DECODE,
