@@ -130,15 +130,10 @@ class AdaptiveShapes:
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         if not decode or self._costs is None:
             return self._current
-        bands = Counter(temperature_band(r) for r in decode)
+        bands = [temperature_band(r) for r in decode]
+        expected = {band: self._expected_of(band) for band in set(bands)}
+        per_shape = [[expected[band][i] for band in bands] for i in range(len(self.shapes))]
         sampled = any(not r.params.greedy for r in decode)
-        per_shape = [[0.0] * len(decode) for _ in self.shapes]
-        column = 0
-        for band, count in bands.items():
-            expected = self._expected_of(band)
-            for i, value in enumerate(expected):
-                per_shape[i][column : column + count] = [value] * count
-            column += count
         seconds = [self._costs.of(shape, len(decode), sampled) for shape in self.shapes]
         choice = choose_shape(self.shapes, seconds, per_shape, self._current, self._hysteresis)
         self._current = choice.shape
