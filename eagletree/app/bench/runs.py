@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app.parallel.launch import with_parallel
 from eagletree.app.workers.shape_policy import AdaptiveShapes
+from eagletree.app.workers.speculative_worker import SpeculativeWorker
 
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
@@ -105,8 +106,10 @@ def _measure_windows(
 
 def _choices(engine: Engine) -> Counter[DraftShape]:
     """The steps of each shape an adaptive worker chose so far (empty for a fixed one)."""
-    policy = getattr(engine.worker, "policy", None)  # speculative workers have one
-    return policy.chosen if isinstance(policy, AdaptiveShapes) else Counter()
+    worker = engine.worker
+    if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
+        return worker.policy.chosen
+    return Counter()
 
 
 def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:
