@@ -1,7 +1,13 @@
 """Per-request device state between speculative steps: the bonus token, the draft's top-k after
 it and the draft hidden state that proposed them (``DraftInput``), kept in device tensors indexed
 by req_to_token row (``DraftStateStore``), so that a step reads and writes it without the host
-ever seeing its values."""
+ever seeing its values; and the target outputs a row's draft has not read yet (``DraftLag``).
+
+Why a lag: a plain step (no drafts) needs only the target, but the draft must still see every
+committed token before it drafts again. Running the draft over each token at once costs a draft
+forward per plain step; leaving the (token, target feature) pairs in a per-row buffer and
+extending the draft over up to ``width`` of them in one forward (a catch-up) costs one every
+``width`` steps, as wide a forward as a verify's re-extend."""
 
 from __future__ import annotations
 
@@ -41,8 +47,11 @@ class DraftStateStore:
         hidden_size: int,
         hidden_dtype: torch.dtype,
         device: torch.device,
+        lag_width: int = 1,
     ) -> None:
         self._owner: dict[int, int] = {}  # row -> request id
+        self._lag: dict[int, int] = {}  # row -> plain steps whose tokens its draft has not read
+        self.lag = DraftLag(num_rows, lag_width, device)
         self.bonus_tokens = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.topk_p = torch.zeros(num_rows, topk, dtype=torch.float32, device=device)
         self.topk_index = torch.zeros(num_rows, topk, dtype=torch.int64, device=device)
@@ -55,6 +64,7 @@ class DraftStateStore:
         """Forget every row not owned by one of ``live`` (the requests of the current plan)."""
         keep = {r.row: r.request_id for r in live if r.row is not None}
         self._owner = {row: rid for row, rid in self._owner.items() if keep.get(row) == rid}
+        self._lag = {row: lag for row, lag in self._lag.items() if row in self._owner}
 
     def check_owned(self, requests: Sequence[Request]) -> None:
         """Raise unless the store holds a state written for each of ``requests`` (host only)."""
@@ -62,11 +72,18 @@ class DraftStateStore:
             if request.row is None or self._owner.get(request.row) != request.request_id:
                 raise RuntimeError(f"no draft state for {request}: it was never prefilled")
 
-    def own(self, requests: Sequence[Request]) -> None:
-        """Record that the rows of ``requests`` now hold their states (host only)."""
+    def own(self, requests: Sequence[Request], *, lagging: bool = False) -> None:
+        """Record that the rows of ``requests`` now hold their states (host only); ``lagging``:
+        the step left one more token in each row's lag, else the draft has read them all."""
         for request in requests:
             assert request.row is not None, request
             self._owner[request.row] = request.request_id
+            self._lag[request.row] = self._lag.get(request.row, 0) + 1 if lagging else 0
+
+    def lag_of(self, requests: Sequence[Request]) -> int:
+        """The most tokens any of ``requests`` has in its lag (host only: the host counts the
+        steps that left them, so it never reads the device's counts)."""
+        return max((self._lag.get(r.row, 0) for r in requests if r.row is not None), default=0)
 
     def gather(self, rows: torch.Tensor, topk: int | None = None) -> DraftInput:
         """The states at ``rows`` (bs,) int64 device, with the first ``topk`` (default: all)
@@ -86,3 +103,45 @@ class DraftStateStore:
         self.topk_p[rows] = state.topk_p.float()
         self.topk_index[rows] = state.topk_index.to(torch.int64)
         self.hidden_states[rows] = state.hidden_states.to(self.hidden_states.dtype)
+
+
+class DraftLag:
+    """Per req_to_token row, up to ``width`` (token, target feature) pairs that the draft has not
+    extended over yet, in the draft convention: pair i is the token at position p + 1 with the
+    target's feature at p. ``count`` is each row's number of pairs (device)."""
+
+    def __init__(self, num_rows: int, width: int, device: torch.device) -> None:
+        if width < 1:
+            raise ValueError(f"a draft lag holds at least one token per row, got width {width}")
+        self.width = width
+        self.tokens = torch.zeros(num_rows, width, dtype=torch.int64, device=device)
+        self.count = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        # (num_rows, width, F): F (the target's hidden or aux width) and dtype are known at the
+        # first record, which a graph capture's eager warm-up always runs before capturing
+        self.features: torch.Tensor | None = None
+
+    def record(self, rows: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """Append each row's pair: ``rows``, ``tokens`` (bs,) int64, ``features`` (bs, F).
+        Device ops only; a full row (only a padding row, which nobody reads) overwrites its
+        last pair."""
+        if self.features is None:
+            shape = (*self.tokens.shape, features.shape[-1])
+            self.features = torch.zeros(shape, dtype=features.dtype, device=features.device)
+        column = self.count[rows].clamp(max=self.width - 1)  # (bs,) int64
+        self.tokens[rows, column] = tokens
+        self.features[rows, column] = features.to(self.features.dtype)
+        self.count[rows] = column + 1
+
+    def read(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pairs of ``rows`` (bs,) as extend-block inputs: tokens (bs·width,) int64,
+        features (bs·width, F) and counts (bs,) int64 (rows past a count are stale)."""
+        assert self.features is not None, "a catch-up before any plain step recorded a pair"
+        return (
+            self.tokens[rows].reshape(-1),
+            self.features[rows].reshape(-1, self.features.shape[-1]),
+            self.count[rows],
+        )
+
+    def clear(self, rows: torch.Tensor) -> None:
+        """The draft has read every pair of ``rows`` (a catch-up, or a prefill's new state)."""
+        self.count[rows] = 0

@@ -33,13 +33,15 @@ from eagletree.domain.compaction import compact_rows
 
 if TYPE_CHECKING:
     from eagletree.app.workers.decode_inputs import DecodeInputs
+    from eagletree.app.workers.draft_state import DraftInput
     from eagletree.domain.draft_shape import DraftShape
 
 
 class EagleWorkerV2(TreeWorker):
     """Speculative worker: prefill + draft prefill for new requests, a tree step for the rest
     (arguments as ``TreeWorker``'s). A step of the plain shape (S = 0) decodes one token with
-    the target and keeps the draft's state current with a one-row extend."""
+    the target and leaves the token in the draft's lag, which a later plain step's catch-up
+    extends the draft over (``DraftLag``)."""
 
     def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         """Phases 1–6 of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
@@ -82,10 +84,16 @@ class EagleWorkerV2(TreeWorker):
         )
         return tokens, accepted, torch.cat([ranks, offered], dim=1)
 
-    def _decode_plain(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
-        """One target DECODE of every pending token, sampled, and the draft's extend over it
-        (its KV, hidden state and top-k, for the steps that draft again) → tokens (bs, 1),
-        emitted (bs,) ones (and no observed columns). Device work only."""
+    def _decode_catching_up(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        return self._decode_plain(inputs, catch_up=True)
+
+    def _decode_plain(
+        self, inputs: DecodeInputs, catch_up: bool = False
+    ) -> tuple[torch.Tensor, ...]:
+        """One target DECODE of every pending token, sampled; the new token and its target
+        feature join the row's draft lag, and with ``catch_up`` the draft extends over the
+        whole lag (its KV, hidden state and top-k, for the steps that draft again) → tokens
+        (bs, 1), emitted (bs,) ones (and no observed columns). Device work only."""
         window = DecodeWindow.of(inputs)
         bs = window.batch_size
         pending = self._state.bonus_tokens[inputs.rows]  # (bs,) int64
@@ -103,11 +111,29 @@ class EagleWorkerV2(TreeWorker):
         out = self._target.forward(batch)  # logits (bs, V)
         tokens = sample_tokens(out.logits, inputs.sampling, self._kernels).to(torch.int64)
         features = self._extender.target_features(out.hidden_states, out.aux_hidden_states)
-        none_accepted = torch.zeros_like(tokens)
-        next_state = self._extender.extend_block(window, tokens, features, none_accepted, slots, 1)
-        self._state.scatter(inputs.rows, next_state)
+        lag = self._state.lag
+        lag.record(inputs.rows, tokens, features)
+        if catch_up:
+            self._state.scatter(inputs.rows, self._extend_over_lag(window, inputs.rows))
+            lag.clear(inputs.rows)
+        else:
+            self._state.bonus_tokens[inputs.rows] = tokens
         accepted = torch.ones_like(tokens)
         self._steps.buffers.advance_lengths(inputs.rows, inputs.seq_lens + accepted)
         if not self.policy.observes:
             return tokens.unsqueeze(1), accepted
         return tokens.unsqueeze(1), accepted, tokens.new_zeros(bs, 0)
+
+    def _extend_over_lag(self, window: DecodeWindow, rows: torch.Tensor) -> DraftInput:
+        """The draft's extend over each row's lag, whose newest pair read the pending token:
+        the lag's c pairs are positions L + 1 − c .. L (L the step's committed length, the
+        pending token's position), one block of the lag's width from L + 1 − c."""
+        width = self._state.lag.width
+        tokens, features, counts = self._state.lag.read(rows)
+        if width > 1:  # the block starts behind the host's lengths: a device-only window
+            start = (window.seq_lens + 1 - counts).clamp_min(0)  # padding rows: from 0
+            window = DecodeWindow(window.req_pool_indices, start)
+        slots = window.slots(self._target.req_to_token_pool.req_to_token, width)
+        return self._extender.extend_block(
+            window, tokens, features, counts - 1, slots.reshape(-1), width
+        )

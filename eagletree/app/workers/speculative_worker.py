@@ -28,13 +28,14 @@ from eagletree.app.workers.shape_policy import AdaptiveShapes, FixedShape, Shape
 from eagletree.app.workers.step_costs import measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
-from eagletree.domain.draft_shape import DraftShape
+from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
     from eagletree.app.workers.decode_inputs import DecodeInputs
     from eagletree.app.workers.draft_state import DraftStateStore
+    from eagletree.app.workers.step_graphs import DecodeStepRunner
     from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.batch import ForwardBatch
@@ -99,6 +100,12 @@ class SpeculativeWorker(StepWorker):
             s: self._new_step_runner(partial(self._decode_as, s), _coins_per_step(s))
             for s in self.policy.shapes[1:]
         }
+        # a plain step that also extends the draft over every token its rows left in their lag
+        self._catch_up = (
+            self._new_step_runner(self._decode_catching_up, _coins_per_step(PLAIN))
+            if PLAIN in self.policy.shapes
+            else None
+        )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
 
@@ -110,16 +117,23 @@ class SpeculativeWorker(StepWorker):
     def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float:
         """Capture every shape's decode graphs; returns the seconds taken."""
         many = len(self._runners) > 1
-        return sum(
+        seconds = sum(
             runner.capture(progress, shape.label if many else "")
             for shape, runner in self._runners.items()
         )
+        if self._catch_up is not None:
+            seconds += self._catch_up.capture(progress, "plain with the draft's catch-up")
+        return seconds
 
     def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
         """An adaptive policy's step costs, measured over every shape's runner."""
         if isinstance(self.policy, AdaptiveShapes):
             buckets = self._buckets or (1,)
-            self.policy.use_costs(measure_step_costs(self._runners, buckets, progress=progress))
+            costs = measure_step_costs(self._runners, buckets, progress=progress)
+            if self._catch_up is not None:  # a run of plain steps: one catch-up every lag width
+                catch_up = measure_step_costs({PLAIN: self._catch_up}, buckets)
+                costs = costs.amortised(PLAIN, catch_up, every=self._state.lag.width)
+            self.policy.use_costs(costs)
 
     @property
     def reserve_per_step(self) -> int:
@@ -153,16 +167,19 @@ class SpeculativeWorker(StepWorker):
             self._state.check_owned(decode)
             shape = self.policy.choose(decode)
             observed = None
+            lagging = False
             if self._runs_on_device(decode):
-                run = self._runners[shape].run(decode, exact_lengths=plan.exact_lengths)
+                shape, runner, lagging = self._runner_of(shape, decode)
+                run = runner.run(decode, exact_lengths=plan.exact_lengths)
                 tokens, emitted, *rest = run
                 observed = rest[0] if rest and not shape.is_plain else None
             else:
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
                 tokens, emitted = self._decode_on_host(decode)
-            self._state.own(decode)
-            # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend)
-            forwards = 1 + max(shape.num_steps, 1)
+            self._state.own(decode, lagging=lagging)
+            # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
+            # a plain step's catch-up)
+            forwards = 1 + (0 if lagging else max(shape.num_steps, 1))
             observer = None if observed is None else partial(self.policy.observe, shape)
             outputs.append(
                 StepOutput(
@@ -218,6 +235,27 @@ class SpeculativeWorker(StepWorker):
         only."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the host only")
 
+    def _runner_of(
+        self, shape: DraftShape, decode: Sequence[Request]
+    ) -> tuple[DraftShape, DecodeStepRunner, bool]:
+        """The step to run when the policy chose ``shape``: the shape it runs, its runner and
+        whether it leaves one more token in the rows' draft lag. A plain step leaves its token
+        there until some row's lag would fill; then, and before a step that drafts while some
+        row lags, it runs the catch-up (the drafting shape waits one step)."""
+        if self._catch_up is None:
+            return shape, self._runners[shape], False
+        lag = self._state.lag_of(decode)
+        if shape.is_plain and lag + 1 < self._state.lag.width:
+            return shape, self._runners[shape], True
+        if shape.is_plain or lag:
+            return PLAIN, self._catch_up, False
+        return shape, self._runners[shape], False
+
+    def _decode_catching_up(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """A plain step whose draft then extends over every token in its rows' lag (as
+        ``_decode_as``'s outputs). Device work only."""
+        raise NotImplementedError(f"{type(self).__name__} has no plain steps")
+
     def _runs_on_device(self, decode: Sequence[Request]) -> bool:
         """Whether the decode step over ``decode`` is ``_decode_as`` (run by the step
         runner, from a graph where one is captured) rather than ``_decode_on_host``."""
@@ -227,6 +265,21 @@ class SpeculativeWorker(StepWorker):
         """The decode step sized from the requests' exact host lengths → (tokens, emitted),
         as ``_decode_as``'s."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
+
+
+# the most plain steps whose tokens the draft leaves unread (docs/speculative.md)
+MAX_LAG = 8
+
+
+def lag_width(shapes: Sequence[DraftShape], mask_mode: TreeMaskMode) -> int:
+    """How many plain steps' tokens a row's draft may leave unread: up to ``MAX_LAG``, within the
+    widest window a step may write past the committed length (the slots the scheduler keeps
+    backed there hold the catch-up's draft KV); 1 — a catch-up every plain step — where the
+    tree mask is sized from the host's lengths (``FULL_MASK``), which a catch-up starting
+    behind them does not have."""
+    if mask_mode is not TreeMaskMode.QLEN_ONLY:
+        return 1
+    return min(MAX_LAG, max(s.window_len for s in shapes))
 
 
 def _coins_per_step(shape: DraftShape) -> int:

@@ -37,6 +37,17 @@ class StepCosts:
             return self.seconds[(shape, largest, sampled)] * batch_size / largest
         return self.seconds[(shape, bucket, sampled)]
 
+    def amortised(self, shape: DraftShape, once: StepCosts, every: int) -> StepCosts:
+        """These costs with ``shape``'s step replaced by the mean over ``every`` steps of which
+        one costs ``once``'s (same buckets) and the rest this table's: a run of plain steps that
+        catch the draft up once per lag width."""
+        seconds = dict(self.seconds)
+        for (other, bucket, sampled), extra in once.seconds.items():
+            key = (shape, bucket, sampled)
+            seconds[key] = ((every - 1) * self.seconds[key] + extra) / every
+            assert other == shape, "amortised over the same shape's costs"
+        return StepCosts(self.buckets, seconds)
+
 
 def measure_step_costs(
     runners: Mapping[DraftShape, DecodeStepRunner],

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore
-from eagletree.app.workers.speculative_worker import SpeculativeWorker
+from eagletree.app.workers.speculative_worker import SpeculativeWorker, lag_width
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.domain.draft_shape import DraftShape
@@ -82,6 +82,7 @@ class TreeWorker(SpeculativeWorker):
             hidden_size=draft_hidden_size,
             hidden_dtype=draft.kv_pool.geometry.dtype,
             device=target.req_to_token_pool.req_to_token.device,
+            lag_width=lag_width(shapes, mask_mode),
         )
         super().__init__(
             target,
@@ -108,4 +109,5 @@ class TreeWorker(SpeculativeWorker):
     ) -> int:
         state = self._extender.extend_prefill(batch, last_rows, next_tokens, target_out)
         self._state.scatter(batch.req_pool_indices, state)
+        self._state.lag.clear(batch.req_pool_indices)
         return 1

@@ -17,7 +17,7 @@ from eagletree.adapters.models.draft_loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.workers.shape_policy import AdaptiveShapes
-from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling import SamplingParams
 from tests.integration.spec.harness import (
@@ -173,7 +173,10 @@ def test_the_adaptive_policy_prices_its_shapes_and_learns_from_read_back_steps(
     loaded = models("eagle")
     batch = prompts(4, seed=6)
     expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
-    policy = AdaptiveShapes(SHAPES, hysteresis=0.0, refresh_steps=1)
+    # a prior that expects every draft accepted: speculation wins until steps say otherwise
+    # (a plain step observes nothing, so a pessimistic prior would never learn)
+    prior = RankProfile(((0.97,),))
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, refresh_steps=1)
     spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy, graph_buckets=(1, 2, 4))
     spec.worker.calibrate()
     costs = policy.costs

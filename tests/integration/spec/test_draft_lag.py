@@ -1,0 +1,172 @@
+"""Plain steps leave their tokens in the draft's lag and a catch-up extends the draft over them
+in one forward: the draft ends in the state it reaches when it extends after every plain step —
+the same top-k, probabilities and hidden state, so the trees drafted after a run of plain steps
+are the ones drafted without the lag — whatever each row's lag when the catch-up comes (rows
+that joined mid-run, a run longer than the lag, a drafting step that must wait for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from eagletree.app.workers.draft_state import DraftLag
+from eagletree.app.workers.speculative_worker import lag_width
+from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.request import Request
+from eagletree.domain.sampling import SamplingParams
+from eagletree.domain.tree import TreeMaskMode
+from tests.integration.spec.harness import (
+    SIZES,
+    SpecEngine,
+    SpecModels,
+    load_spec_models,
+    ragged_prompts,
+    speculative_engine,
+)
+
+TREE = DraftShape(3, 2, 6)
+CHAIN = DraftShape.chain(2)
+
+
+class ScriptedShapes:
+    """A test policy: the i-th decode step drafts ``script[i]`` (the last one after that);
+    counts its ``calls`` and records every observed path."""
+
+    observes = True
+
+    def __init__(self, shapes: Sequence[DraftShape], script: Sequence[DraftShape]) -> None:
+        self.shapes = tuple(shapes)
+        self._script = list(script)
+        self.calls = 0
+        self.chosen: dict[DraftShape, int] = {}
+        self.observed: list[tuple[DraftShape, int, list[int]]] = []
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        shape = self._script[min(self.calls, len(self._script) - 1)]
+        self.calls += 1
+        return shape
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        for request, path in zip(requests, paths, strict=True):
+            self.observed.append((shape, request.request_id, list(path)))
+
+
+@pytest.fixture(scope="module", params=["eagle", "eagle3"])
+def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SpecModels:
+    root = tmp_path_factory.mktemp(request.param)
+    return load_spec_models(root, "llama", request.param, torch.device("cpu"))
+
+
+def _run(
+    models: SpecModels, script: Sequence[DraftShape], lag_width: int | None
+) -> tuple[SpecEngine, ScriptedShapes, list[Request]]:
+    """Three requests (the third joins at the fourth decode step) stepped through ``script``;
+    with ``lag_width`` the worker's lag is replaced by one that wide (1: a catch-up every
+    step)."""
+    policy = ScriptedShapes((TREE, PLAIN, CHAIN), script)
+    spec = speculative_engine(models, 3, 2, 6, policy=policy)
+    if lag_width is not None:
+        state = spec.worker._state
+        state.lag = DraftLag(state.bonus_tokens.shape[0], lag_width, state.bonus_tokens.device)
+    prompts = ragged_prompts(SIZES.vocab_size, [5, 9, 7], seed=4)
+    params = SamplingParams(max_new_tokens=60)
+    requests = [spec.engine.submit(p, params) for p in prompts[:2]]
+    while policy.calls < len(script):
+        if policy.calls == 3:
+            requests.append(spec.engine.submit(prompts[2], params))
+        spec.engine.step()
+    return spec, policy, requests
+
+
+def _draft_states(spec: SpecEngine, requests: Sequence[Request]) -> list[torch.Tensor]:
+    state = spec.worker._state
+    rows = torch.tensor([r.row for r in requests])
+    return [state.bonus_tokens[rows], state.topk_index[rows], state.topk_p[rows],
+            state.hidden_states[rows].float()]  # fmt: skip
+
+
+LAG = lag_width((TREE, PLAIN, CHAIN), TreeMaskMode.QLEN_ONLY)
+
+
+@pytest.mark.parametrize(
+    "plain_run",
+    [3, LAG, LAG + 5, 3 * LAG + 1],
+    ids=["shorter-than-the-lag", "as-long-as-the-lag", "past-the-lag", "thrice-past"],
+)
+def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
+    models: SpecModels, plain_run: int
+) -> None:
+    # a tree chosen while rows lag waits one step for the catch-up (a plain step), unless the
+    # run's last plain step caught up: the worker without a lag runs that plain step as chosen
+    lagging_script = [TREE, TREE, *[PLAIN] * plain_run, TREE, TREE, CHAIN, TREE]
+    waits = plain_run % LAG != 0
+    eager_script = [TREE, TREE, *[PLAIN] * plain_run, PLAIN if waits else TREE, TREE, CHAIN, TREE]
+    lagging, lagging_policy, lagging_requests = _run(models, lagging_script, None)
+    eager, eager_policy, eager_requests = _run(models, eager_script, 1)
+
+    assert lagging.worker._state.lag.width == LAG > 1  # the default worker does defer
+    assert [r.output_ids for r in lagging_requests] == [r.output_ids for r in eager_requests]
+    for ours, theirs in zip(
+        _draft_states(lagging, lagging_requests), _draft_states(eager, eager_requests), strict=True
+    ):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    # the trees drafted after the run offered the same candidates at every depth
+    assert lagging_policy.observed == eager_policy.observed
+    assert len(lagging_policy.observed) >= 3 * 3  # three requests through the last three trees
+    assert torch.all(lagging.worker._state.lag.count == 0)  # the draft read every pair
+
+
+@pytest.mark.parametrize("plain_run", [4, LAG], ids=["caught-up-before-a-tree", "lag-full"])
+def test_after_a_catch_up_the_draft_is_the_one_a_prefill_of_the_same_tokens_makes(
+    models: SpecModels, plain_run: int
+) -> None:
+    # the catch-up runs at the run's last plain step (a full lag) or at the tree that follows
+    script = [TREE, TREE, *[PLAIN] * plain_run, TREE]
+    if plain_run % LAG == 0:
+        script.pop()
+    spec, _, requests = _run(models, script, None)
+    assert torch.all(spec.worker._state.lag.count == 0)
+    fresh = speculative_engine(models, 3, 2, 6, policy=ScriptedShapes((TREE, PLAIN), [TREE]))
+    # each request's tokens but its pending one: the prefill samples that one (greedy)
+    again = [
+        fresh.engine.submit([*r.prompt_ids, *r.output_ids[:-1]], SamplingParams(max_new_tokens=8))
+        for r in requests
+    ]
+    fresh.engine.step()  # the prefill alone: nothing was decoding
+    for ours, theirs in zip(
+        _draft_states(spec, requests), _draft_states(fresh, again), strict=True
+    ):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_a_row_freed_with_tokens_in_its_lag_starts_its_next_request_with_none(
+    models: SpecModels,
+) -> None:
+    script = [TREE, *[PLAIN] * (LAG + 3), TREE]
+    policy = ScriptedShapes((TREE, PLAIN, CHAIN), script)
+    spec = speculative_engine(models, 3, 2, 6, policy=policy, max_running=2)  # two rows
+    first, second, third = ragged_prompts(SIZES.vocab_size, [6, 8, 5], seed=9)
+    short = spec.engine.submit(first, SamplingParams(max_new_tokens=5))
+    long = spec.engine.submit(second, SamplingParams(max_new_tokens=60))
+    spec.engine.step()
+    row = short.row
+    while short.row is not None:
+        spec.engine.step()
+    assert int(spec.worker._state.lag.count[row]) > 0  # it finished inside the plain run
+    newcomer = spec.engine.submit(third, SamplingParams(max_new_tokens=60))
+    while policy.calls < len(script):
+        spec.engine.step()
+    assert newcomer.row == row
+    fresh = speculative_engine(models, 3, 2, 6, policy=ScriptedShapes((TREE, PLAIN), [TREE]))
+    live = [long, newcomer]
+    again = [
+        fresh.engine.submit([*r.prompt_ids, *r.output_ids[:-1]], SamplingParams(max_new_tokens=8))
+        for r in live
+    ]
+    fresh.engine.step()
+    for ours, theirs in zip(_draft_states(spec, live), _draft_states(fresh, again), strict=True):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
