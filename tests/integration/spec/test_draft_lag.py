@@ -6,6 +6,7 @@ that joined mid-run, a run longer than the lag, a drafting step that must wait f
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -40,7 +41,7 @@ class ScriptedShapes:
         self.shapes = tuple(shapes)
         self._script = list(script)
         self.calls = 0
-        self.chosen: dict[DraftShape, int] = {}
+        self.chosen: Counter[DraftShape] = Counter()
         self.observed: list[tuple[DraftShape, int, list[int]]] = []
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
