@@ -1,8 +1,10 @@
 """The `eagletree bench` command: decode throughput of plain, chain and tree configurations.
 
-One run builds one engine per configuration (``build_engine_container``) and measures every batch
-size with it: steady decode steps after the prefill (tok/s, ms/step, tokens per step), then a
-few steps under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). A
+One run builds one engine per configuration (``build_engine_container``), times its first
+request and the same again (cold and warm), and measures every batch size with it: steady decode
+steps after the prefill (tok/s, ms/step, worst ÷ median step, tokens per step), then a few steps
+under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). The prompts are
+random ids, or ``--prompts`` documents cut into windows by the target's tokenizer. A
 speculative row's break-even acceptance length is its step time over the plain row's; plain is
 added to the run whenever a speculative configuration is asked for. ``--hf`` also times
 transformers' ``generate`` on the same checkpoint. The progress goes to stderr, the markdown

@@ -1,6 +1,7 @@
 """Application: the measurements of one `eagletree bench` run — one engine per configuration,
-built in turn (and freed before the next), measured at every batch size, or under arrivals,
-and transformers' ``generate`` on the plain configuration's checkpoint if asked.
+built in turn (and freed before the next), its first request timed cold and warm, measured at
+every batch size, or under arrivals, and transformers' ``generate`` on the plain
+configuration's checkpoint if asked.
 """
 
 from __future__ import annotations
