@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 import torch
 
+from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
+from eagletree.app.bench.checkpoints import ensure_preset_checkpoint
 from eagletree.app.bench.cli import resolved_value
 from eagletree.app.cli import main as cli
 
@@ -76,6 +79,7 @@ def test_bench_measures_every_configuration_at_every_batch_size(report: dict[str
     for row in rows:
         assert row["tokens_per_s"] > 0 and row["ms_per_step"] > 0
         assert row["tokens_per_step"] >= 1.0
+        assert len(row["step_ms"]) == row["num_steps"] and row["worst_over_median"] >= 1.0
         assert row["launches_per_step"] > 0  # aten ops on the CPU
         assert row["device_ms_per_step"] is None and row["device_busy"] is None
     plain = {r["batch_size"]: r for r in rows if r["config"] == "plain"}
@@ -109,8 +113,11 @@ def test_the_markdown_table_is_printed_and_written(report: dict[str, Any]) -> No
     lines = report["md"].splitlines()
     assert lines[0].startswith("eagletree bench: ") and "torch " in lines[0]
     assert "aten ops/step" in lines[2]
-    body = [line.split(" | ")[:2] for line in lines[4:]]
+    body = [line.split(" | ")[:2] for line in lines[4 : lines.index("", 4)]]
     assert body == [["| plain", "1"], ["| plain", "2"], [f"| {TREE}", "1"], [f"| {TREE}", "2"]]
+    # then each engine's first request, cold and warm
+    first = lines[lines.index("| config | cold ms | warm ms | cold ÷ warm |") + 2 :]
+    assert [line.split(" | ")[0] for line in first] == ["| plain", f"| {TREE}"]
     # the progress bar: one finished line per (config, bs) on stderr, and the first-use notice
     finished = [line for line in report["err"].splitlines() if "tok/s" in line]
     assert len(finished) == 4 and all("4/4 tokens" in line for line in finished)
@@ -147,6 +154,7 @@ def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
         (["--policy", "adaptive", "--configs", "plain"], 2, "needs a speculative config"),
         (["--policy", "adaptive", "--arrivals", "2"], 2, "decode window of one process group"),
         (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
+        (["--prompts", "/nonexistent/held.jsonl"], 2, "--prompts /nonexistent/held.jsonl does not"),
     ],
 )
 def test_bad_flags_end_in_one_line_and_an_exit_status(
@@ -213,7 +221,7 @@ def test_the_tiny_preset_with_no_other_flag_prints_its_table_on_the_cpu(
     if not torch.cuda.is_available():
         assert "cuda_graph off, overlap off" in lines[0]
     assert "prompt 32, new tokens 16" in lines[0]
-    body = [line.split(" | ")[:2] for line in lines[4:]]
+    body = [line.split(" | ")[:2] for line in lines[4 : lines.index("", 4)]]
     configs = ["plain", "chain S3", "tree S5 k4 N8"]
     assert body == [[f"| {c}", str(bs)] for c in configs for bs in (1, 4)]
     assert "ended early" not in out and "error" not in err
@@ -255,3 +263,37 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
             assert row["speedup"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
     assert "| config | bs | T | tok/s | ÷ plain |" in out
     assert "| adaptive (mostly " in out
+
+
+def test_prompts_cut_from_documents_are_measured_and_each_engine_times_its_first_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target, draft = ensure_preset_checkpoint("tiny", "eagle", tmp_path / "checkpoint")
+    vocab_size = ConfigReader.from_dir(target).get_int("vocab_size")
+    write_byte_level_tokenizer(target, vocab_size)  # the preset has none: --prompts needs one
+    words = ["def", "return", "tree", "draft", "verify", "accept", "model", "token", "step"]
+    texts = [" ".join(words[i:] + words[:i]) for i in range(3)]
+    held, notes = tmp_path / "held.jsonl", tmp_path / "notes.txt"
+    held.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    notes.write_text(" ".join(reversed(words)))
+    argv = [
+        "--target", str(target), "--draft-dir", str(draft), "--device", "cpu",
+        "--attention", "torch", "--kv-move", "torch", "--prompt-len", "8", "--new-tokens", "4",
+        "--warmup-steps", "1", "--profile-steps", "0", "--configs", "tree:S2,k2,N3",
+        "--batch-sizes", "2", "--prompts", str(held), str(notes), "--out", str(tmp_path / "run"),
+    ]  # fmt: skip
+    status, out, err = bench(argv, capsys)
+    assert status == 0, err
+    assert f"--prompts {held} {notes}: 4 documents" in err
+    data = json.loads((tmp_path / "run.json").read_text())
+    assert f"prompts from {held} {notes}, prompt 8" in data["title"]
+    assert data["settings"]["argv"]["prompts"] == [str(held), str(notes)]
+    assert [(r["config"], r["batch_size"]) for r in data["rows"]] == [("plain", 2), (TREE, 2)]
+    assert all(r["worst_over_median"] >= 1.0 for r in data["rows"])
+    first = data["first_requests"]
+    assert [f["config"] for f in first] == ["plain", TREE]
+    for f in first:
+        assert f["cold_ms"] > 0 and f["warm_ms"] > 0
+        assert f["cold_over_warm"] == pytest.approx(f["cold_ms"] / f["warm_ms"])
+    assert "| config | cold ms | warm ms | cold ÷ warm |" in out
+    assert "| ms/step | worst ÷ median step |" in out

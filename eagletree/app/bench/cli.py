@@ -1,8 +1,10 @@
 """The `eagletree bench` command: decode throughput of plain, chain and tree configurations.
 
-One run builds one engine per configuration (``build_engine_container``) and measures every batch
-size with it: steady decode steps after the prefill (tok/s, ms/step, tokens per step), then a
-few steps under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). A
+One run builds one engine per configuration (``build_engine_container``), times its first
+request and the same again (cold and warm), and measures every batch size with it: steady decode
+steps after the prefill (tok/s, ms/step, worst ÷ median step, tokens per step), then a few steps
+under ``torch.profiler`` (kernels per step, GPU ms per step, GPU-busy share). The prompts are
+random ids, or ``--prompts`` documents cut into windows by the target's tokenizer. A
 speculative row's break-even acceptance length is its step time over the plain row's; plain is
 added to the run whenever a speculative configuration is asked for. ``--hf`` also times
 transformers' ``generate`` on the same checkpoint. The progress goes to stderr, the markdown
@@ -89,23 +91,29 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         configs = parse_configs(args.configs, adaptive=args.policy == "adaptive")
         with _rank_zero_first(rank):  # it writes a missing preset; the others then read it
             plan = plan_run(args, configs, lambda message: print(message, file=err))
-        rows, arrival_rows, hf_rows, used = measure_all(plan, configs, args, err)
+        m = measure_all(plan, configs, args, err)
     except (ConfigurationError, MeasurementError, OSError) as error:
         print(f"error: {error}", file=err)
         return 1
-    header = _header(plan, args, used)
+    header = _header(plan, args, m.engines)
     if rank != 0:
         return 0
     if args.arrivals is not None:
-        markdown = render_arrivals_markdown(header["title"], arrival_rows)
+        markdown = render_arrivals_markdown(header["title"], m.arrival_rows, m.first_requests)
     else:
         markdown = render_markdown(
-            header["title"], rows, hf_rows, cuda=plan.cuda, breakdown=args.breakdown
+            header["title"],
+            m.rows,
+            m.hf_rows,
+            cuda=plan.cuda,
+            breakdown=args.breakdown,
+            first_requests=m.first_requests,
         )
     print(markdown, end="", file=out)
     if args.out is not None:
-        measured = arrival_rows if args.arrivals is not None else rows
-        data = report_json(header, measured, hf_rows, {"argv": _argv(args), "engines": used})
+        rows = m.arrival_rows if args.arrivals is not None else m.rows
+        settings = {"argv": _argv(args), "engines": m.engines}
+        data = report_json(header, rows, m.hf_rows, settings, m.first_requests)
         md, js = write_report(args.out, markdown, data)
         print(f"wrote {md} and {js}", file=err)
     return 0
@@ -139,6 +147,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace, engines: dict[str, Any]) 
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
         f"draft {plan.draft_kind}"
         f"{f' (token map {args.token_map})' if args.token_map is not None else ''}, "
+        f"{f'prompts from {_names(args.prompts)}, ' if args.prompts else ''}"
         f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
     )
     return {
@@ -165,8 +174,17 @@ def resolved_value(engines: dict[str, Any], section: str, name: str) -> str:
     return " / ".join(f"{value} ({', '.join(configs)})" for value, configs in by_value.items())
 
 
+def _names(paths: list[Path]) -> str:
+    return " ".join(map(str, paths))
+
+
 def _argv(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: str(v) if isinstance(v, Path) else v for key, v in vars(args).items()}
+    def plain(value: Any) -> Any:  # what JSON can hold: paths as strings, lists of them too
+        if isinstance(value, list):
+            return [plain(item) for item in value]
+        return str(value) if isinstance(value, Path) else value
+
+    return {key: plain(value) for key, value in vars(args).items()}
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ class DecodeMeasurement:
     # one's reason: the window's later steps ran a smaller batch
     num_ended_early: int = 0
     ended_early_reason: str | None = None
+    # each timed step's wall time, from one step's return to the next (this replica's clock)
+    step_seconds: tuple[float, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -154,7 +156,8 @@ def _measure(
         return min(new, default=math.inf)
 
     synchronize(cuda)
-    started = time.perf_counter()
+    started = last = time.perf_counter()
+    step_seconds = []
     problem = None
     while True:
         least, all_kept = lockstep.minimum([generated(), problem is None])
@@ -166,6 +169,11 @@ def _measure(
             break
         request_steps += sum(r.status is RequestStatus.RUNNING for r in requests)
         lockstep.step(engine)  # reads a step's tokens back (with overlap: the previous one's)
+        # no sync added: the step has waited for its tokens, so the clock between two returns
+        # is the step a request sees, and the window's time is that of the loop unchanged
+        now = time.perf_counter()
+        step_seconds.append(now - last)
+        last = now
         num_steps += 1
         problem = retraction_problem(engine, retracted_before, "the timed decode steps")
     synchronize(cuda)
@@ -203,6 +211,7 @@ def _measure(
         tuple(batches),
         int(num_ended),
         _reason(ended[0]) if ended else None,
+        tuple(step_seconds),
     )
 
 

@@ -20,6 +20,7 @@ from eagletree.domain.errors import ConfigurationError
 
 DRAFT_KINDS = ("eagle", "eagle3", "mtp")
 PREFILL_STEPS = ("with_decode", "alone")
+PROMPT_FORMATS = 'text files, JSONL with a "text" field per line, or directories of them'
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +143,20 @@ def parser() -> argparse.ArgumentParser:
         help="sampling temperatures, each measured at every batch size (0: greedy; request i "
         "seeded with i)",
     )
-    runs.add_argument("--prompt-len", type=int, metavar="N", help=_by_checkpoint("prompt_len"))
+    runs.add_argument(
+        "--prompts",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help=f"documents to cut the prompts from ({PROMPT_FORMATS}, as train-draft --data "
+        "reads), tokenised by the target's tokenizer; default: random token ids",
+    )
+    runs.add_argument(
+        "--prompt-len",
+        type=int,
+        metavar="N",
+        help=f"tokens a prompt {_by_checkpoint('prompt_len')}",
+    )
     runs.add_argument(
         "--new-tokens",
         type=int,
@@ -161,7 +175,9 @@ def parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write each row's profiled steps as a Chrome trace, DIR/<config>-bs<N>.json",
     )
-    runs.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    runs.add_argument(
+        "--seed", type=int, default=0, help="of the prompts (random ids or --prompts windows)"
+    )
     runs.add_argument(
         "--arrivals",
         type=int,
@@ -230,6 +246,9 @@ def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             "several --prefill-step values are compared by --arrivals K (the decode window "
             "has no prefill)"
         )
+    for path in args.prompts or ():
+        if not path.exists():
+            p.error(f"--prompts {path} does not exist: give {PROMPT_FORMATS}")
     if args.target is not None and args.preset is not None:
         p.error("give --preset or --target, not both")
     if args.token_map is not None and args.draft not in (None, "eagle"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,15 @@ class BenchRow:
     temperature: float = 0.0
     chosen: str | None = None  # the shape an adaptive engine ran most in the window
     speedup: float | None = None  # tok/s ÷ the plain row's at the same bs and temperature
+    step_ms: tuple[float, ...] = ()  # each timed step's wall time, in order (JSON only)
+
+    @property
+    def worst_over_median(self) -> float | None:
+        """The longest timed step over the median one: 1 for even steps; above 3 a request
+        saw a step longer than three median steps."""
+        if not self.step_ms or statistics.median(self.step_ms) <= 0:
+            return None
+        return max(self.step_ms) / statistics.median(self.step_ms)
 
     @property
     def device_busy(self) -> float | None:
@@ -67,6 +77,20 @@ class HFRow:
     @property
     def same_tokens(self) -> bool:
         return self.matching_share == 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FirstRequestRow:
+    """One configuration's first request after its engine was built (cold) and the same
+    request again (warm): one prompt of ``--prompt-len``, ``--new-tokens``, end to end."""
+
+    config: str
+    cold_ms: float
+    warm_ms: float
+
+    @property
+    def cold_over_warm(self) -> float | None:
+        return self.cold_ms / self.warm_ms if self.warm_ms > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,17 +135,18 @@ def render_markdown(
     hf_rows: Sequence[HFRow] = (),
     cuda: bool = True,
     breakdown: bool = False,
+    first_requests: Sequence[FirstRequestRow] = (),
 ) -> str:
-    """The header line, the main table, (when given) the transformers table and, with
-    ``breakdown``, each row's costliest kernels."""
+    """The header line, the main table, (when given) the first requests' and transformers'
+    tables and, with ``breakdown``, each row's costliest kernels."""
     launches = "kernels/step" if cuda else "aten ops/step"
     sampled = any(r.temperature for r in rows)
     lines = [
         header,
         "",
-        f"| config | bs |{' T |' if sampled else ''} tok/s | ÷ plain | ms/step | tokens/step "
-        f"| {launches} | GPU ms/step | GPU busy | break-even τ |",
-        "|---|---|" + ("---|" if sampled else "") + "---|---|---|---|---|---|---|---|",
+        f"| config | bs |{' T |' if sampled else ''} tok/s | ÷ plain | ms/step | worst ÷ median "
+        f"step | tokens/step | {launches} | GPU ms/step | GPU busy | break-even τ |",
+        "|---|---|" + ("---|" if sampled else "") + "---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         config = r.config if r.chosen is None else f"{r.config} (mostly {r.chosen})"
@@ -132,6 +157,7 @@ def render_markdown(
             _number(r.tokens_per_s),
             "—" if r.config == "plain" else _ratio(r.speedup),
             _number(r.ms_per_step),
+            _ratio(r.worst_over_median),
             f"{r.tokens_per_step:.2f}",
             "n/a" if r.launches_per_step is None else f"{r.launches_per_step:.0f}",
             "n/a" if r.device_ms_per_step is None else f"{r.device_ms_per_step:.2f}",
@@ -147,6 +173,7 @@ def render_markdown(
             f"`{r.config}` at bs {r.batch_size}: {r.num_ended_early} request(s) ended early "
             f"({r.ended_early_reason}) while measured; the later steps ran a smaller batch."
         )
+    lines += _first_request_lines(first_requests)
     if hf_rows:
         lines += [
             "",
@@ -171,8 +198,29 @@ def render_markdown(
     return "\n".join(lines) + "\n"
 
 
-def render_arrivals_markdown(header: str, rows: Sequence[ArrivalRow]) -> str:
-    """The header line and one table row per arrivals run."""
+def _first_request_lines(rows: Sequence[FirstRequestRow]) -> list[str]:
+    """The table of each engine's first request against the same request warm (no lines
+    when none was measured)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "First request of each new engine (one prompt, end to end) and the same request again:",
+        "",
+        "| config | cold ms | warm ms | cold ÷ warm |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r.config, _number(r.cold_ms), _number(r.warm_ms), _ratio(r.cold_over_warm)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_arrivals_markdown(
+    header: str, rows: Sequence[ArrivalRow], first_requests: Sequence[FirstRequestRow] = ()
+) -> str:
+    """The header line, one table row per arrivals run, and (when given) the first requests'
+    table."""
     lines = [
         header,
         "",
@@ -193,6 +241,7 @@ def render_arrivals_markdown(header: str, rows: Sequence[ArrivalRow]) -> str:
             str(r.num_prefill_only_steps),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += _first_request_lines(first_requests)
     return "\n".join(lines) + "\n"
 
 
@@ -201,17 +250,25 @@ def report_json(
     rows: Sequence[BenchRow | ArrivalRow],
     hf_rows: Sequence[HFRow],
     settings: Mapping[str, Any],
+    first_requests: Sequence[FirstRequestRow] = (),
 ) -> dict[str, Any]:
     """Everything the markdown shows, unrounded, plus the settings each engine was built from."""
     return {
         **header,
         "rows": [
-            {**dataclasses.asdict(r), "device_busy": r.device_busy}
+            {
+                **dataclasses.asdict(r),
+                "device_busy": r.device_busy,
+                "worst_over_median": r.worst_over_median,
+            }
             if isinstance(r, BenchRow)
             else dataclasses.asdict(r)
             for r in rows
         ],
         "hf": [{**dataclasses.asdict(h), "same_tokens": h.same_tokens} for h in hf_rows],
+        "first_requests": [
+            {**dataclasses.asdict(f), "cold_over_warm": f.cold_over_warm} for f in first_requests
+        ],
         "settings": dict(settings),
     }
 

@@ -1,6 +1,7 @@
 """Application: the measurements of one `eagletree bench` run — one engine per configuration,
-built in turn (and freed before the next), measured at every batch size, or under arrivals,
-and transformers' ``generate`` on the plain configuration's checkpoint if asked.
+built in turn (and freed before the next), its first request timed cold and warm, measured at
+every batch size, or under arrivals, and transformers' ``generate`` on the plain
+configuration's checkpoint if asked.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import gc
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from eagletree.app.parallel.launch import with_parallel
 from eagletree.app.workers.shape_policy import AdaptiveShapes
@@ -22,25 +23,39 @@ if TYPE_CHECKING:
     from eagletree.app.bench.lockstep import Lockstep
     from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
-    from eagletree.app.bench.report import ArrivalRow, BenchRow, HFRow
+    from eagletree.app.bench.prompts import BenchPrompts
+    from eagletree.app.bench.report import ArrivalRow, BenchRow, FirstRequestRow, HFRow
     from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
     from eagletree.domain.draft_shape import DraftShape
 
 
+class Measurements(NamedTuple):
+    """What one run measured, and the settings each configuration ran."""
+
+    rows: list[BenchRow]  # with their break-even τ and ÷ plain
+    arrival_rows: list[ArrivalRow]
+    hf_rows: list[HFRow]
+    first_requests: list[FirstRequestRow]
+    engines: dict[str, Any]
+
+
 def measure_all(
     plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
-) -> tuple[list[BenchRow], list[ArrivalRow], list[HFRow], dict[str, Any]]:
-    """Every configuration's engine, built in turn, measured at every batch size and
-    temperature (or under arrivals), with transformers' generate beside the plain one if asked:
-    (rows with their break-even τ, arrival rows, transformers rows, the settings each
-    configuration ran)."""
+) -> Measurements:
+    """Every configuration's engine, built in turn: its first request cold and warm, then
+    every batch size and temperature (or arrivals), with transformers' generate beside the
+    plain one if asked."""
     from eagletree.app.bench.plan import settings_for
+    from eagletree.app.bench.prompts import bench_prompts
     from eagletree.app.bench.report import with_break_even
 
+    # before any engine is built: a bad --prompts file ends the run at once
+    prompts = bench_prompts(args, plan.target, lambda message: print(message, file=err))
     rows: list[BenchRow] = []
     arrival_rows: list[ArrivalRow] = []
     hf_rows: list[HFRow] = []
+    first_requests: list[FirstRequestRow] = []
     used: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
@@ -49,15 +64,38 @@ def measure_all(
         engine, replica, lockstep, used[config.name] = _build(settings, err)
         # random weights: an EOS token would end a request at a random step
         engine.eos_token_ids = frozenset()
+        first_requests.append(_first_request(engine, config, prompts, args, plan, err, lockstep))
         if args.arrivals is not None:
-            arrival_rows += _measure_arrivals(engine, config, plan, args, err)
+            arrival_rows += _measure_arrivals(engine, config, plan, args, err, prompts)
         else:
-            rows += _measure_windows(engine, config, plan, args, err, replica, lockstep)
+            rows += _measure_windows(engine, config, plan, args, err, replica, lockstep, prompts)
         if args.hf and not config.speculative:
-            hf_rows = _measure_hf(plan, engine, args, err)
+            hf_rows = _measure_hf(plan, engine, args, err, prompts)
         del engine
         _release_memory(plan.cuda)
-    return with_break_even(rows), arrival_rows, hf_rows, used
+    return Measurements(with_break_even(rows), arrival_rows, hf_rows, first_requests, used)
+
+
+def _first_request(
+    engine: Engine,
+    config: BenchConfig,
+    prompts: BenchPrompts,
+    args: argparse.Namespace,
+    plan: BenchPlan,
+    err: TextIO,
+    lockstep: Lockstep,
+) -> FirstRequestRow:
+    """The engine's first request (the first prompt of batch size 1), then the same again."""
+    from eagletree.app.bench.latency import first_request_seconds
+    from eagletree.app.bench.report import FirstRequestRow
+
+    prompt = prompts.batch(1, engine.vocab_size)[0]
+    cold, warm = first_request_seconds(engine, prompt, args.new_tokens, plan.cuda, lockstep)
+    print(
+        f"{config.name:<20} first request {1000 * cold:.1f} ms, again {1000 * warm:.1f} ms",
+        file=err,
+    )
+    return FirstRequestRow(config.name, 1000.0 * cold, 1000.0 * warm)
 
 
 def _measure_windows(
@@ -68,6 +106,7 @@ def _measure_windows(
     err: TextIO,
     replica: int,
     lockstep: Lockstep,
+    prompts: BenchPrompts,
 ) -> list[BenchRow]:
     """One engine's decode windows at every temperature and batch size; an adaptive engine's
     rows name the shape it ran most in each window."""
@@ -80,14 +119,14 @@ def _measure_windows(
         for bs in args.batch_sizes:
             sampled = f" T {temperature:g}" if temperature else ""
             bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}{sampled}", args.new_tokens)
-            prompts = _prompts(engine, bs, args)
+            batch = prompts.batch(bs, engine.vocab_size)
             # the router's placement of the batch over idle replicas, the same on every rank
-            placement = route_by_load([len(p) for p in prompts], [0] * lockstep.size)
+            placement = route_by_load([len(p) for p in batch], [0] * lockstep.size)
             chosen = _choices(engine)
             chosen_before = Counter(chosen)
             m = measure_decode(
                 engine,
-                [prompt for prompt, r in zip(prompts, placement, strict=True) if r == replica],
+                [prompt for prompt, r in zip(batch, placement, strict=True) if r == replica],
                 new_tokens=args.new_tokens,
                 max_tokens_per_step=config.max_tokens_per_step,
                 warmup_steps=args.warmup_steps,
@@ -121,7 +160,12 @@ def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | 
 
 
 def _measure_arrivals(
-    engine: Engine, config: BenchConfig, plan: BenchPlan, args: argparse.Namespace, err: TextIO
+    engine: Engine,
+    config: BenchConfig,
+    plan: BenchPlan,
+    args: argparse.Namespace,
+    err: TextIO,
+    prompts: BenchPrompts,
 ) -> list[ArrivalRow]:
     """The arrivals rows of one engine: every batch size, under every ``--prefill-step``
     (switched on its scheduler, so that both run on the same engine and graphs)."""
@@ -130,15 +174,15 @@ def _measure_arrivals(
 
     rows = []
     for bs in args.batch_sizes:
-        prompts = _prompts(engine, bs + args.num_arrivals, args)
+        batch = prompts.batch(bs + args.num_arrivals, engine.vocab_size)
         for prefill_step in args.prefill_step or [plan.base.scheduler.prefill_step]:
             engine.scheduler.prefill_step = prefill_step
             label = f"{config.name:<20} bs {bs:>3} {prefill_step:<11}"
             bar = ProgressBar(err, label, args.num_arrivals, unit="arrivals")
             m = measure_arrivals(
                 engine,
-                prompts[:bs],
-                prompts[bs:],
+                batch[:bs],
+                batch[bs:],
                 every=args.arrivals,
                 new_tokens=args.new_tokens,
                 max_tokens_per_step=config.max_tokens_per_step,
@@ -221,11 +265,12 @@ def _row(
         replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),
         num_ended_early=m.num_ended_early,
         ended_early_reason=m.ended_early_reason,
+        step_ms=tuple(1000.0 * t for t in m.step_seconds),
     )
 
 
 def _measure_hf(
-    plan: BenchPlan, engine: Engine, args: argparse.Namespace, err: TextIO
+    plan: BenchPlan, engine: Engine, args: argparse.Namespace, err: TextIO, prompts: BenchPrompts
 ) -> list[HFRow]:
     from eagletree.app.bench.hf_compare import load_hf_model, measure_hf
     from eagletree.app.composition.factories import torch_dtype
@@ -233,9 +278,9 @@ def _measure_hf(
     model = load_hf_model(plan.target, torch_dtype(plan.base.model.dtype), plan.base.model.device)
     rows = []
     for bs in sorted({1, *args.batch_sizes}):
-        prompts = _prompts(engine, bs, args)
-        reference = [r.output_ids for r in engine.generate(prompts, args.new_tokens)]
-        row = measure_hf(model, prompts, args.new_tokens, reference, plan.cuda)
+        batch = prompts.batch(bs, engine.vocab_size)
+        reference = [r.output_ids for r in engine.generate(batch, args.new_tokens)]
+        row = measure_hf(model, batch, args.new_tokens, reference, plan.cuda)
         print(
             f"{'transformers':<20} bs {bs:>3}: {row.tokens_per_s:.1f} tok/s, "
             f"{row.matching_share:.0%} of the engine's plain tokens",
@@ -245,16 +290,6 @@ def _measure_hf(
     del model
     _release_memory(plan.cuda)
     return rows
-
-
-def _prompts(engine: Engine, bs: int, args: argparse.Namespace) -> list[list[int]]:
-    """The same random prompts for every configuration at one batch size."""
-    import torch
-
-    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + bs)
-    ids = torch.randint(0, engine.vocab_size, (bs, args.prompt_len), generator=generator)
-    prompts: list[list[int]] = ids.tolist()
-    return prompts
 
 
 def _release_memory(cuda: bool) -> None:

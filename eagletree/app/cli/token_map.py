@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.text.documents import read_documents
 from eagletree.app.training.data import (
     ByteTokenizer,
     add_data_argument,
     check_byte_vocabulary,
-    read_documents,
 )
 from eagletree.app.training.vocab import frequency_ranked, token_counts
 from eagletree.domain.errors import ConfigurationError

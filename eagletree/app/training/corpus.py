@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from eagletree.adapters.text.documents import read_documents
 from eagletree.app.training.data import (
     FileTokenizer,
     WindowSampler,
     load_tokenizer,
     prompt_windows,
-    read_documents,
     split_documents,
     tokenize,
 )

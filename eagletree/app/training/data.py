@@ -1,16 +1,15 @@
-"""App: training text — files read as documents, tokenised, split, and sampled as windows.
+"""App: training text — documents (read by ``adapters/text/documents.py``) tokenised, split,
+and sampled as windows.
 
-A file is plain text or source (one document) or JSONL (one document per line, its ``"text"``
-field); a directory stands for the files under it. Tokens come from the target's
-``tokenizer.json`` (the ``tokenizers`` library) or, without one, are UTF-8 bytes. Batches are a
-function of (seed, step), so a resumed run sees exactly the batches an uninterrupted one would.
+Tokens come from the target's ``tokenizer.json`` (the ``tokenizers`` library) or, without one,
+are UTF-8 bytes. Batches are a function of (seed, step), so a resumed run sees exactly the
+batches an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -93,17 +92,8 @@ def check_byte_vocabulary(target_dir: Path, vocab_size: int, files: str) -> None
         )
 
 
-def _files(path: Path) -> Iterator[Path]:
-    if path.is_dir():
-        yield from sorted(p for p in path.rglob("*") if p.is_file())
-    elif path.is_file():
-        yield path
-    else:
-        raise ConfigurationError(f"data file {path} does not exist")
-
-
 def add_data_argument(parser: argparse.ArgumentParser) -> None:
-    """``--data FILE...``: what ``read_documents`` reads (train-draft, token-map)."""
+    """``--data FILE...``: what ``documents.read_documents`` reads (train-draft, token-map)."""
     parser.add_argument(
         "--data",
         required=True,
@@ -112,40 +102,6 @@ def add_data_argument(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help='text, JSONL with a "text" field, source files, or directories of them',
     )
-
-
-def read_documents(paths: Sequence[Path]) -> list[str]:
-    """Every document of ``paths`` in order; unreadable (non-UTF-8) files under a directory are
-    skipped, a named one is an error."""
-    documents: list[str] = []
-    for root in paths:
-        for file in _files(Path(root)):
-            try:
-                text = file.read_text(encoding="utf-8")
-            except (UnicodeDecodeError, OSError) as error:
-                if file == Path(root):
-                    raise ConfigurationError(f"data file {file}: {error}") from error
-                continue
-            if file.suffix == ".jsonl":
-                documents.extend(_jsonl_texts(file, text))
-            elif text:
-                documents.append(text)
-    if not documents:
-        raise ConfigurationError(f"no text in the data files {[str(p) for p in paths]}")
-    return documents
-
-
-def _jsonl_texts(file: Path, text: str) -> Iterator[str]:
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ConfigurationError(f"{file}:{number}: not JSON: {error}") from error
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise ConfigurationError(f'{file}:{number}: expected an object with a "text" string')
-        yield record["text"]
 
 
 def split_documents(

@@ -15,12 +15,12 @@ import torch
 from benchmarks.real_pair.target import TargetSpec
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.adapters.models.random_checkpoint_config import ModelSizes
+from eagletree.adapters.text.documents import read_documents
 from eagletree.app.cli.main import main
 from eagletree.app.training import acceptance, acceptance_row
 from eagletree.app.training.data import (
     ByteTokenizer,
     prompt_windows,
-    read_documents,
     split_documents,
     tokenize,
 )

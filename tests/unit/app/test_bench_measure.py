@@ -111,6 +111,9 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     assert m.tokens_per_step == accept
     assert progress == [accept * (i + 1) for i in range(timed_steps)]
     assert m.seconds > 0 and m.tokens_per_s == pytest.approx(m.num_tokens / m.seconds)
+    # one wall time per timed step, together the window (less its last check and sync)
+    assert len(m.step_seconds) == m.num_steps and min(m.step_seconds) > 0
+    assert sum(m.step_seconds) <= m.seconds
     # 3 prefill steps, 2 warm-up, the timed ones, the profiler's unrecorded one and 1 profiled;
     # everything aborted afterwards
     assert engine.num_steps == 3 + 2 + timed_steps + PROFILE_WARMUP_STEPS + 1

@@ -12,6 +12,7 @@ from eagletree.app.bench.device_gaps import DeviceGaps
 from eagletree.app.bench.progress import ProgressBar
 from eagletree.app.bench.report import (
     BenchRow,
+    FirstRequestRow,
     HFRow,
     render_markdown,
     report_json,
@@ -45,6 +46,7 @@ def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
         " tok/s ",
         " ÷ plain ",
         " ms/step ",
+        " worst ÷ median step ",
         " tokens/step ",
         " kernels/step ",
         " GPU ms/step ",
@@ -53,7 +55,9 @@ def test_markdown_has_a_header_the_columns_and_one_line_per_row() -> None:
     ]
     body = [line.split(" | ") for line in lines[4:]]
     assert len(body) == len(ROWS)
-    assert body[0] == ["| plain", "1", "30.3", "—", "30.0", "1.00", "1512", "7.50", "25%", "— |"]
+    assert body[0] == [
+        "| plain", "1", "30.3", "—", "30.0", "n/a", "1.00", "1512", "7.50", "25%", "— |"
+    ]  # fmt: skip
     assert body[2][0] == "| tree S5 k4 N8" and body[2][-1] == "1.50 |"
     assert body[2][3] == "0.62"  # 18.8 ÷ 30.3 tok/s
     assert body[3][-1] == "0.80 |"
@@ -74,7 +78,7 @@ def test_on_the_cpu_the_launch_column_counts_aten_ops_and_device_time_is_absent(
     rows = [BenchRow("plain", 1, 500.0, 2.0, 1.0, 590, None)]
     lines = render_markdown("cpu", rows, cuda=False).splitlines()
     assert "aten ops/step" in lines[2] and "kernels/step" not in lines[2]
-    assert lines[4] == "| plain | 1 | 500 | — | 2.0 | 1.00 | 590 | n/a | n/a | — |"
+    assert lines[4] == "| plain | 1 | 500 | — | 2.0 | n/a | 1.00 | 590 | n/a | n/a | — |"
 
 
 def test_the_transformers_table_says_whether_the_tokens_match() -> None:
@@ -140,3 +144,25 @@ def test_the_breakdown_says_where_the_device_sat_idle() -> None:
     assert "0.412 ms in 600 gaps" in line and "0.105 ms in 3.0 longer waits" in line
     assert "`Memcpy DtoH` 0.060 ms, `k` 0.020 ms" in line
     assert "Device idle" not in render_markdown("h", [row])  # only with the breakdown
+
+
+def test_the_spread_column_is_the_longest_timed_step_over_the_median_one() -> None:
+    steps = (2.0, 2.2, 1.8, 2.0, 7.0)  # one step of 3.5 medians
+    row = BenchRow("plain", 1, 500.0, 3.0, 1.0, step_ms=steps)
+    assert row.worst_over_median == pytest.approx(7.0 / 2.0)
+    assert BenchRow("plain", 1, 500.0, 3.0, 1.0).worst_over_median is None  # not measured
+    (line,) = render_markdown("cpu", [row], cuda=False).splitlines()[4:]
+    assert line.split(" | ")[5] == "3.50"
+    data = report_json({}, [row], [], {})
+    assert data["rows"][0]["worst_over_median"] == pytest.approx(3.5)
+    assert data["rows"][0]["step_ms"] == steps
+
+
+def test_the_first_requests_table_sets_each_cold_request_against_the_warm_one() -> None:
+    rows = [FirstRequestRow("plain", 900.0, 30.0), FirstRequestRow("tree S5 k4 N8", 45.0, 45.0)]
+    lines = render_markdown("h", ROWS[:1], first_requests=rows).splitlines()
+    table = lines[lines.index("| config | cold ms | warm ms | cold ÷ warm |") :]
+    assert table[2:] == ["| plain | 900 | 30.0 | 30.00 |", "| tree S5 k4 N8 | 45.0 | 45.0 | 1.00 |"]
+    assert "cold ms" not in render_markdown("h", ROWS[:1])  # none measured: no table
+    data = report_json({}, [], [], {}, rows)
+    assert [f["cold_over_warm"] for f in data["first_requests"]] == [30.0, 1.0]

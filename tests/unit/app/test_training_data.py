@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from eagletree.adapters.text.documents import read_documents
 from eagletree.app.training.data import (
     ByteTokenizer,
     WindowSampler,
     prompt_windows,
-    read_documents,
     split_documents,
     tokenize,
 )
