@@ -20,12 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.real_pair.speed import SpeedRow
-from benchmarks.real_pair.table import (
-    HeadTable,
-    best_tree_per_budget,
-    best_tree_per_depth,
-    chains_of,
-)
+from benchmarks.real_pair.table import HeadTable, best_tree_per_budget
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
 
@@ -66,46 +61,69 @@ def _best(rows: Sequence[AcceptanceRow]) -> AcceptanceRow | None:
     return max(rows, key=lambda r: r.mean_accept_length, default=None)
 
 
-def acceptance_goals(heads: Mapping[str, HeadTable], lookup: Sequence[AcceptanceRow]) -> list[Goal]:
+def _shape_row(rows: Sequence[AcceptanceRow], shape: TreeShape) -> AcceptanceRow | None:
+    return next((row for row in rows if row.shape == shape), None)
+
+
+def _lowest_agreement(trained: Mapping[str, Any] | None) -> float | None:
+    agreement = (trained or {}).get("agreement_by_step") or []
+    return min(agreement, default=None)
+
+
+def acceptance_goals(
+    heads: Mapping[str, HeadTable],
+    simulated: Mapping[str, Sequence[AcceptanceRow]],
+    trained: Mapping[str, Mapping[str, Any]],
+) -> list[Goal]:
+    """Issue 29's acceptance items, from what was measured: heads trained with train-draft's
+    defaults agree ≥ 0.75 at every unrolled step; the tree S6 k8 N32 beats chain S6 by 1.2×;
+    the engine's chain S7 reaches 0.9× the same head's offline chain S7; EAGLE-3 ≥ 1.05 ×
+    EAGLE-1 at chains S5, S7 and the best tree of N 32 (all greedy, T = 0)."""
     goals: list[Goal] = []
-    for name, table in heads.items():
-        for kind, rows in (("greedy continuations", table.greedy), ("fresh contexts", table.fresh)):
-            chains = chains_of(rows)
-            for depth, tree in best_tree_per_depth(rows).items():
-                goals.append(
-                    Goal(
-                        f"{name}, {kind}: best tree (N ≤ 32) vs chain at S = {depth}",
-                        tree.mean_accept_length,
-                        _accept(chains.get(depth)),
-                        1.2,
-                    )
-                )
-        best_chain = _best(list(chains_of(table.greedy).values()))
+    for name in sorted({*heads, *trained}):
         goals.append(
             Goal(
-                f"{name}: best chain vs best prompt lookup",
-                _accept(best_chain),
-                _accept(_best(lookup)),
-                1.7,
+                f"{name}: teacher-forced top-1 agreement at its lowest unrolled step",
+                _lowest_agreement(trained.get(name)),
+                1.0,
+                0.75,
             )
         )
-        steady = [r.non_looping_accept_length or 0.0 for r in chains_of(table.greedy).values()]
-        steady_lookup = [r.non_looping_accept_length or 0.0 for r in lookup]
+    for name, table in heads.items():
+        chain6 = _shape_row(table.greedy, TreeShape.chain(6))
         goals.append(
             Goal(
-                f"{name}: the same on the continuations that do not loop",
-                max(steady, default=None),
-                max(steady_lookup, default=None),
-                1.7,
+                f"{name}: tree S6 k8 N32 vs chain S6",
+                _accept(_shape_row(table.greedy, TreeShape(6, 8, 32))),
+                _accept(chain6),
+                1.2,
+            )
+        )
+        goals.append(
+            Goal(
+                f"{name}: engine chain S7 vs the same head's chain S7 simulated offline",
+                _accept(_shape_row(table.greedy, TreeShape.chain(7))),
+                _accept(_shape_row(simulated.get(name, []), TreeShape.chain(7))),
+                0.9,
             )
         )
     if "eagle" in heads and "eagle3" in heads:
+        eagle, eagle3 = heads["eagle"].greedy, heads["eagle3"].greedy
+        for depth in (5, 7):
+            goals.append(
+                Goal(
+                    f"EAGLE-3 vs EAGLE-1: chain S{depth}",
+                    _accept(_shape_row(eagle3, TreeShape.chain(depth))),
+                    _accept(_shape_row(eagle, TreeShape.chain(depth))),
+                    1.05,
+                )
+            )
         goals.append(
             Goal(
-                "EAGLE-3 vs EAGLE-1: best greedy shape",
-                _accept(_best(heads["eagle3"].greedy)),
-                _accept(_best(heads["eagle"].greedy)),
-                1.0,
+                "EAGLE-3 vs EAGLE-1: best tree of N 32",
+                _accept(best_tree_per_budget(eagle3).get(32)),
+                _accept(best_tree_per_budget(eagle).get(32)),
+                1.05,
             )
         )
     return goals
@@ -137,13 +155,21 @@ def speed_table(rows: Sequence[SpeedRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def head_sections(name: str, table: HeadTable, trained: Mapping[str, Any] | None) -> list[str]:
+def head_sections(
+    name: str,
+    table: HeadTable,
+    trained: Mapping[str, Any] | None,
+    simulated: Sequence[AcceptanceRow] = (),
+) -> list[str]:
     lines = [f"## {name}", ""]
     if trained is not None:
-        accuracy = " ".join(f"{a:.2f}" for a in trained["accuracy_by_step"])
+        accuracy = " ".join(f"{a:.2f}" for a in trained["agreement_by_step"])
+        coverage = trained.get("draft_vocab_coverage")
         lines += [
-            f"Trained {trained['steps']} steps, final loss {trained['final_loss']:.3f}, top-1"
-            f" agreement with the target by unrolled step: {accuracy}.",
+            f"Trained {trained['steps']} steps (train-draft's defaults), final loss"
+            f" {trained['final_loss']:.3f}, top-1 agreement with the target by unrolled step"
+            f" ({trained['agreement_source']}, teacher-forced): {accuracy}."
+            + ("" if coverage is None else f" Draft vocabulary coverage {coverage:.1%}."),
             "",
         ]
     lines += [
@@ -172,6 +198,19 @@ def head_sections(name: str, table: HeadTable, trained: Mapping[str, Any] | None
             "",
             acceptance_row.markdown_table(table.sampled),
         ]
+    if simulated:
+        engine = {row.shape: row for row in table.greedy}
+        ratios = [
+            f"{row.shape.label} {row.mean_accept_length:.2f} (engine ÷ offline"
+            f" {engine[row.shape].mean_accept_length / row.mean_accept_length:.2f})"
+            for row in simulated
+            if row.shape in engine and row.mean_accept_length > 0
+        ]
+        lines += [
+            "Chains simulated offline with the head on the same prompts (tokens/step): "
+            + (", ".join(ratios) or "no engine chain to compare with"),
+            "",
+        ]
     if table.not_measured:
         lines += [f"Not measured (time budget): {', '.join(table.not_measured)}", ""]
     return lines
@@ -198,6 +237,7 @@ class PairReport:
         self.data["seconds"] = {}
         self.heads: dict[str, HeadTable] = {}
         self.lookup: list[AcceptanceRow] = []
+        self.simulated: dict[str, list[AcceptanceRow]] = {}
         self.speed: list[SpeedRow] = []
         self.step_ratios = dict(zip(("eagle", "eagle3"), args.llama8b_step_ratio, strict=True))
         self._started = time.perf_counter()
@@ -212,8 +252,12 @@ class PairReport:
         self.data["heads_measured"] = {k: t.as_dict() for k, t in self.heads.items()}
         self.data["prompt_lookup"] = [row.as_dict() for row in self.lookup]
         self.data["speed"] = [row.as_dict() for row in self.speed]
-        goals = acceptance_goals(self.heads, self.lookup)
-        goals += speed_goals(self.speed)
+        self.data["simulated_chains"] = {
+            name: [row.as_dict() for row in rows] for name, rows in self.simulated.items()
+        }
+        goals = acceptance_goals(self.heads, self.simulated, self.data.get("heads", {}))
+        if self.speed:
+            goals += speed_goals(self.speed)
         self.data["goals"] = [
             {"name": g.name, "ratio": g.ratio, "factor": g.factor, "met": g.met} for g in goals
         ]
@@ -259,7 +303,10 @@ def render(report: PairReport, goals: Sequence[Goal]) -> str:
         lines += ["## Prompt lookup (model-free baseline)", "",
                   acceptance_row.markdown_table(report.lookup, "drafted tokens")]  # fmt: skip
     for algorithm, table in report.heads.items():
-        lines += head_sections(algorithm, table, data.get("heads", {}).get(algorithm))
+        lines += head_sections(
+            algorithm, table, data.get("heads", {}).get(algorithm),
+            report.simulated.get(algorithm, []),
+        )  # fmt: skip
         ratio = report.step_ratios.get(algorithm)
         projected = None if ratio is None else projected_speedup(
             table, TreeShape(5, 4, 8), ratio

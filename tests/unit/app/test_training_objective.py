@@ -25,7 +25,7 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_hard_labels_are_cross_entropy_on_the_targets_argmax_over_the_valid_rows() -> None:
-    logits, probs, argmax, rows = _batch()
+    logits, _, argmax, rows = _batch()
     got = label_loss("hard", logits, None, argmax, rows)
     expected = functional.cross_entropy(logits[rows], argmax[rows])
     torch.testing.assert_close(got, expected)
@@ -37,7 +37,8 @@ def test_an_out_of_vocabulary_row_outside_the_mask_changes_nothing() -> None:
     marked = argmax.clone()
     marked[0, 0] = -1  # the draft vocabulary lacks this row's token
     torch.testing.assert_close(
-        label_loss("hard", logits, None, marked, rows), label_loss("hard", logits, None, argmax, rows)
+        label_loss("hard", logits, None, marked, rows),
+        label_loss("hard", logits, None, argmax, rows),
     )
 
 
