@@ -13,6 +13,11 @@ A variant is ``ALGORITHM[:FIELD=VALUE[,FIELD=VALUE...]]``, FIELD one of ``VARIAN
 
     python3 -m benchmarks.real_pair.sweep --out /tmp/real-pair --variants eagle3 \
         eagle3:labels=soft eagle3:lr=3e-3,batch=32 eagle:regression=1.0
+    python3 -m benchmarks.real_pair.sweep --out /tmp/rp --device cpu --minutes 0.05 \
+        --variants eagle3 eagle:regression=1.0 --eval-prompts 2 --eval-new-tokens 16 \
+        --corpus-mb 1 --vocab-size 512 --hidden-size 64 --num-layers 3 --num-heads 4 \
+        --num-kv-heads 2 --intermediate-size 128 --target-minutes 0.3 --seq-len 128 \
+        --batch-size 8                                      # CPU, on the real pair's smoke
 
 Budget: the default 11 variants × 0.5 min plus loading and simulation take about 7 minutes
 with the target present; training the target first adds about 3 (one 570 s GPU call:
@@ -132,9 +137,10 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, pair_argv: Sequence[str] = ()) -> int:
-    """``pair_argv``: more real-pair options, for a pair made here (the CPU test's tiny one)."""
-    args = parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None) -> int:
+    """Options the sweep does not know go to the real pair's parser (a pair made here: its
+    sizes; a reused one: its corpus, which must be the same to find the same held-out text)."""
+    args, pair_argv = parser().parse_known_args(argv)
     report_dir = args.report_dir or args.out / "sweep"
     pair_args = pair_parser().parse_args(
         ["--out", str(args.out), "--reuse", "--device", args.device, "--seed", str(args.seed),
