@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.real_pair.report import Goal, acceptance_goals
+from benchmarks.real_pair.goals import Goal, acceptance_goals
 from benchmarks.real_pair.table import (
     HeadTable,
     best_tree_per_budget,
