@@ -6,6 +6,7 @@
 #               bash scripts/gpu.sh bench domain_ops --sync-debug
 #               bash scripts/gpu.sh cli bench --preset llama3-8b --draft eagle3 --hf
 #               bash scripts/gpu.sh real-pair [python -m benchmarks.real_pair options]
+#               bash scripts/gpu.sh sweep [python -m benchmarks.real_pair.sweep options]
 #               bash scripts/gpu.sh ab base new -- bench attention --key-shapes
 #               bash scripts/gpu.sh ab base new -- cli bench --preset llama3-8b --configs plain
 #                   (arms from scripts/ab-arms.sh; carry .whl and ab)
@@ -126,6 +127,13 @@ real-pair)
         [ -f "/tmp/real-pair/$head/training.json" ] && cp "/tmp/real-pair/$head/training.json" \
             "$OUT/training-$head.json"
     done
+    ;;
+sweep)
+    # train-draft variants on the real pair (python -m benchmarks.real_pair.sweep): reuses the
+    # target under /tmp/real-pair when a real-pair call left it there, else trains it first;
+    # sweep.md / sweep.json (rewritten after each variant) come back, also from a cut-short run
+    timeout "${SWEEP_TIMEOUT:-570}" python3 -m benchmarks.real_pair.sweep --out /tmp/real-pair \
+        --report-dir "$OUT" "$@" 2>&1 | tee -a "$OUT/sweep.log" | grep -v '^step ' | tail -n 60
     ;;
 *)
     echo "unknown phase $phase" >&2; exit 2

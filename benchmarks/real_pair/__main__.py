@@ -8,17 +8,22 @@ No model can be downloaded, so the pipeline makes one, in one command with fixed
    saved as ``target/tokenizer.json`` beside the weights;
 3. target: transformers' ``LlamaForCausalLM`` (about 100 M parameters by default) trained from
    scratch for ``--target-minutes``;
-4. heads: ``train-draft`` EAGLE and EAGLE-3 heads for ``--head-minutes`` each;
+4. heads: ``train-draft`` EAGLE and EAGLE-3 heads for ``--head-minutes`` each with
+   train-draft's defaults (``--target --algorithm --data --out --max-minutes`` only);
 5. acceptance (``benchmarks/real_pair/table.py``): greedy continuations of held-out prompts
-   for chains S = 3, 5, 7 and trees of those depths at N = 8, 16, 32, 64 with k = 4 and 8;
-   one verify step from fresh held-out contexts and T = 1 continuations for the chains and the
-   best tree of each budget; the prompt-lookup baseline; each head's best shape re-run in
-   float32 against plain float32 decoding;
-6. speed (CUDA): tok/s of plain, the best chain and the best tree of each budget at bs 1, 8, 32.
+   for chains S = 3, 5, 6, 7 and trees of those depths at N = 8, 32 with k = 8; one verify step
+   from fresh held-out contexts and T = 1 continuations for the chains and the best tree of
+   each budget; the prompt-lookup baseline; the same head's chains simulated offline
+   (``chain_simulation``); optionally each head's best shape re-run in float32
+   (``--exact-dtype``);
+6. speed (CUDA, ``--speed-batch-sizes``, none by default): tok/s of plain, the best chain and
+   the best tree of each budget.
 
-Checkpoints land under ``--out``, ``report.md`` and ``report.json`` (rewritten after every
-phase, ending with the goals the pair is judged by) under ``--report-dir``. The default budget
-fits one GPU call of under 10 minutes on an H200 (scripts/gpu.sh real-pair):
+Checkpoints land under ``--out`` (with ``corpus/held_out.jsonl`` for ``eagletree bench
+--prompts``), ``report.md`` and ``report.json`` (rewritten after every phase, ending with issue
+29's goals) under ``--report-dir``. The default budget fits one 570 s GPU call on an H200
+(scripts/gpu.sh real-pair): corpus and tokenizer about 0.5 min, target 2.2, heads 2 × 2 plus
+loading, acceptance 1.5 plus the plain references and the offline chains:
 
     python3 -m benchmarks.real_pair --out /tmp/real-pair
     python3 -m benchmarks.real_pair --out /tmp/rp --device cpu --corpus-mb 1 \
@@ -34,6 +39,8 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -63,26 +70,50 @@ from benchmarks.real_pair.target import (
 )
 from eagletree.app.training import acceptance, acceptance_row
 from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
+from eagletree.app.training.chain_simulation import load_trained_head, simulated_chain
 from eagletree.app.training.data import FileTokenizer, prompt_windows, tokenize
 from eagletree.app.training.draft_trainer import train_draft
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
     report = PairReport(args.report_dir or args.out, args)
-    train_files, held_files = _read_corpus(args, report)
-    tokenizer, train_tokens, held_tokens = _tokenize(args, report, train_files, held_files)
-    _train_target(args, report, tokenizer, train_tokens, held_tokens)
-    _train_heads(args, report, train_files, tokenizer.vocab_size)
-    _measure_acceptance(args, report, tokenizer, held_tokens)
+    pair = prepare_pair(args, report)
+    _train_heads(args, report, pair.draft_data)
+    _measure_acceptance(args, report, pair.tokenizer, pair.held_tokens)
     if args.device.startswith("cuda") and args.speed_batch_sizes and report.heads:
-        _measure_speed(args, report, held_tokens)
+        _measure_speed(args, report, pair.held_tokens)
     print(report.markdown())
     return 0
 
 
 Files = list[tuple[str, str]]
+
+
+class PreparedPair(NamedTuple):
+    tokenizer: FileTokenizer
+    held_tokens: torch.Tensor  # the held-out files' tokens
+    draft_data: Path  # the heads' training text, JSONL
+
+
+def prepare_pair(args: argparse.Namespace, report: PairReport) -> PreparedPair:
+    """Corpus, tokenizer and target (kept under ``--out`` with ``--reuse``), and the text the
+    heads train on: ``corpus/draft_train.jsonl``, and ``corpus/held_out.jsonl`` (one document per
+    held-out file) for ``eagletree bench --prompts``."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    train_files, held_files = _read_corpus(args, report)
+    tokenizer, train_tokens, held_tokens = _tokenize(args, report, train_files, held_files)
+    _train_target(args, report, tokenizer, train_tokens, held_tokens)
+    corpus = args.out / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    texts = prefix_by_size([t for _, t in train_files], args.draft_data_mb)
+    _write_jsonl(corpus / "draft_train.jsonl", texts)
+    _write_jsonl(corpus / "held_out.jsonl", [t for _, t in held_files])
+    return PreparedPair(tokenizer, held_tokens, corpus / "draft_train.jsonl")
+
+
+def _write_jsonl(path: Path, texts: Sequence[str]) -> None:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
 
 
 def _read_corpus(args: argparse.Namespace, report: PairReport) -> tuple[Files, Files]:
@@ -149,25 +180,21 @@ def _train_target(
     report.phase("target")
 
 
-def _train_heads(
-    args: argparse.Namespace, report: PairReport, train_files: Files, vocab_size: int
-) -> None:
-    draft_data = args.out / "corpus" / "draft_train.jsonl"
-    draft_data.parent.mkdir(parents=True, exist_ok=True)
-    texts = prefix_by_size([t for _, t in train_files], args.draft_data_mb)
-    draft_data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+def _train_heads(args: argparse.Namespace, report: PairReport, draft_data: Path) -> None:
     report.data["heads"] = {}
     for algorithm in args.algorithms:
         head_dir = args.out / algorithm
         if not (args.reuse and (head_dir / "training.json").is_file()):
-            options = head_options(args, algorithm, args.out / "target", draft_data, vocab_size)
-            train_draft(options)
+            train_draft(head_options(args, algorithm, args.out / "target", draft_data))
         trained = json.loads((head_dir / "training.json").read_text())  # what train_draft wrote
         losses = trained["losses"][-20:]
         report.data["heads"][algorithm] = {
             "steps": trained["steps"],
             "final_loss": sum(losses) / max(len(losses), 1),
-            "accuracy_by_step": trained["accuracy_by_step"],
+            "agreement_by_step": trained["agreement_by_step"],
+            "agreement_source": trained["agreement_source"],
+            "rank_profile": trained.get("rank_profile"),
+            "draft_vocab_coverage": trained.get("draft_vocab_coverage"),
         }
         report.phase(f"train {algorithm}")
 
@@ -221,7 +248,26 @@ def _measure_acceptance(
                 "identical": row.matches_plain, "match_rate": row.match_rate,
             }  # fmt: skip
             table.seconds[f"{args.exact_dtype} re-run"] = time.perf_counter() - started
+        started = time.perf_counter()
+        report.simulated[algorithm] = _simulate_chains(args, algorithm, prompts, reference)
+        table.seconds["offline chains"] = time.perf_counter() - started
         report.phase(f"measure {algorithm}")
+
+
+def _simulate_chains(
+    args: argparse.Namespace,
+    algorithm: str,
+    prompts: Sequence[Sequence[int]],
+    reference: Sequence[Sequence[int]],
+) -> list[AcceptanceRow]:
+    """The chains of ``--depths`` simulated offline with the head on the table's prompts."""
+    head, target, draft_to_target = load_trained_head(
+        args.out / algorithm, args.out / "target", algorithm, torch.device(args.device)
+    )
+    return [
+        simulated_chain(head, target, draft_to_target, prompts, reference, depth)
+        for depth in args.depths
+    ]
 
 
 def _measure_speed(args: argparse.Namespace, report: PairReport, held: torch.Tensor) -> None:

@@ -35,29 +35,26 @@ def parser() -> argparse.ArgumentParser:
     add("--seq-len", type=int, default=1024)
     add("--batch-size", type=int, default=32, help="target training batch (sequences)")
     add("--target-lr", type=float, default=1e-3)
-    add("--target-minutes", type=float, default=3.0)
-    add("--head-minutes", type=float, default=1.0, help="per head")
-    add("--measure-minutes", type=float, default=2.0,
+    add("--target-minutes", type=float, default=2.2)
+    add("--head-minutes", type=float, default=2.0,
+        help="per head; every other training option is train-draft's default")  # fmt: skip
+    add("--measure-minutes", type=float, default=1.5,
         help="acceptance, both heads; shapes past it are listed as not measured")  # fmt: skip
-    add("--head-batch-size", type=int, default=16)
-    add("--head-lr", type=float, default=1e-3)
-    add("--unroll-steps", type=int, default=3)
-    add("--draft-vocab-size", type=int, default=8192, help="EAGLE-3")
     add("--algorithms", nargs="+", default=["eagle", "eagle3"], choices=["eagle", "eagle3"])
     add("--eval-prompts", type=int, default=16)
-    add("--fresh-contexts", type=int, default=1024, help="one-step acceptance contexts (0: none)")
+    add("--fresh-contexts", type=int, default=256, help="one-step acceptance contexts (0: none)")
     add("--prompt-len", type=int, default=64)
     add("--eval-new-tokens", type=int, default=64,
         help="greedy tokens per prompt (a small target loops more the longer it runs)")  # fmt: skip
-    add("--depths", type=int, nargs="+", default=[3, 5, 7])
-    add("--tree-sizes", type=int, nargs="+", default=[8, 16, 32, 64])
-    add("--tree-topks", type=int, nargs="+", default=[4, 8])
+    add("--depths", type=int, nargs="+", default=[3, 5, 6, 7])
+    add("--tree-sizes", type=int, nargs="+", default=[8, 32])
+    add("--tree-topks", type=int, nargs="+", default=[8])
     add("--cuda-graph", choices=["auto", "on", "off"], default="off",
         help="engine setting for the acceptance runs (capture costs time per engine)")  # fmt: skip
-    add("--speed-batch-sizes", type=int, nargs="*", default=[1, 8, 32],
-        help="tok/s of plain, best chain, best tree (CUDA only; none: skip)")  # fmt: skip
+    add("--speed-batch-sizes", type=int, nargs="*", default=[],
+        help="tok/s of plain, best chain, best tree (CUDA; default none: skip)")  # fmt: skip
     add("--speed-new-tokens", type=int, default=64)
-    add("--exact-dtype", choices=["float32", "none"], default="float32",
+    add("--exact-dtype", choices=["float32", "none"], default="none",
         help="re-run each head's best shape in this dtype against plain decoding")  # fmt: skip
     add("--llama8b-step-ratio", type=float, nargs=2, default=[1.56, 1.38],
         metavar=("EAGLE", "EAGLE3"),
@@ -96,24 +93,21 @@ def head_options(
     algorithm: Literal["eagle", "eagle3"],
     target_dir: Path,
     data: Path,
-    vocab_size: int,
+    out: Path | None = None,
+    minutes: float | None = None,
 ) -> TrainOptions:
+    """What `eagletree train-draft --target --algorithm --data --out --max-minutes` runs: every
+    training option is its default (the pair judges the defaults); the engine's acceptance is
+    measured by the table, not by train-draft."""
     return TrainOptions(
         target=target_dir,
         algorithm=algorithm,
         data=(data,),
-        out=args.out / algorithm,
+        out=out or args.out / algorithm,
         max_steps=None,
-        max_minutes=args.head_minutes,
+        max_minutes=args.head_minutes if minutes is None else minutes,
         seed=args.seed,
         device=args.device,
-        batch_size=args.head_batch_size,
-        seq_len=args.seq_len,
-        lr=args.head_lr,
-        warmup_steps=50,
-        unroll_steps=args.unroll_steps,
-        draft_vocab_size=min(args.draft_vocab_size, vocab_size) if algorithm == "eagle3" else None,
-        held_out_fraction=0.001,
         eval_prompts=0,
         log_every=100,
     )

@@ -3,9 +3,7 @@
 ``PairReport`` collects what a run has measured and rewrites ``report.json`` and ``report.md``
 after every phase.
 
-Each goal compares two measured figures and says whether the first reaches ``factor`` × the
-second; a goal whose figures were not measured (time budget, a head left out) is reported as
-such, never as met.
+The goals it ends with are ``goals.py``'s.
 """
 
 from __future__ import annotations
@@ -15,113 +13,14 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.real_pair.goals import Goal, acceptance_goals, speed_goals
 from benchmarks.real_pair.speed import SpeedRow
-from benchmarks.real_pair.table import (
-    HeadTable,
-    best_tree_per_budget,
-    best_tree_per_depth,
-    chains_of,
-)
+from benchmarks.real_pair.table import HeadTable, best_tree_per_budget
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
-
-
-@dataclass(frozen=True, slots=True)
-class Goal:
-    name: str
-    value: float | None
-    reference: float | None
-    factor: float
-
-    @property
-    def ratio(self) -> float | None:
-        if self.value is None or not self.reference:
-            return None
-        return self.value / self.reference
-
-    @property
-    def met(self) -> bool | None:
-        ratio = self.ratio
-        return None if ratio is None else ratio >= self.factor
-
-    def line(self) -> str:
-        if self.ratio is None:
-            return f"- {self.name}: not measured"
-        verdict = "met" if self.met else "MISSED"
-        return (
-            f"- {self.name}: {self.value:.2f} vs {self.reference:.2f} = {self.ratio:.2f}×"
-            f" (goal ≥ {self.factor:g}×) — {verdict}"
-        )
-
-
-def _accept(row: AcceptanceRow | None) -> float | None:
-    return None if row is None else row.mean_accept_length
-
-
-def _best(rows: Sequence[AcceptanceRow]) -> AcceptanceRow | None:
-    return max(rows, key=lambda r: r.mean_accept_length, default=None)
-
-
-def acceptance_goals(heads: Mapping[str, HeadTable], lookup: Sequence[AcceptanceRow]) -> list[Goal]:
-    goals: list[Goal] = []
-    for name, table in heads.items():
-        for kind, rows in (("greedy continuations", table.greedy), ("fresh contexts", table.fresh)):
-            chains = chains_of(rows)
-            for depth, tree in best_tree_per_depth(rows).items():
-                goals.append(
-                    Goal(
-                        f"{name}, {kind}: best tree (N ≤ 32) vs chain at S = {depth}",
-                        tree.mean_accept_length,
-                        _accept(chains.get(depth)),
-                        1.2,
-                    )
-                )
-        best_chain = _best(list(chains_of(table.greedy).values()))
-        goals.append(
-            Goal(
-                f"{name}: best chain vs best prompt lookup",
-                _accept(best_chain),
-                _accept(_best(lookup)),
-                1.7,
-            )
-        )
-        steady = [r.non_looping_accept_length or 0.0 for r in chains_of(table.greedy).values()]
-        steady_lookup = [r.non_looping_accept_length or 0.0 for r in lookup]
-        goals.append(
-            Goal(
-                f"{name}: the same on the continuations that do not loop",
-                max(steady, default=None),
-                max(steady_lookup, default=None),
-                1.7,
-            )
-        )
-    if "eagle" in heads and "eagle3" in heads:
-        goals.append(
-            Goal(
-                "EAGLE-3 vs EAGLE-1: best greedy shape",
-                _accept(_best(heads["eagle3"].greedy)),
-                _accept(_best(heads["eagle"].greedy)),
-                1.0,
-            )
-        )
-    return goals
-
-
-def speed_goals(rows: Sequence[SpeedRow]) -> list[Goal]:
-    at_bs1 = {row.config: row.tokens_per_s for row in rows if row.batch_size == 1}
-    plain = at_bs1.get("plain")
-    chains = [v for k, v in at_bs1.items() if k.startswith("chain")]
-    trees = [v for k, v in at_bs1.items() if k.startswith("tree")]
-    best_tree = max(trees, default=None)
-    best_spec = max(chains + trees, default=None)
-    return [
-        Goal("tok/s at bs 1: best tree vs best chain", best_tree, max(chains, default=None), 1.15),
-        Goal("tok/s at bs 1: speculative vs plain", best_spec, plain, 2.0),
-    ]
 
 
 def speed_table(rows: Sequence[SpeedRow]) -> str:
@@ -137,13 +36,21 @@ def speed_table(rows: Sequence[SpeedRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def head_sections(name: str, table: HeadTable, trained: Mapping[str, Any] | None) -> list[str]:
+def head_sections(
+    name: str,
+    table: HeadTable,
+    trained: Mapping[str, Any] | None,
+    simulated: Sequence[AcceptanceRow] = (),
+) -> list[str]:
     lines = [f"## {name}", ""]
     if trained is not None:
-        accuracy = " ".join(f"{a:.2f}" for a in trained["accuracy_by_step"])
+        accuracy = " ".join(f"{a:.2f}" for a in trained["agreement_by_step"])
+        coverage = trained.get("draft_vocab_coverage")
         lines += [
-            f"Trained {trained['steps']} steps, final loss {trained['final_loss']:.3f}, top-1"
-            f" agreement with the target by unrolled step: {accuracy}.",
+            f"Trained {trained['steps']} steps (train-draft's defaults), final loss"
+            f" {trained['final_loss']:.3f}, top-1 agreement with the target by unrolled step"
+            f" ({trained['agreement_source']}, teacher-forced): {accuracy}."
+            + ("" if coverage is None else f" Draft vocabulary coverage {coverage:.1%}."),
             "",
         ]
     lines += [
@@ -172,6 +79,19 @@ def head_sections(name: str, table: HeadTable, trained: Mapping[str, Any] | None
             "",
             acceptance_row.markdown_table(table.sampled),
         ]
+    if simulated:
+        engine = {row.shape: row for row in table.greedy}
+        ratios = [
+            f"{row.shape.label} {row.mean_accept_length:.2f} (engine ÷ offline"
+            f" {engine[row.shape].mean_accept_length / row.mean_accept_length:.2f})"
+            for row in simulated
+            if row.shape in engine and row.mean_accept_length > 0
+        ]
+        lines += [
+            "Chains simulated offline with the head on the same prompts (tokens/step): "
+            + (", ".join(ratios) or "no engine chain to compare with"),
+            "",
+        ]
     if table.not_measured:
         lines += [f"Not measured (time budget): {', '.join(table.not_measured)}", ""]
     return lines
@@ -198,6 +118,7 @@ class PairReport:
         self.data["seconds"] = {}
         self.heads: dict[str, HeadTable] = {}
         self.lookup: list[AcceptanceRow] = []
+        self.simulated: dict[str, list[AcceptanceRow]] = {}
         self.speed: list[SpeedRow] = []
         self.step_ratios = dict(zip(("eagle", "eagle3"), args.llama8b_step_ratio, strict=True))
         self._started = time.perf_counter()
@@ -212,8 +133,12 @@ class PairReport:
         self.data["heads_measured"] = {k: t.as_dict() for k, t in self.heads.items()}
         self.data["prompt_lookup"] = [row.as_dict() for row in self.lookup]
         self.data["speed"] = [row.as_dict() for row in self.speed]
-        goals = acceptance_goals(self.heads, self.lookup)
-        goals += speed_goals(self.speed)
+        self.data["simulated_chains"] = {
+            name: [row.as_dict() for row in rows] for name, rows in self.simulated.items()
+        }
+        goals = acceptance_goals(self.heads, self.simulated, self.data.get("heads", {}))
+        if self.speed:
+            goals += speed_goals(self.speed)
         self.data["goals"] = [
             {"name": g.name, "ratio": g.ratio, "factor": g.factor, "met": g.met} for g in goals
         ]
@@ -259,7 +184,10 @@ def render(report: PairReport, goals: Sequence[Goal]) -> str:
         lines += ["## Prompt lookup (model-free baseline)", "",
                   acceptance_row.markdown_table(report.lookup, "drafted tokens")]  # fmt: skip
     for algorithm, table in report.heads.items():
-        lines += head_sections(algorithm, table, data.get("heads", {}).get(algorithm))
+        lines += head_sections(
+            algorithm, table, data.get("heads", {}).get(algorithm),
+            report.simulated.get(algorithm, []),
+        )  # fmt: skip
         ratio = report.step_ratios.get(algorithm)
         projected = None if ratio is None else projected_speedup(
             table, TreeShape(5, 4, 8), ratio

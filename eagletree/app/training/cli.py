@@ -9,7 +9,9 @@ from typing import Any
 
 from eagletree.app.training.acceptance_row import TreeShape
 from eagletree.app.training.data import add_data_argument
+from eagletree.app.training.losses import LABELS, Labels
 from eagletree.app.training.objective import LossWeights
+from eagletree.app.training.options import DEVICE_DEFAULTS
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -24,6 +26,13 @@ def _shape(text: str) -> TreeShape:
     if len(parts) == 3:
         return TreeShape(*parts)
     raise argparse.ArgumentTypeError(f"{text!r}: expected S or S,k,N")
+
+
+def _labels(text: str) -> Labels:
+    for labels in LABELS:
+        if text == labels:
+            return labels
+    raise argparse.ArgumentTypeError(f"--labels {text!r}: expected one of {', '.join(LABELS)}")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -42,17 +51,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--max-minutes", type=float, help="wall-clock training budget")
     add("--seed", type=int, default=0)
     add("--device", help="torch device (default: cuda if available, else cpu)")
-    add("--batch-size", type=int, default=8)
-    add("--seq-len", type=int, default=256)
+    cuda, cpu = DEVICE_DEFAULTS["cuda"], DEVICE_DEFAULTS["cpu"]
+    add("--batch-size", type=int,
+        help=f"sequences per micro-batch (default: {cuda.batch_size} on CUDA,"
+        f" {cpu.batch_size} on the CPU)")  # fmt: skip
+    add("--seq-len", type=int,
+        help=f"tokens per sequence (default: {cuda.seq_len} on CUDA, {cpu.seq_len} on the"
+        " CPU)")  # fmt: skip
     add("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    add("--lr", type=float, default=3e-4)
+    add("--lr", type=float, default=1e-3, help="AdamW peak learning rate")
     add("--weight-decay", type=float, default=0.0)
-    add("--warmup-steps", type=int, default=20)
+    add("--warmup-steps", type=int, default=50)
     add("--grad-clip", type=float, default=0.5)
-    add("--unroll-steps", type=int, default=3, help="training-time test depth (>= 1)")
+    add("--unroll-steps", type=int, default=4, help="training-time test depth (>= 1)")
     add("--step-decay", type=float, default=0.8, help="loss weight decay^s of unrolled step s")
-    add("--ce-weight", type=float, help="cross-entropy weight (default: eagle 0.1, eagle3 1.0)")
-    add("--regression-weight", type=float, default=1.0, help="EAGLE-1 feature regression")
+    add("--labels", type=_labels, default="hard", metavar="|".join(LABELS),
+        help="cross-entropy on the target's argmax (hard), its distribution (soft) or the mean"
+        " of both (mixed)")  # fmt: skip
+    add("--ce-weight", type=float, default=1.0, help="cross-entropy weight")
+    add("--regression-weight", type=float, default=0.2, help="EAGLE-1 feature regression")
     add("--num-layers", type=int, default=1, help="EAGLE-1 decoder layers")
     add("--draft-vocab-size", type=int, help="EAGLE-3 (default: min(vocab, 32000))")
     add("--held-out-fraction", type=float, default=0.05)
@@ -102,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip,
         unroll_steps=args.unroll_steps,
-        loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay),
+        loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay, args.labels),
         num_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
         held_out_fraction=args.held_out_fraction,

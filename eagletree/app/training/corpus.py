@@ -29,6 +29,7 @@ class Corpus(NamedTuple):
     train: torch.Tensor  # (num_tokens,) int64, what the windows are cut from
     sampler: WindowSampler
     eval_prompts: list[list[int]]  # held-out prompts for the acceptance report
+    held: torch.Tensor  # (num_tokens,) int64, the held-out documents' tokens
 
 
 def self_distilled(target: HFTarget, prompts: list[list[int]], num_tokens: int) -> torch.Tensor:
@@ -57,6 +58,6 @@ def build_corpus(options: TrainOptions, target: HFTarget) -> Corpus:
     if options.self_distill_tokens > 0 and options.self_distill_prompts > 0:
         prompts = prompt_windows(train, options.self_distill_prompts, options.prompt_len)
         train = self_distilled(target, prompts, options.self_distill_tokens)
-    sampler = WindowSampler(train, options.seq_len, options.batch_size, options.seed)
+    sampler = WindowSampler(train, options.window, options.batch, options.seed)
     eval_prompts = prompt_windows(held, options.eval_prompts, options.prompt_len)
-    return Corpus(train, sampler, eval_prompts)
+    return Corpus(train, sampler, eval_prompts, held)

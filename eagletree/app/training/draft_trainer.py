@@ -20,7 +20,7 @@ from torch import nn
 
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.stack import default_aux_layer_ids
-from eagletree.app.training import acceptance, acceptance_row
+from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import (
     draft_config,
     head_shape,
@@ -31,6 +31,7 @@ from eagletree.app.training.checkpoint import (
     step_dir,
 )
 from eagletree.app.training.corpus import Corpus, build_corpus
+from eagletree.app.training.evaluation import Evaluation, evaluate
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
 from eagletree.app.training.objective import Objective
@@ -47,10 +48,14 @@ MIN_LR_RATIO = 0.1  # the cosine schedule ends at a tenth of the peak
 class TrainReport:
     steps: int
     losses: list[float]
-    accuracy: tuple[float, ...]
+    accuracy: tuple[float, ...]  # the last batch's, per unrolled step
     seconds: float
-    acceptance: list[acceptance_row.AcceptanceRow]
+    evaluation: Evaluation
     out: Path
+
+    @property
+    def acceptance(self) -> list[acceptance_row.AcceptanceRow]:
+        return self.evaluation.acceptance
 
 
 def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
@@ -80,7 +85,7 @@ def _check_positions(options: TrainOptions, positions: int) -> None:
     """Windows and prompts past the target's positions are refused before anything loads (a
     window that long would run out of memory, slowly, rather than fail)."""
     for length, flags in (
-        (options.seq_len, "--seq-len"),
+        (options.window, "--seq-len"),
         (
             options.prompt_len + options.self_distill_tokens
             if options.self_distill_prompts > 0
@@ -101,12 +106,13 @@ def _check_positions(options: TrainOptions, positions: int) -> None:
 
 class DraftTrainer:
     def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
+        options = options.resolved()
         if options.max_steps is None and options.max_minutes is None:
             raise ConfigurationError("give --max-steps or --max-minutes (or both)")
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
-        if options.seq_len < 2:
+        if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options
         self.stream = stream
@@ -235,32 +241,15 @@ class DraftTrainer:
         progress.close()
         self.head.eval()
         self.save(options.out, with_state=False)
-        rows = self.evaluate()
-        report = TrainReport(self.step, losses, accuracy, self.elapsed_s, rows, options.out)
+        evaluation = self.evaluate()
+        report = TrainReport(self.step, losses, accuracy, self.elapsed_s, evaluation, options.out)
         _write_report(report, options)
         return report
 
-    def evaluate(self) -> list[acceptance_row.AcceptanceRow]:
-        options = self.options
-        if not options.eval_prompts or not options.eval_shapes:
-            return []
-        prompts = self.corpus.eval_prompts
-        if not prompts:
-            return []
-        device = options.device
-        reference = acceptance.plain_outputs(
-            options.target, prompts, options.eval_new_tokens, device
-        )
-        return acceptance.measure_acceptance(
-            options.target,
-            options.out,
-            options.algorithm,
-            prompts,
-            options.eval_shapes,
-            options.eval_new_tokens,
-            device,
-            reference,
-        )
+    def evaluate(self) -> Evaluation:
+        draft_to_target = None if self.vocab is None else self.vocab.target_ids
+        with torch.no_grad():
+            return evaluate(self.options, self.head, self.target, draft_to_target, self.corpus)
 
 
 def _write_report(report: TrainReport, options: TrainOptions) -> None:
@@ -274,8 +263,7 @@ def _write_report(report: TrainReport, options: TrainOptions) -> None:
         "steps": report.steps,
         "seconds": report.seconds,
         "losses": report.losses,  # this run's, one per optimizer step
-        "accuracy_by_step": list(report.accuracy),
-        "acceptance": [row.as_dict() for row in report.acceptance],
+        **report.evaluation.as_dict(report.accuracy),
     }
     (options.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
     if report.acceptance:

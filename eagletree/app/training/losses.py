@@ -1,13 +1,22 @@
-"""App: the draft-training losses — soft cross-entropy against the target, feature regression.
+"""App: the draft-training losses — cross-entropy against the target, feature regression.
 
 Every loss is a mean over valid rows: at unrolled step s, row q is valid when q ≥ s (it has a
 real prefix) and, for EAGLE-3, when the target's choice lies in the draft vocabulary.
+
+Labels (``--labels``): *hard* is cross-entropy on the target's argmax, what greedy acceptance
+asks for; *soft* is cross-entropy against the target's whole distribution, what sampling at
+T = 1 asks for; *mixed* is their mean, (hard + soft) / 2, so its scale is either's.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch.nn import functional
+
+Labels = Literal["hard", "soft", "mixed"]
+LABELS: tuple[Labels, ...] = ("hard", "soft", "mixed")
 
 
 def valid_rows(seq_len: int, step: int, device: torch.device) -> torch.Tensor:
@@ -22,6 +31,35 @@ def soft_cross_entropy(
     log_q = functional.log_softmax(logits.float(), dim=-1)
     per_row = -(target_probs * log_q).sum(-1)
     return masked_mean(per_row, rows)
+
+
+def hard_cross_entropy(
+    logits: torch.Tensor, target_ids: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """Mean over ``rows`` of −log q(target id); logits: (..., V); target_ids, rows: (...).
+    Ids outside the rows may be −1 (a token the draft vocabulary lacks)."""
+    per_row = functional.cross_entropy(
+        logits.float().flatten(0, -2), target_ids.clamp_min(0).flatten(), reduction="none"
+    )
+    return masked_mean(per_row.view(target_ids.shape), rows)
+
+
+def label_loss(
+    labels: Labels,
+    logits: torch.Tensor,
+    target_probs: torch.Tensor | None,
+    target_ids: torch.Tensor,
+    rows: torch.Tensor,
+) -> torch.Tensor:
+    """The cross-entropy ``labels`` names (module docstring); ``target_probs`` may be None for
+    hard labels (it is the batch's largest tensor)."""
+    if labels == "hard":
+        return hard_cross_entropy(logits, target_ids, rows)
+    assert target_probs is not None, f"{labels} labels need the target's distribution"
+    if labels == "soft":
+        return soft_cross_entropy(logits, target_probs, rows)
+    hard = hard_cross_entropy(logits, target_ids, rows)
+    return 0.5 * (hard + soft_cross_entropy(logits, target_probs, rows))
 
 
 def feature_regression(

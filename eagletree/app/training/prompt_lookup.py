@@ -14,6 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Drafter(Protocol):
+    """Proposes draft tokens for a context (the tokens so far, prompt included)."""
+
+    def propose(self, context: Sequence[int]) -> list[int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +50,7 @@ class LookupDrafter:
         return []
 
 
-def simulate(
-    drafter: LookupDrafter, prompt: Sequence[int], continuation: Sequence[int]
-) -> list[int]:
+def simulate(drafter: Drafter, prompt: Sequence[int], continuation: Sequence[int]) -> list[int]:
     """Tokens emitted per verify step when ``drafter`` drafts for a target whose greedy output
     after ``prompt`` is ``continuation`` (its first token comes from the prefill)."""
     emitted_per_step: list[int] = []

@@ -39,7 +39,7 @@ def test_a_trained_head_is_accepted_far_more_often_than_a_random_one(
     losses = report["losses"]
     assert len(losses) == 300
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
-    rows = {row["shape"]: row for row in report["acceptance"]}
+    rows = {row["shape"]: row for row in report["acceptance"] if row["temperature"] == 0.0}
     random_rows = {row.shape.label: row for row in random_head_acceptance(pair, algorithm)}
     for shape in SHAPES:
         row, baseline = rows[shape.label], random_rows[shape.label]
@@ -49,8 +49,10 @@ def test_a_trained_head_is_accepted_far_more_often_than_a_random_one(
         assert baseline.mean_accept_length < 1.2
         assert row["mean_accept_length"] >= baseline.mean_accept_length + MIN_MARGIN
     assert rows["chain S=3"]["mean_accept_length"] >= MIN_TRAINED_CHAIN
-    # trained unrolled: the head agrees with the target on its own features at depth 3 too
-    accuracy = report["accuracy_by_step"]
+    # trained unrolled: the head agrees with the target on its own features at depth 3 too,
+    # on held-out text
+    assert report["agreement_source"] == "held-out"
+    accuracy = report["agreement_by_step"]
     assert len(accuracy) == 3 and min(accuracy) > 0.7
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.real_pair.report import Goal, acceptance_goals
+from benchmarks.real_pair.goals import Goal, acceptance_goals
 from benchmarks.real_pair.table import (
     HeadTable,
     best_tree_per_budget,
@@ -91,10 +91,19 @@ def test_goals_compare_measured_figures_and_say_when_one_is_missing() -> None:
     assert (
         Goal("g", None, 2.0, 1.5).met is None and "not measured" in Goal("g", None, 2.0, 1.5).line()
     )
-    table = HeadTable("eagle", greedy=[row(TreeShape(3, 4, 8), 3.0)])  # no chain measured
-    goals = {g.name: g for g in acceptance_goals({"eagle": table}, [])}
-    tree_vs_chain = goals["eagle, greedy continuations: best tree (N ≤ 32) vs chain at S = 3"]
-    assert tree_vs_chain.met is None
-    table.greedy.append(row(TreeShape.chain(3), 2.4))
-    goals = {g.name: g for g in acceptance_goals({"eagle": table}, [])}
-    assert goals["eagle, greedy continuations: best tree (N ≤ 32) vs chain at S = 3"].met is True
+    table = HeadTable("eagle", greedy=[row(TreeShape(6, 8, 32), 3.0)])  # no chain measured
+    goals = {g.name: g for g in acceptance_goals({"eagle": table}, {}, {})}
+    assert goals["eagle: tree S6 k8 N32 vs chain S6"].met is None
+    assert goals["eagle: teacher-forced top-1 agreement at its lowest unrolled step"].met is None
+    table.greedy += [row(TreeShape.chain(6), 2.4), row(TreeShape.chain(7), 2.5)]
+    simulated = {"eagle": [row(TreeShape.chain(7), 2.6)]}
+    trained = {"eagle": {"agreement_by_step": [0.8, 0.74, 0.9]}}
+    goals = {g.name: g for g in acceptance_goals({"eagle": table}, simulated, trained)}
+    assert goals["eagle: tree S6 k8 N32 vs chain S6"].met is True
+    assert goals["eagle: engine chain S7 vs the same head's chain S7 simulated offline"].met
+    # the lowest step decides: 0.74 < 0.75
+    assert goals["eagle: teacher-forced top-1 agreement at its lowest unrolled step"].met is False
+    heads = {"eagle": table, "eagle3": HeadTable("eagle3", greedy=[row(TreeShape.chain(7), 2.7)])}
+    goals = {g.name: g for g in acceptance_goals(heads, {}, {})}
+    assert goals["EAGLE-3 vs EAGLE-1: chain S7"].met is True  # 2.7 ≥ 1.05 × 2.5
+    assert goals["EAGLE-3 vs EAGLE-1: chain S5"].met is None

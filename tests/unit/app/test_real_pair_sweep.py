@@ -1,0 +1,45 @@
+"""The sweep's variants: parsed into train-draft options, with errors that name the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.real_pair.sweep import DEFAULT_VARIANTS, parse_variant
+from eagletree.app.training.options import TrainOptions
+
+
+def test_a_variant_changes_only_the_fields_it_names() -> None:
+    base = TrainOptions(Path("t"), "eagle3", (Path("d"),), Path("o"))
+    variant = parse_variant("eagle3:labels=soft,lr=3e-3,batch=16,unroll=6")
+    options = variant.apply(base)
+    assert variant.algorithm == "eagle3"
+    assert (options.loss.labels, options.lr, options.batch_size, options.unroll_steps) == (
+        "soft", 3e-3, 16, 6,
+    )  # fmt: skip
+    assert options.loss.regression == base.loss.regression and options.seed == base.seed
+    assert parse_variant("eagle:regression=1.0").apply(base).loss.regression == 1.0
+    assert parse_variant("eagle").apply(base) == base
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("medusa:lr=1", "the algorithm must be eagle or eagle3"),
+        ("eagle3:learning_rate=1e-3", "'learning_rate=1e-3' is not FIELD=VALUE"),
+        ("eagle3:lr", "'lr' is not FIELD=VALUE"),
+        ("eagle3:lr=fast", "lr='fast'"),
+        ("eagle3:labels=sof", "expected one of hard, soft, mixed"),
+    ],
+)
+def test_a_bad_variant_is_refused_with_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_variant(text)
+
+
+def test_the_default_variants_parse_and_fit_one_gpu_call() -> None:
+    variants = [parse_variant(text) for text in DEFAULT_VARIANTS]
+    assert len({v.name for v in variants}) == len(variants)
+    # 0.5 min each plus about 3 min to train a missing target must stay within 9 minutes
+    assert 0.5 * len(variants) + 3 <= 9

@@ -1,0 +1,67 @@
+"""The per-depth figures train-draft writes: the rank profile (the engine's prior) on a case
+worked by hand, its shape and sums, and the offline chain drafter's rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagletree.app.training import depth_profile
+from eagletree.app.training.chain_simulation import UnrolledDrafter
+from eagletree.app.training.depth_profile import RankCounts
+from eagletree.app.training.prompt_lookup import simulate
+
+
+def test_the_rank_profile_counts_depth_d_only_on_paths_accepted_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(depth_profile, "MIN_ROWS", 1)
+    # one window, 4 rows; the target's argmax at row q is 10 + q, the held-out tokens agree
+    # with it except at row 2
+    choice = torch.tensor([[10, 11, 12, 13]])
+    next_tokens = torch.tensor([[10, 11, 99, 13]])
+    # step 0: top-1 right at rows 0, 1, 2, wrong at row 3 (its 2nd candidate right)
+    step0 = torch.tensor([[[10, 5], [11, 5], [12, 5], [5, 13]]])
+    # step 1: right at rows 1 and 3, 2nd candidate right at row 2
+    step1 = torch.tensor([[[5, 6], [11, 6], [5, 12], [13, 6]]])
+    probs0 = torch.full((1, 4, 2), 0.25)
+    probs1 = torch.tensor([[[0.0, 0.0], [0.5, 0.1], [0.3, 0.2], [0.6, 0.4]]])
+    counts = RankCounts(num_steps=2, num_ranks=2)
+    counts.add([step0, step1], [probs0, probs1], choice, next_tokens)
+    profile = counts.profile(coverage=None)
+    # depth 0: every row; rank 0 right at 3 of 4 rows, rank 1 at 1
+    assert profile.greedy[0] == [0.75, 0.25] and profile.sampled[0] == [0.25, 0.25]
+    # depth 1 at row q needs step 0 right at row q − 1 with the held-out token equal to it:
+    # rows 1 (root 0) and 2 (root 1); not row 3 (root 2: the held-out token differs)
+    assert profile.rows == [4, 2] and profile.conditioned == [True, True]
+    assert profile.greedy[1] == [0.5, 0.5]
+    assert profile.sampled[1] == pytest.approx([0.4, 0.15])
+    # agreement: every row with a prefix (q ≥ s): step 1 right at rows 1 and 3 of rows 1..3
+    assert profile.agreement == pytest.approx((0.75, 2 / 3))
+    assert all(sum(row) <= 1 + 1e-9 for row in profile.greedy + profile.sampled)
+
+
+def test_a_depth_with_too_few_accepted_paths_falls_back_to_every_row() -> None:
+    choice = torch.tensor([[1, 2, 3]])
+    top = torch.tensor([[[0], [0], [3]]])  # no step-0 hit: no path reaches depth 1
+    counts = RankCounts(num_steps=2, num_ranks=1)
+    counts.add([top, top], [torch.zeros(1, 3, 1)] * 2, choice, choice)
+    profile = counts.profile(coverage=0.9)
+    assert profile.conditioned == [False, False]
+    assert profile.greedy[1] == [0.5]  # rows 1, 2: row 2 right
+    fields = profile.as_dict()
+    assert set(fields["rank_profile"]) == {"greedy", "sampled"}
+    assert fields["draft_vocab_coverage"] == 0.9
+
+
+def test_the_offline_chain_proposes_the_unrolled_path_from_the_last_committed_token() -> None:
+    # drafts[s][q]: step s at row q; row q reads the token at q + 1
+    drafts = [[100 + q for q in range(6)], [200 + q for q in range(6)]]
+    drafter = UnrolledDrafter(drafts)
+    # context of 3 tokens: the last (position 2) is read by row 1; step s sits at row 1 + s
+    assert drafter.propose([0, 0, 0]) == [101, 202]
+    assert drafter.propose([0] * 7) == [105]  # the path runs off the sequence
+    prompt, continuation = [7, 7], [1, 5, 102, 203, 9]  # its first token is the prefill's
+    # step 1: context of 3 tokens → [101, 202] vs [5, ...]: none accepted, emit 1 (5)
+    # step 2: context of 4 → [102, 203] both accepted, emit 3 (102, 203, 9)
+    assert simulate(drafter, prompt, continuation) == [1, 3]

@@ -1,0 +1,77 @@
+"""The training objective's choices: the labels (hard, soft, mixed), the per-device defaults,
+the CLI's validation of --labels."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn import functional
+
+from eagletree.app.training import cli
+from eagletree.app.training.losses import label_loss, soft_cross_entropy
+from eagletree.app.training.objective import LossWeights
+from eagletree.app.training.options import TrainOptions, device_defaults
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 7, generator=generator)
+    target_logits = torch.randn(2, 5, 7, generator=generator)
+    rows = torch.rand(2, 5, generator=generator) > 0.3
+    return logits, target_logits.softmax(-1), target_logits.argmax(-1), rows
+
+
+def test_hard_labels_are_cross_entropy_on_the_targets_argmax_over_the_valid_rows() -> None:
+    logits, _, argmax, rows = _batch()
+    got = label_loss("hard", logits, None, argmax, rows)
+    expected = functional.cross_entropy(logits[rows], argmax[rows])
+    torch.testing.assert_close(got, expected)
+
+
+def test_an_out_of_vocabulary_row_outside_the_mask_changes_nothing() -> None:
+    logits, _, argmax, rows = _batch()
+    rows[0, 0] = False
+    marked = argmax.clone()
+    marked[0, 0] = -1  # the draft vocabulary lacks this row's token
+    torch.testing.assert_close(
+        label_loss("hard", logits, None, marked, rows),
+        label_loss("hard", logits, None, argmax, rows),
+    )
+
+
+def test_soft_labels_are_the_soft_cross_entropy_and_mixed_is_the_mean_of_both() -> None:
+    logits, probs, argmax, rows = _batch()
+    soft = label_loss("soft", logits, probs, argmax, rows)
+    torch.testing.assert_close(soft, soft_cross_entropy(logits, probs, rows))
+    hard = label_loss("hard", logits, probs, argmax, rows)
+    torch.testing.assert_close(label_loss("mixed", logits, probs, argmax, rows), (hard + soft) / 2)
+
+
+def test_the_defaults_are_the_short_budget_recipe_and_the_device_picks_batch_and_window() -> None:
+    assert LossWeights() == LossWeights(
+        cross_entropy=1.0, regression=0.2, step_decay=0.8, labels="hard"
+    )
+    base = TrainOptions(Path("t"), "eagle3", (Path("d"),), Path("o"))
+    assert (base.lr, base.unroll_steps, base.warmup_steps) == (1e-3, 4, 50)
+    on_gpu = TrainOptions(Path("t"), "eagle3", (Path("d"),), Path("o"), device="cuda:0").resolved()
+    assert (on_gpu.batch, on_gpu.window) == (64, 512) == tuple(device_defaults("cuda"))
+    on_cpu = base.resolved()
+    assert (on_cpu.batch, on_cpu.window) == (8, 256)
+    # a given value wins over the device's
+    assert TrainOptions(Path("t"), "eagle", (), Path("o"), batch_size=3).resolved().batch == 3
+
+
+def test_the_cli_takes_the_labels_and_names_the_flag_when_they_are_wrong(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    required = ["train-draft", "--target", "t", "--algorithm", "eagle", "--data", "d", "--out", "o"]
+    args = parser.parse_args([*required, "--labels", "mixed"])
+    assert args.labels == "mixed" and args.batch_size is None and args.lr == 1e-3
+    with pytest.raises(SystemExit):
+        parser.parse_args([*required, "--labels", "sof"])
+    assert "--labels 'sof': expected one of hard, soft, mixed" in capsys.readouterr().err
