@@ -29,6 +29,7 @@ from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.models.config import ConfigReader
+from eagletree.adapters.models.head_report import read_rank_priors
 from eagletree.app.composition import startup
 from eagletree.app.composition.model_providers import (
     ModelProviders,
@@ -108,7 +109,13 @@ class Container(PoolProviders):
     policy = providers.Selector(
         shape_policy.provided.policy,
         fixed=providers.Object(None),
-        adaptive=providers.Singleton(AdaptiveShapes, shape_policy.provided.shapes),
+        adaptive=providers.Singleton(
+            AdaptiveShapes,
+            shape_policy.provided.shapes,
+            head_priors=providers.Callable(
+                read_rank_priors, ModelProviders.speculative.provided.draft_path
+            ),
+        ),
     )
     num_steps = ModelProviders.speculative.provided.num_steps
     topk = ModelProviders.speculative.provided.topk

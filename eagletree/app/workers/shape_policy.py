@@ -12,7 +12,7 @@ device. Whatever it chooses, the step is the same lossless verification (docs/sp
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from eagletree.domain.acceptance_profile import AcceptanceProfile
@@ -83,8 +83,10 @@ class AdaptiveShapes:
 
     ``hysteresis``: another shape is taken only when it is that fraction faster than the
     current one. ``prior``: the rank profile assumed before any step of a class was read (it
-    weighs as ``prior_weight`` observed steps). Expected tokens are recomputed after
-    ``refresh_steps`` observed steps of a class. ``chosen`` counts the steps of each shape.
+    weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
+    it was trained (``greedy`` and ``sampled``), which replace it: greedy and T ≤ 0.5 requests
+    start from the greedy one, hotter ones from the sampled one. Expected tokens are recomputed
+    after ``refresh_steps`` observed steps of a class. ``chosen`` counts the steps of each shape.
     """
 
     observes = True
@@ -94,6 +96,7 @@ class AdaptiveShapes:
         shapes: Sequence[DraftShape],
         *,
         prior: RankProfile = DEFAULT_PRIOR,
+        head_priors: Mapping[str, RankProfile] | None = None,
         prior_weight: float = 4.0,
         hysteresis: float = 0.05,
         refresh_steps: int = 4,
@@ -102,6 +105,7 @@ class AdaptiveShapes:
             raise ValueError("an adaptive policy needs at least one shape")
         self.shapes = tuple(shapes)
         self._prior = prior
+        self._head_priors = dict(head_priors or {})
         self._prior_weight = prior_weight
         self._hysteresis = hysteresis
         self._refresh_steps = refresh_steps
@@ -125,7 +129,11 @@ class AdaptiveShapes:
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (the prior before any of its steps)."""
         learned = self._profiles.get(band)
-        return self._prior if learned is None else learned.profile()
+        return self._prior_of(band) if learned is None else learned.profile()
+
+    def _prior_of(self, band: str) -> RankProfile:
+        measured = "greedy" if band in ("greedy", "T<=0.5") else "sampled"
+        return self._head_priors.get(measured, self._prior)
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         if not decode or self._costs is None:
@@ -154,7 +162,7 @@ class AdaptiveShapes:
             profile = self._profiles.get(band)
             if profile is None:
                 profile = AcceptanceProfile(
-                    self._depth, self._rank, self._prior, prior_weight=self._prior_weight
+                    self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
                 )
                 self._profiles[band] = profile
             profile.record(observed)

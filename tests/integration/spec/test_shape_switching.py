@@ -5,6 +5,7 @@ steps it reads back and only ever chooses among its shapes."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -204,6 +205,10 @@ def test_build_engine_with_the_adaptive_policy_prices_every_candidate_and_stays_
     target, draft = write_random_checkpoint(
         tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
     )
+    # the head's training report: the policy starts from its measured profiles
+    greedy, sampled = [[0.7, 0.1], [0.5, 0.2]], [[0.4, 0.1]]
+    report = {"steps": 1, "rank_profile": {"greedy": greedy, "sampled": sampled}}
+    (draft / "training.json").write_text(json.dumps(report))
     model = {"target_path": str(target), "device": "cpu", "dtype": "float32"}
     common = {
         "backend": {"attention": "torch", "kv_move": "torch"},
@@ -229,6 +234,9 @@ def test_build_engine_with_the_adaptive_policy_prices_every_candidate_and_stays_
     assert isinstance(policy, AdaptiveShapes)
     assert policy.shapes == (DEFAULT, PLAIN, DraftShape.chain(2), DraftShape(2, 2, 4))
     assert policy.costs is not None and policy.costs.buckets == (1, 2, 4)
+    assert policy.profile("greedy").hit_rates == ((0.7, 0.1), (0.5, 0.2))
+    assert policy.profile("T<=0.5").hit_rates == ((0.7, 0.1), (0.5, 0.2))
+    assert policy.profile("T>0.85").hit_rates == ((0.4, 0.1),)
     batch = prompts(3, seed=12)
     assert greedy_outputs(engine, batch, MAX_NEW) == greedy_outputs(plain, batch, MAX_NEW)
     assert sum(policy.chosen.values()) > 0
