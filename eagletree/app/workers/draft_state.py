@@ -144,4 +144,4 @@ class DraftLag:
 
     def clear(self, rows: torch.Tensor) -> None:
         """The draft has read every pair of ``rows`` (a catch-up, or a prefill's new state)."""
-        self.count[rows] = 0
+        self.count.index_fill_(0, rows, 0)  # a fill, not a host scalar copied in a graph
