@@ -74,10 +74,11 @@ class TrainOptions:
 
     @property
     def batch(self) -> int:
-        assert self.batch_size is not None, "resolve the options first"
-        return self.batch_size
+        """Sequences per micro-batch: the option, else the device's default."""
+        default = device_defaults(self.device).batch_size
+        return default if self.batch_size is None else self.batch_size
 
     @property
     def window(self) -> int:
-        assert self.seq_len is not None, "resolve the options first"
-        return self.seq_len
+        """Tokens per sequence: the option, else the device's default."""
+        return device_defaults(self.device).seq_len if self.seq_len is None else self.seq_len
