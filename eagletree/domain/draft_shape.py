@@ -151,20 +151,23 @@ def choose_shape(
     accepted: Sequence[Sequence[float]],
     current: DraftShape | None = None,
     hysteresis: float = 0.0,
+    counts: Sequence[int] | None = None,
 ) -> ShapeChoice:
     """The candidate that commits the most tokens per second for one batch.
 
     ``step_seconds[i]``: the measured time of one step of ``candidates[i]`` at this batch's
-    size and sampling; ``accepted[i]``: each request's expected accepted drafts under it. The
-    step commits ``Σ (1 + accepted)`` tokens. With ``current`` among the candidates, another
+    size and sampling; ``accepted[i]``: each request's expected accepted drafts under it, or,
+    with ``counts``, each group's (``counts[g]`` requests alike, e.g. of one temperature band).
+    The step commits ``Σ (1 + accepted)`` tokens. With ``current`` among the candidates, another
     shape is chosen only when it is more than ``hysteresis`` (a fraction) faster, so that noise
     in the estimates does not flip the shape every step. Ties go to the earlier candidate.
     """
     if not candidates or len(step_seconds) != len(candidates) or len(accepted) != len(candidates):
         raise ValueError("one step time and one list of accepted drafts per candidate")
     rates = [
-        sum(1.0 + a for a in per_request) / seconds
-        for per_request, seconds in zip(accepted, step_seconds, strict=True)
+        sum(n * (1.0 + a) for n, a in zip(counts or [1] * len(per_group), per_group, strict=True))
+        / seconds
+        for per_group, seconds in zip(accepted, step_seconds, strict=True)
     ]
     best = max(range(len(candidates)), key=lambda i: (rates[i], -i))
     if current is not None and current in candidates:

@@ -100,6 +100,8 @@ class AdaptiveShapes:
         prior_weight: float = 4.0,
         hysteresis: float = 0.05,
         refresh_steps: int = 4,
+        probe_every: int = 16,
+        observe_per_step: int = 8,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -116,6 +118,12 @@ class AdaptiveShapes:
         self._expected: dict[str, list[float]] = {}
         self._costs: StepCosts | None = None
         self._current = self.shapes[0]
+        self._probe_every = probe_every
+        self._probe_interval: dict[str, int] = {}
+        self._probe: DraftShape | None = None  # a probe chosen and not yet read back
+        self._plain_steps: Counter[str] = Counter()
+        self._observe_per_step = observe_per_step
+        self._observed_steps = 0
         self.chosen: Counter[DraftShape] = Counter()
 
     @property
@@ -138,26 +146,70 @@ class AdaptiveShapes:
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         if not decode or self._costs is None:
             return self._current
-        bands = [temperature_band(r) for r in decode]
-        expected = {band: self._expected_of(band) for band in set(bands)}
-        per_shape = [[expected[band][i] for band in bands] for i in range(len(self.shapes))]
+        counts = Counter(temperature_band(r) for r in decode)
+        bands = list(counts)
+        expected = [self._expected_of(band) for band in bands]
+        per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
         sampled = any(not r.params.greedy for r in decode)
         seconds = [self._costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        choice = choose_shape(self.shapes, seconds, per_shape, self._current, self._hysteresis)
-        self._current = choice.shape
-        self.chosen[choice.shape] += 1
-        return choice.shape
+        choice = choose_shape(
+            self.shapes,
+            seconds,
+            per_shape,
+            self._current,
+            self._hysteresis,
+            counts=[counts[band] for band in bands],
+        ).shape
+        self._current = choice
+        if choice.is_plain and self._probe is not None:
+            choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
+        elif choice.is_plain and self._probe_due(bands):
+            rates = [
+                sum(n * (1.0 + e) for n, e in zip(counts.values(), per_shape[i], strict=True))
+                / seconds[i]
+                for i in range(len(self.shapes))
+            ]
+            drafting = [i for i, shape in enumerate(self.shapes) if not shape.is_plain]
+            if drafting:  # the best drafting shape, once, to see whether speculation pays now
+                choice = self._probe = self.shapes[max(drafting, key=lambda i: rates[i])]
+        self.chosen[choice] += 1
+        return choice
+
+    def _probe_due(self, bands: Sequence[str]) -> bool:
+        """Whether a plain step should draft instead, to learn: a plain step observes nothing,
+        so a band whose estimate says plain would never learn otherwise that drafting pays
+        (a pessimistic prior, text that became predictable). Every ``probe_every`` plain steps
+        of a band, doubling after each probe up to 16 times that, so that a band where plain
+        stays right spends few steps on probes."""
+        due = False
+        for band in bands:
+            self._plain_steps[band] += 1
+            interval = self._probe_interval.get(band, self._probe_every)
+            if self._plain_steps[band] >= interval:
+                self._plain_steps[band] = 0
+                self._probe_interval[band] = min(2 * interval, 16 * self._probe_every)
+                due = True
+        return due
 
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
     ) -> None:
+        """Record up to ``observe_per_step`` requests of each band (rotating through the batch):
+        the statistics need few paths per step, and recording costs host time every step."""
         depth = shape.num_steps
         if depth == 0:
             return
+        self._probe = None
         by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
-        for request, path in zip(requests, paths, strict=True):
-            ranks, offered = path[:depth], path[depth : 2 * depth]
-            by_band.setdefault(temperature_band(request), []).append((ranks, offered))
+        self._observed_steps += 1
+        start = (self._observed_steps * self._observe_per_step) % max(len(requests), 1)
+        for k in range(len(requests)):
+            index = (start + k) % len(requests)
+            band = temperature_band(requests[index])
+            observed = by_band.setdefault(band, [])
+            if len(observed) < self._observe_per_step:
+                path = paths[index]
+                observed.append((path[:depth], path[depth : 2 * depth]))
         for band, observed in by_band.items():
             profile = self._profiles.get(band)
             if profile is None:
@@ -167,6 +219,8 @@ class AdaptiveShapes:
                 self._profiles[band] = profile
             profile.record(observed)
             self._stale[band] += 1
+            if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
+                self._probe_interval[band] = self._probe_every
 
     def _expected_of(self, band: str) -> list[float]:
         """Expected accepted drafts per shape for a request of ``band`` (cached)."""

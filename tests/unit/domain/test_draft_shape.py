@@ -140,6 +140,20 @@ def test_the_choice_is_the_fastest_in_committed_tokens_per_second() -> None:
         choose_shape(candidates, seconds[:2], accepted)
 
 
+def test_groups_of_alike_requests_weigh_as_their_counts() -> None:
+    candidates = [PLAIN, DraftShape.chain(3)]
+    seconds = [1.0, 2.0]
+    # greedy requests accept 1.5 drafts under the chain, hot ones none: the chain commits
+    # (2.5 g + h) / 2 tokens per second against plain's g + h, so it wins when g > 2 h
+    accepted = [[0.0, 0.0], [1.5, 0.0]]
+    few_greedy = choose_shape(candidates, seconds, accepted, counts=[1, 3])
+    assert few_greedy == choose_shape(candidates, seconds, [[0.0] * 4, [1.5, 0.0, 0.0, 0.0]])
+    assert few_greedy.shape == PLAIN and few_greedy.tokens_per_second == pytest.approx(4.0)
+    many_greedy = choose_shape(candidates, seconds, accepted, counts=[9, 1])
+    assert many_greedy.shape == DraftShape.chain(3)
+    assert many_greedy.tokens_per_second == pytest.approx((9 * 2.5 + 1) / 2.0)
+
+
 def test_the_profile_learns_the_rates_it_is_fed_and_ignores_ranks_not_offered() -> None:
     truth: tuple[tuple[float, ...], ...] = ((0.6, 0.2, 0.1), (0.5, 0.25, 0.05))
     tracker = AcceptanceProfile(2, 3, RankProfile(((0.1,),)), prior_weight=1.0, half_life=1e9)

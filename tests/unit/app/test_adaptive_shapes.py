@@ -1,0 +1,87 @@
+"""The adaptive policy on the host, against hand-set costs: it prices a batch by its temperature
+bands as the per-request sum would, probes drafting when its estimate keeps it on plain steps
+(a plain step observes nothing) and learns from the probe, and records a bounded sample of
+each step's requests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from eagletree.app.workers.shape_policy import AdaptiveShapes, temperature_band
+from eagletree.app.workers.step_costs import StepCosts
+from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
+from eagletree.domain.request import Request
+from eagletree.domain.sampling import SamplingParams
+
+CHAIN = DraftShape.chain(3)
+SHAPES = (CHAIN, PLAIN)
+# a chain step costs two plain steps: it pays when it commits more than two tokens
+COSTS = StepCosts(
+    (1, 8),
+    {(s, b, sampled): (2.0 if s == CHAIN else 1.0) for s in SHAPES for b in (1, 8)
+     for sampled in (False, True)},
+)  # fmt: skip
+PESSIMISTIC = RankProfile(((0.2,),))  # the chain would commit 1.25 tokens: plain wins
+ACCEPTING = [[0, 0, 0, 1, 1, 1]]  # every draft of a chain S3 accepted
+
+
+def _requests(temperatures: Sequence[float]) -> list[Request]:
+    return [
+        Request(i, [1, 2], SamplingParams(max_new_tokens=8, temperature=t, seed=i), 64)
+        for i, t in enumerate(temperatures)
+    ]
+
+
+def test_a_mixed_batch_is_priced_per_band_as_the_sum_over_its_requests() -> None:
+    greedy, hot = RankProfile(((0.9,),)), RankProfile(((0.1,),))
+    policy = AdaptiveShapes(SHAPES, head_priors={"greedy": greedy, "sampled": hot}, hysteresis=0)
+    policy.use_costs(COSTS)
+    # per request the chain commits 1 + E accepted; E from each band's prior
+    e_greedy, e_hot = expected_accepted(CHAIN, greedy), expected_accepted(CHAIN, hot)
+    for temperatures in ([0.0] * 6 + [1.0] * 2, [0.0] * 2 + [1.0] * 6):
+        batch = _requests(temperatures)
+        chain_tokens = sum(
+            1 + (e_greedy if temperature_band(r) == "greedy" else e_hot) for r in batch
+        )
+        expected = CHAIN if chain_tokens / 2.0 > len(batch) / 1.0 else PLAIN
+        assert policy.choose(batch) == expected
+    assert set(policy.chosen) == {CHAIN, PLAIN}  # the two batches were priced differently
+
+
+def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4)
+    policy.use_costs(COSTS)
+    batch = _requests([0.0])
+    assert [policy.choose(batch) for _ in range(3)] == [PLAIN] * 3
+    assert policy.choose(batch) == CHAIN  # the fourth plain step probes
+    # the probe stands until a drafting step is read back (a catch-up may run first)
+    assert policy.choose(batch) == CHAIN
+    policy.observe(CHAIN, batch, ACCEPTING * len(batch))
+    for _ in range(4):  # enough read-back steps to outweigh the prior
+        policy.observe(CHAIN, batch, ACCEPTING * len(batch))
+    assert policy.choose(batch) == CHAIN  # drafting now on merit
+    assert policy.profile("greedy").rate(0, 0) > 0.5
+
+
+def test_probes_thin_out_while_plain_stays_right() -> None:
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4)
+    policy.use_costs(COSTS)
+    batch = _requests([1.0])
+    probes = []
+    for step in range(4 + 8 + 16 + 32):
+        if policy.choose(batch) == CHAIN:
+            probes.append(step)
+            policy.observe(CHAIN, batch, [[-1, -1, -1, 1, 0, 0]])  # nothing accepted
+    assert probes == [3, 11, 27, 59]  # after 4, 8, 16, 32 plain steps
+
+
+@pytest.mark.parametrize("batch_size", [3, 20])
+def test_each_step_records_at_most_its_sample_of_each_band(batch_size: int) -> None:
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, prior_weight=0.0, observe_per_step=8)
+    batch = _requests([0.0] * batch_size)
+    policy.observe(CHAIN, batch, ACCEPTING * batch_size)
+    profile = policy._profiles["greedy"]
+    # one exposure per recorded request at depth 1 (the prior weighs nothing)
+    assert profile._exposures[0][0] == pytest.approx(min(batch_size, 8))
