@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"tokens per sequence (default: {cuda.seq_len} on CUDA, {cpu.seq_len} on the"
         " CPU)")  # fmt: skip
     add("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    add("--lr", type=float, default=1e-3, help="AdamW peak learning rate")
+    add("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
     add("--weight-decay", type=float, default=0.0)
     add("--warmup-steps", type=int, default=50)
     add("--grad-clip", type=float, default=0.5)

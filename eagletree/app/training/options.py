@@ -44,7 +44,7 @@ class TrainOptions:
     batch_size: int | None = None
     seq_len: int | None = None
     grad_accum: int = 1
-    lr: float = 1e-3
+    lr: float = 3e-3
     weight_decay: float = 0.0
     warmup_steps: int = 50
     grad_clip: float = 0.5
