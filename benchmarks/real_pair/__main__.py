@@ -44,6 +44,7 @@ from typing import NamedTuple
 
 import torch
 
+from benchmarks.real_pair.goals import goal_shapes_first
 from benchmarks.real_pair.options import head_options, parser, target_spec, target_training
 from benchmarks.real_pair.report import PairReport
 from benchmarks.real_pair.sources import (
@@ -54,11 +55,9 @@ from benchmarks.real_pair.sources import (
     source_roots,
     train_tokenizer,
 )
-from benchmarks.real_pair.speed import measure_speed
+from benchmarks.real_pair.speed import measure_speed, speed_shapes
 from benchmarks.real_pair.table import (
-    HeadTable,
     TableInputs,
-    best_tree_per_budget,
     lookup_table,
     measure_head,
     shape_grid,
@@ -69,7 +68,7 @@ from benchmarks.real_pair.target import (
     train_target,
 )
 from eagletree.app.training import acceptance, acceptance_row
-from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
+from eagletree.app.training.acceptance_row import AcceptanceRow
 from eagletree.app.training.chain_simulation import load_trained_head, simulated_chain
 from eagletree.app.training.data import FileTokenizer, prompt_windows, tokenize
 from eagletree.app.training.draft_trainer import train_draft
@@ -222,7 +221,7 @@ def _measure_acceptance(
         args.seed,
     )  # fmt: skip
     report.lookup = lookup_table(inputs, args.depths)
-    grid = shape_grid(args.depths, args.tree_sizes, args.tree_topks)
+    grid = goal_shapes_first(shape_grid(args.depths, args.tree_sizes, args.tree_topks))
     exact_reference = None
     if args.exact_dtype != "none":
         exact_reference = acceptance.plain_outputs(
@@ -271,7 +270,7 @@ def _simulate_chains(
 
 
 def _measure_speed(args: argparse.Namespace, report: PairReport, held: torch.Tensor) -> None:
-    algorithm, shapes = _speed_shapes(report.heads)
+    algorithm, shapes = speed_shapes(report.heads)
     prompts = prompt_windows(
         held[args.prompt_len // 3 + 1 :], max(args.speed_batch_sizes), args.prompt_len
     )
@@ -281,23 +280,6 @@ def _measure_speed(args: argparse.Namespace, report: PairReport, held: torch.Ten
     )  # fmt: skip
     report.data["speed_head"] = algorithm
     report.phase("speed")
-
-
-def _speed_shapes(heads: dict[str, HeadTable]) -> tuple[str, list[TreeShape | None]]:
-    """The head with the best greedy shape, and plain, its best chain and its best tree of each
-    verify budget: the fastest tree is rarely the one that accepts most (a wide verify costs)."""
-
-    def accept(rows: Sequence[AcceptanceRow]) -> float:
-        return max((r.mean_accept_length for r in rows), default=0.0)
-
-    algorithm = max(heads, key=lambda a: accept(heads[a].greedy))
-    rows = heads[algorithm].greedy
-    chains = [r for r in rows if r.shape.topk == 1]
-    shapes: list[TreeShape | None] = [None]
-    if chains:
-        shapes.append(max(chains, key=lambda r: r.mean_accept_length).shape)
-    shapes += [r.shape for r in best_tree_per_budget(rows).values()]
-    return algorithm, shapes
 
 
 if __name__ == "__main__":

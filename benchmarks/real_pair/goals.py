@@ -15,6 +15,20 @@ from benchmarks.real_pair.speed import SpeedRow
 from benchmarks.real_pair.table import HeadTable, best_tree_per_budget
 from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
 
+# the shapes the goals compare: measured first, so that a time budget cuts the others
+GOAL_SHAPES = (
+    TreeShape.chain(5),
+    TreeShape.chain(7),
+    TreeShape.chain(6),
+    TreeShape(6, 8, 32),
+)
+
+
+def goal_shapes_first(grid: Sequence[TreeShape]) -> list[TreeShape]:
+    """``grid`` with the goals' shapes it holds moved to the front, in ``GOAL_SHAPES`` order."""
+    first = [shape for shape in GOAL_SHAPES if shape in grid]
+    return first + [shape for shape in grid if shape not in first]
+
 
 @dataclass(frozen=True, slots=True)
 class Goal:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.real_pair.table import HeadTable, best_tree_per_budget
 from eagletree.app.bench.measure import measure_decode
 from eagletree.app.composition.container import build_engine
 from eagletree.app.training.acceptance import engine_settings
-from eagletree.app.training.acceptance_row import TreeShape
+from eagletree.app.training.acceptance_row import AcceptanceRow, TreeShape
 
 WARMUP_STEPS = 2
 
@@ -89,3 +90,20 @@ def measure_speed(
             )
         engine.close()
     return rows
+
+
+def speed_shapes(heads: dict[str, HeadTable]) -> tuple[str, list[TreeShape | None]]:
+    """The head with the best greedy shape, and plain, its best chain and its best tree of each
+    verify budget: the fastest tree is rarely the one that accepts most (a wide verify costs)."""
+
+    def accept(rows: Sequence[AcceptanceRow]) -> float:
+        return max((r.mean_accept_length for r in rows), default=0.0)
+
+    algorithm = max(heads, key=lambda a: accept(heads[a].greedy))
+    rows = heads[algorithm].greedy
+    chains = [r for r in rows if r.shape.topk == 1]
+    shapes: list[TreeShape | None] = [None]
+    if chains:
+        shapes.append(max(chains, key=lambda r: r.mean_accept_length).shape)
+    shapes += [r.shape for r in best_tree_per_budget(rows).values()]
+    return algorithm, shapes

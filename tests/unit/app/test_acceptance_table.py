@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.real_pair.goals import Goal, acceptance_goals
+from benchmarks.real_pair.goals import GOAL_SHAPES, Goal, acceptance_goals, goal_shapes_first
 from benchmarks.real_pair.table import (
     HeadTable,
     best_tree_per_budget,
@@ -107,3 +107,14 @@ def test_goals_compare_measured_figures_and_say_when_one_is_missing() -> None:
     goals = {g.name: g for g in acceptance_goals(heads, {}, {})}
     assert goals["EAGLE-3 vs EAGLE-1: chain S7"].met is True  # 2.7 ≥ 1.05 × 2.5
     assert goals["EAGLE-3 vs EAGLE-1: chain S5"].met is None
+
+
+def test_the_goals_shapes_are_measured_first_and_the_rest_keep_their_order() -> None:
+    grid = shape_grid([3, 5, 6, 7], [8, 32], [8])
+    ordered = goal_shapes_first(grid)
+    assert sorted(ordered, key=repr) == sorted(grid, key=repr)  # the same shapes
+    assert ordered[: len(GOAL_SHAPES)] == list(GOAL_SHAPES)
+    rest = [shape for shape in grid if shape not in GOAL_SHAPES]
+    assert ordered[len(GOAL_SHAPES) :] == rest
+    # a grid without some goal shape keeps the ones it has, in the goals' order
+    assert goal_shapes_first([TreeShape.chain(3), TreeShape.chain(7)])[0] == TreeShape.chain(7)
