@@ -205,6 +205,7 @@ def test_build_engine_with_the_adaptive_policy_prices_every_candidate_and_stays_
     target, draft = write_random_checkpoint(
         tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
     )
+    assert draft is not None
     # the head's training report: the policy starts from its measured profiles
     greedy, sampled = [[0.7, 0.1], [0.5, 0.2]], [[0.4, 0.1]]
     report = {"steps": 1, "rank_profile": {"greedy": greedy, "sampled": sampled}}
