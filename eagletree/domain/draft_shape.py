@@ -119,9 +119,8 @@ def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float
     candidates: list[tuple[float, RankPath]] = []
     beam: list[tuple[float, RankPath]] = [(1.0, ())]
     for depth in range(shape.num_steps):
-        expanded = [
-            (score * profile.rate(depth, j), (*path, j)) for score, path in beam for j in range(k)
-        ]
+        rates = [profile.rate(depth, j) for j in range(k)]  # the same under every beam node
+        expanded = [(score * rates[j], (*path, j)) for score, path in beam for j in range(k)]
         candidates.extend(expanded)
         beam = heapq.nsmallest(k, expanded, key=_best_first)
     return heapq.nsmallest(shape.num_draft_tokens - 1, candidates, key=_best_first)

@@ -86,7 +86,12 @@ class AdaptiveShapes:
     weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
     it was trained (``greedy`` and ``sampled``), which replace it: greedy and T ≤ 0.5 requests
     start from the greedy one, hotter ones from the sampled one. Expected tokens are recomputed
-    after ``refresh_steps`` observed steps of a class. ``chosen`` counts the steps of each shape.
+    after ``refresh_steps`` observed steps of a class, then after twice as many, up to 16 times
+    as many (a tree's expected tokens cost the host about a millisecond per shape and batch
+    class to compute; a settled estimate moves slowly), and at once after a probe.
+    ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
+    plain steps (``_probe_due``); ``observe_per_step``: requests of a band recorded per step.
+    ``chosen`` counts the steps of each shape.
     """
 
     observes = True
@@ -115,6 +120,7 @@ class AdaptiveShapes:
         self._rank = max(s.topk for s in self.shapes)
         self._profiles: dict[str, AcceptanceProfile] = {}
         self._stale: Counter[str] = Counter()
+        self._refreshes: Counter[str] = Counter()
         self._expected: dict[str, list[float]] = {}
         self._costs: StepCosts | None = None
         self._current = self.shapes[0]
@@ -199,7 +205,7 @@ class AdaptiveShapes:
         depth = shape.num_steps
         if depth == 0:
             return
-        self._probe = None
+        probed, self._probe = self._probe is not None, None
         by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
         self._observed_steps += 1
         start = (self._observed_steps * self._observe_per_step) % max(len(requests), 1)
@@ -219,15 +225,22 @@ class AdaptiveShapes:
                 self._profiles[band] = profile
             profile.record(observed)
             self._stale[band] += 1
+            if probed:  # what the probe learned decides the next step
+                self._stale[band] = self._refresh_threshold(band)
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every
 
     def _expected_of(self, band: str) -> list[float]:
         """Expected accepted drafts per shape for a request of ``band`` (cached)."""
         cached = self._expected.get(band)
-        if cached is None or self._stale[band] >= self._refresh_steps:
+        if cached is None or self._stale[band] >= self._refresh_threshold(band):
             profile = self.profile(band)
             cached = [expected_accepted(shape, profile) for shape in self.shapes]
+            if band in self._expected:
+                self._refreshes[band] += 1
             self._expected[band] = cached
             self._stale[band] = 0
         return cached
+
+    def _refresh_threshold(self, band: str) -> int:
+        return self._refresh_steps << min(self._refreshes[band], 4)

@@ -51,16 +51,17 @@ def test_a_mixed_batch_is_priced_per_band_as_the_sum_over_its_requests() -> None
 
 
 def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:
-    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4)
+    policy = AdaptiveShapes(
+        SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4, refresh_steps=64
+    )
     policy.use_costs(COSTS)
-    batch = _requests([0.0])
+    batch = _requests([0.0] * 8)
     assert [policy.choose(batch) for _ in range(3)] == [PLAIN] * 3
     assert policy.choose(batch) == CHAIN  # the fourth plain step probes
     # the probe stands until a drafting step is read back (a catch-up may run first)
     assert policy.choose(batch) == CHAIN
-    policy.observe(CHAIN, batch, ACCEPTING * len(batch))
-    for _ in range(4):  # enough read-back steps to outweigh the prior
-        policy.observe(CHAIN, batch, ACCEPTING * len(batch))
+    policy.observe(CHAIN, batch, ACCEPTING * len(batch))  # 8 paths outweigh the prior's 4
+    # what the probe read is priced at once, not after the 64 steps of a refresh
     assert policy.choose(batch) == CHAIN  # drafting now on merit
     assert policy.profile("greedy").rate(0, 0) > 0.5
 
@@ -85,3 +86,27 @@ def test_each_step_records_at_most_its_sample_of_each_band(batch_size: int) -> N
     profile = policy._profiles["greedy"]
     # one exposure per recorded request at depth 1 (the prior weighs nothing)
     assert profile._exposures[0][0] == pytest.approx(min(batch_size, 8))
+
+
+def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagletree.app.workers.shape_policy as module
+
+    computed = []
+
+    def counted(shape: DraftShape, profile: RankProfile) -> float:
+        computed.append(shape)
+        return expected_accepted(shape, profile)
+
+    monkeypatch.setattr(module, "expected_accepted", counted)
+    policy = AdaptiveShapes(SHAPES, refresh_steps=2)
+    policy.use_costs(COSTS)
+    batch = _requests([0.0])
+    computations = []
+    for step in range(100):
+        before = len(computed)
+        policy.choose(batch)
+        if len(computed) > before:
+            computations.append(step)
+        policy.observe(CHAIN, batch, ACCEPTING)
+    # at the first step, then after 2, 4, 8, 16, 32, 32 observed steps
+    assert computations == [0, 2, 6, 14, 30, 62, 94]
