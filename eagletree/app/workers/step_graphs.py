@@ -130,7 +130,8 @@ class DecodeStepRunner:
         mode = sampling_mode(requests)
         if bucket is not None and self.use_graphs and (bucket, mode) not in self._graphs:
             _log.info("capturing the %s CUDA graph of batch size %d", mode.value, bucket)
-            self._capture(bucket, mode)
+            with _no_collection_during_capture():
+                self._capture(bucket, mode)
         padded = bs if bucket is None else bucket
         inputs = self._buffers.fill(
             requests, padded, self._num_coins, exact_lengths=exact_lengths, lengths=lengths
@@ -151,11 +152,12 @@ class DecodeStepRunner:
         report = progress or _log.info
         what = f"CUDA graphs{f' of {label}' if label else ''}"
         started = time.perf_counter()
-        for done, bucket in enumerate(reversed(self.buckets), start=1):
-            for mode in SamplingMode:
-                if (bucket, mode) not in self._graphs:
-                    self._capture(bucket, mode)
-            report(f"capturing {what}: {done}/{len(self.buckets)} (batch size {bucket})")
+        with _no_collection_during_capture():  # one collection for all of them
+            for done, bucket in enumerate(reversed(self.buckets), start=1):
+                for mode in SamplingMode:
+                    if (bucket, mode) not in self._graphs:
+                        self._capture(bucket, mode)
+                report(f"capturing {what}: {done}/{len(self.buckets)} (batch size {bucket})")
         elapsed = time.perf_counter() - started
         report(f"captured {len(SamplingMode) * len(self.buckets)} {what} in {elapsed:.1f} s")
         return elapsed
@@ -190,6 +192,7 @@ class DecodeStepRunner:
         return sorted(times)[len(times) // 2]
 
     def _capture(self, bucket: int, mode: SamplingMode) -> None:
+        """Capture one graph; the caller holds ``_no_collection_during_capture``."""
         # every row is padding: the warm-up runs touch only the padding row and slot 0
         self._buffers.fill([], bucket, self._num_coins)
         inputs = self._buffers.views(bucket, 0, mode=mode)
@@ -199,17 +202,18 @@ class DecodeStepRunner:
             self._step(inputs)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with _no_collection_during_capture(), torch.cuda.graph(graph, pool=self._pool.handle()):
+        with torch.cuda.graph(graph, pool=self._pool.handle()):
             outputs = self._step(inputs)
         self._graphs[(bucket, mode)] = _Captured(graph, outputs)
 
 
 @contextlib.contextmanager
 def _no_collection_during_capture() -> Iterator[None]:
-    """Collect garbage now and not until the capture ends: the collector may free an earlier
+    """Collect garbage now and not until the captures end: the collector may free an earlier
     engine's CUDA graphs, and destroying a graph while a stream captures invalidates the
     capture (``cudaErrorStreamCaptureInvalidated``, seen when engines come and go lazily
-    capturing sampling graphs)."""
+    capturing sampling graphs). One collection per batch of captures: a full collection with
+    torch loaded takes a good part of a small model's capture."""
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()
