@@ -4,6 +4,7 @@ GPU machine needs neither pydantic nor dependency-injector)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.shape_policy import ShapePolicy
 from eagletree.domain.draft_shape import DraftShape
+from eagletree.domain.request import Request
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.model import DraftRunner, ModelRunner
 from tests.integration.models.harness import make_backend, make_pool
@@ -231,3 +233,30 @@ def greedy_outputs(
     engine: Engine, prompts: Sequence[Sequence[int]], max_new: int
 ) -> list[list[int]]:
     return [r.output_ids for r in engine.generate(prompts, max_new_tokens=max_new)]
+
+
+class RecordingPolicy:
+    """A test shape policy's base: its shapes, how often it chose each, and every path it
+    observed as (shape, request id, path); a subclass says which shape each step drafts
+    (``pick``)."""
+
+    observes = True
+
+    def __init__(self, shapes: Sequence[DraftShape]) -> None:
+        self.shapes = tuple(shapes)
+        self.chosen: Counter[DraftShape] = Counter()
+        self.observed: list[tuple[DraftShape, int, list[int]]] = []
+
+    def pick(self, decode: Sequence[Request]) -> DraftShape:
+        raise NotImplementedError
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        shape = self.pick(decode)
+        self.chosen[shape] += 1
+        return shape
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        for request, path in zip(requests, paths, strict=True):
+            self.observed.append((shape, request.request_id, list(path)))

@@ -6,7 +6,6 @@ that joined mid-run, a run longer than the lag, a drafting step that must wait f
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -20,6 +19,7 @@ from eagletree.domain.sampling import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
 from tests.integration.spec.harness import (
     SIZES,
+    RecordingPolicy,
     SpecEngine,
     SpecModels,
     load_spec_models,
@@ -31,29 +31,19 @@ TREE = DraftShape(3, 2, 6)
 CHAIN = DraftShape.chain(2)
 
 
-class ScriptedShapes:
+class ScriptedShapes(RecordingPolicy):
     """A test policy: the i-th decode step drafts ``script[i]`` (the last one after that);
     counts its ``calls`` and records every observed path."""
 
-    observes = True
-
     def __init__(self, shapes: Sequence[DraftShape], script: Sequence[DraftShape]) -> None:
-        self.shapes = tuple(shapes)
+        super().__init__(shapes)
         self._script = list(script)
         self.calls = 0
-        self.chosen: Counter[DraftShape] = Counter()
-        self.observed: list[tuple[DraftShape, int, list[int]]] = []
 
-    def choose(self, decode: Sequence[Request]) -> DraftShape:
+    def pick(self, decode: Sequence[Request]) -> DraftShape:
         shape = self._script[min(self.calls, len(self._script) - 1)]
         self.calls += 1
         return shape
-
-    def observe(
-        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
-    ) -> None:
-        for request, path in zip(requests, paths, strict=True):
-            self.observed.append((shape, request.request_id, list(path)))
 
 
 @pytest.fixture(scope="module", params=["eagle", "eagle3"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from eagletree.domain.sampling import SamplingParams
 from tests.integration.spec.harness import (
     SIZES,
     WEIGHT_STD,
+    RecordingPolicy,
     SpecModels,
     greedy_outputs,
     load_spec_models,
@@ -39,27 +39,15 @@ MAX_NEW = 14
 ModelCache = Callable[[DraftKind], SpecModels]
 
 
-class RandomShapes:
+class RandomShapes(RecordingPolicy):
     """A test policy: a random one of ``shapes`` every step; records what it observes."""
 
-    observes = True
-
     def __init__(self, shapes: Sequence[DraftShape], seed: int) -> None:
-        self.shapes = tuple(shapes)
+        super().__init__(shapes)
         self._rng = random.Random(seed)
-        self.chosen: Counter[DraftShape] = Counter()
-        self.observed: list[tuple[DraftShape, int, list[int]]] = []
 
-    def choose(self, decode: Sequence[Request]) -> DraftShape:
-        shape = self._rng.choice(self.shapes)
-        self.chosen[shape] += 1
-        return shape
-
-    def observe(
-        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
-    ) -> None:
-        for request, path in zip(requests, paths, strict=True):
-            self.observed.append((shape, request.request_id, list(path)))
+    def pick(self, decode: Sequence[Request]) -> DraftShape:
+        return self._rng.choice(self.shapes)
 
 
 @pytest.fixture(scope="module")
