@@ -1,4 +1,5 @@
-"""The real pair's goals (issue 29's acceptance items, and the speed rows' when measured).
+"""The goals a trained pair is judged by (its heads' acceptance, and the speed rows' when
+measured).
 
 Each goal compares two measured figures and says whether the first reaches ``factor`` × the
 second; a goal whose figures were not measured (time budget, a head left out) is reported as
@@ -76,7 +77,7 @@ def acceptance_goals(
     simulated: Mapping[str, Sequence[AcceptanceRow]],
     trained: Mapping[str, Mapping[str, Any]],
 ) -> list[Goal]:
-    """Issue 29's acceptance items, from what was measured: heads trained with train-draft's
+    """The heads' goals, from what was measured: heads trained with train-draft's
     defaults agree ≥ 0.75 at every unrolled step; the tree S6 k8 N32 beats chain S6 by 1.2×;
     the engine's chain S7 reaches 0.9× the same head's offline chain S7; EAGLE-3 ≥ 1.05 ×
     EAGLE-1 at chains S5, S7 and the best tree of N 32 (all greedy, T = 0)."""

@@ -1,8 +1,8 @@
 """App: what one `train-draft` run is asked to do — target, data, head, schedule, evaluation.
 
 Batch and window default per device (``DEVICE_DEFAULTS``): the GPU defaults are the recipe that
-reached 0.75 top-1 agreement at every unrolled step in about two minutes on an H200 (issue 29);
-the CPU ones are small enough to run at all.
+reached 0.75 top-1 agreement at every unrolled step in about two minutes on an H200
+(docs/training.md); the CPU ones are small enough to run at all.
 """
 
 from __future__ import annotations
