@@ -37,8 +37,8 @@ from eagletree.app.training.vocab import VocabMap
 class LossWeights:
     """Cross-entropy 1.0 on hard labels, plus for EAGLE-1 0.2 × the feature regression: the
     recipe that beat the EAGLE paper's regression 1.0 + soft cross-entropy 0.1 within a short
-    budget on an H200 (docs/training.md). EAGLE-3 has no regression: its output is not in the target's feature
-    space (its own norm and lm_head read it)."""
+    budget on an H200 (docs/training.md). EAGLE-3 has no regression: its output is not in the
+    target's feature space (its own norm and lm_head read it)."""
 
     cross_entropy: float = 1.0
     regression: float = 0.2
