@@ -37,6 +37,7 @@ class Goal:
     value: float | None
     reference: float | None
     factor: float
+    absolute: bool = False  # a bar on the value itself (reference 1), not a comparison
 
     @property
     def ratio(self) -> float | None:
@@ -53,6 +54,8 @@ class Goal:
         if self.ratio is None:
             return f"- {self.name}: not measured"
         verdict = "met" if self.met else "MISSED"
+        if self.absolute:
+            return f"- {self.name}: {self.value:.2f} (goal ≥ {self.factor:g}) — {verdict}"
         return (
             f"- {self.name}: {self.value:.2f} vs {self.reference:.2f} = {self.ratio:.2f}×"
             f" (goal ≥ {self.factor:g}×) — {verdict}"
@@ -89,6 +92,7 @@ def acceptance_goals(
                 _lowest_agreement(trained.get(name)),
                 1.0,
                 0.75,
+                absolute=True,
             )
         )
     for name, table in heads.items():

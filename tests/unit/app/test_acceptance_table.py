@@ -102,7 +102,9 @@ def test_goals_compare_measured_figures_and_say_when_one_is_missing() -> None:
     assert goals["eagle: tree S6 k8 N32 vs chain S6"].met is True
     assert goals["eagle: engine chain S7 vs the same head's chain S7 simulated offline"].met
     # the lowest step decides: 0.74 < 0.75
-    assert goals["eagle: teacher-forced top-1 agreement at its lowest unrolled step"].met is False
+    agreement = goals["eagle: teacher-forced top-1 agreement at its lowest unrolled step"]
+    assert agreement.met is False
+    assert agreement.line().endswith(": 0.74 (goal ≥ 0.75) — MISSED")  # a bar, not a ratio
     heads = {"eagle": table, "eagle3": HeadTable("eagle3", greedy=[row(TreeShape.chain(7), 2.7)])}
     goals = {g.name: g for g in acceptance_goals(heads, {}, {})}
     assert goals["EAGLE-3 vs EAGLE-1: chain S7"].met is True  # 2.7 ≥ 1.05 × 2.5
