@@ -144,10 +144,10 @@ def _measure_windows(
 
 
 def _choices(engine: Engine) -> Counter[DraftShape]:
-    """The steps of each shape an adaptive worker chose so far (empty for a fixed one)."""
+    """The steps of each shape an adaptive worker ran so far (empty for a fixed one)."""
     worker = engine.worker
     if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
-        return worker.policy.chosen
+        return worker.shape_steps
     return Counter()
 
 

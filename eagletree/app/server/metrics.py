@@ -82,7 +82,7 @@ def _shape_steps(engine: Engine) -> Counter[str]:
     worker = engine.worker
     if not isinstance(worker, SpeculativeWorker):
         return Counter()
-    return Counter({shape.label: n for shape, n in worker.policy.chosen.items()})
+    return Counter({shape.label: n for shape, n in worker.shape_steps.items()})
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
@@ -108,6 +109,9 @@ class SpeculativeWorker(StepWorker):
         )
         self.last_tree: DraftTree | None = None
         self.last_verification: Verification | None = None
+        # the decode steps each shape ran (a catch-up in place of a chosen drafting shape, and
+        # every catch-up, counts as plain): what /metrics and the bench report
+        self.shape_steps: Counter[DraftShape] = Counter()
 
     @property
     def _verifier(self) -> TreeVerifier:
@@ -177,6 +181,8 @@ class SpeculativeWorker(StepWorker):
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
                 tokens, emitted = self._decode_on_host(decode)
             self._state.own(decode, lagging=lagging)
+            if decode:
+                self.shape_steps[shape] += 1
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
             # a plain step's catch-up)
             forwards = 1 + (0 if lagging else max(shape.num_steps, 1))

@@ -6,6 +6,7 @@ that joined mid-run, a run longer than the lag, a drafting step that must wait f
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import pytest
@@ -100,6 +101,9 @@ def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
     eager, eager_policy, eager_requests = _run(models, eager_script, 1)
 
     assert lagging.worker._state.lag.width == LAG > 1  # the default worker does defer
+    # what ran, step by step, is the script without the lag (what /metrics counts)
+    assert lagging.worker.shape_steps == Counter(eager_script) == eager.worker.shape_steps
+    assert lagging_policy.chosen == Counter(lagging_script)  # what the policy asked for
     assert [r.output_ids for r in lagging_requests] == [r.output_ids for r in eager_requests]
     for ours, theirs in zip(
         _draft_states(lagging, lagging_requests), _draft_states(eager, eager_requests), strict=True
