@@ -65,12 +65,7 @@ class TrainOptions:
 
     def resolved(self) -> TrainOptions:
         """These options with the device's batch size and window filled in."""
-        defaults = device_defaults(self.device)
-        return replace(
-            self,
-            batch_size=defaults.batch_size if self.batch_size is None else self.batch_size,
-            seq_len=defaults.seq_len if self.seq_len is None else self.seq_len,
-        )
+        return replace(self, batch_size=self.batch, seq_len=self.window)
 
     @property
     def batch(self) -> int:
