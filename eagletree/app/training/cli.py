@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from eagletree.app.training.acceptance_row import TreeShape
 from eagletree.app.training.data import add_data_argument
 from eagletree.app.training.losses import LABELS, Labels
 from eagletree.app.training.objective import LossWeights
-from eagletree.app.training.options import DEVICE_DEFAULTS
+from eagletree.app.training.options import DEVICE_DEFAULTS, TrainOptions
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -43,13 +44,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         " to --out in the format eagletree and SGLang load; report its acceptance.",
     )
     add = parser.add_argument
+    # the options' own defaults: one home for each value
+    option = {f.name: f.default for f in dataclasses.fields(TrainOptions)}
+    loss = {f.name: f.default for f in dataclasses.fields(LossWeights)}
     add("--target", required=True, type=Path, metavar="DIR", help="target checkpoint directory")
     add("--algorithm", required=True, choices=["eagle", "eagle3"])
     add_data_argument(parser)
     add("--out", required=True, type=Path, metavar="DIR")
     add("--max-steps", type=int, help="optimizer steps (default 1000 without --max-minutes)")
     add("--max-minutes", type=float, help="wall-clock training budget")
-    add("--seed", type=int, default=0)
+    add("--seed", type=int, default=option["seed"])
     add("--device", help="torch device (default: cuda if available, else cpu)")
     cuda, cpu = DEVICE_DEFAULTS["cuda"], DEVICE_DEFAULTS["cpu"]
     add("--batch-size", type=int,
@@ -58,28 +62,74 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     add("--seq-len", type=int,
         help=f"tokens per sequence (default: {cuda.seq_len} on CUDA, {cpu.seq_len} on the"
         " CPU)")  # fmt: skip
-    add("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    add("--lr", type=float, default=3e-3, help="AdamW peak learning rate")
-    add("--weight-decay", type=float, default=0.0)
-    add("--warmup-steps", type=int, default=50)
-    add("--grad-clip", type=float, default=0.5)
-    add("--unroll-steps", type=int, default=4, help="training-time test depth (>= 1)")
-    add("--step-decay", type=float, default=0.8, help="loss weight decay^s of unrolled step s")
-    add("--labels", type=_labels, default="hard", metavar="|".join(LABELS),
+    add(
+        "--grad-accum",
+        type=int,
+        default=option["grad_accum"],
+        help="micro-batches per optimizer step",
+    )
+    add("--lr", type=float, default=option["lr"], help="AdamW peak learning rate")
+    add("--weight-decay", type=float, default=option["weight_decay"])
+    add("--warmup-steps", type=int, default=option["warmup_steps"])
+    add("--grad-clip", type=float, default=option["grad_clip"])
+    add(
+        "--unroll-steps",
+        type=int,
+        default=option["unroll_steps"],
+        help="training-time test depth (>= 1)",
+    )
+    add(
+        "--step-decay",
+        type=float,
+        default=loss["step_decay"],
+        help="loss weight decay^s of unrolled step s",
+    )
+    add("--labels", type=_labels, default=loss["labels"], metavar="|".join(LABELS),
         help="cross-entropy on the target's argmax (hard), its distribution (soft) or the mean"
         " of both (mixed)")  # fmt: skip
-    add("--ce-weight", type=float, default=1.0, help="cross-entropy weight")
-    add("--regression-weight", type=float, default=0.2, help="EAGLE-1 feature regression")
-    add("--num-layers", type=int, default=1, help="EAGLE-1 decoder layers")
+    add("--ce-weight", type=float, default=loss["cross_entropy"], help="cross-entropy weight")
+    add(
+        "--regression-weight",
+        type=float,
+        default=loss["regression"],
+        help="EAGLE-1 feature regression",
+    )
+    add("--num-layers", type=int, default=option["num_layers"], help="EAGLE-1 decoder layers")
     add("--draft-vocab-size", type=int, help="EAGLE-3 (default: min(vocab, 32000))")
-    add("--held-out-fraction", type=float, default=0.05)
-    add("--checkpoint-every", type=int, default=0, metavar="K", help="0: no checkpoints")
+    add("--held-out-fraction", type=float, default=option["held_out_fraction"])
+    add(
+        "--checkpoint-every",
+        type=int,
+        default=option["checkpoint_every"],
+        metavar="K",
+        help="0: no checkpoints",
+    )
     add("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    add("--self-distill-prompts", type=int, default=0, help="train on the target's generations")
-    add("--self-distill-tokens", type=int, default=0, help="tokens generated per prompt")
-    add("--prompt-len", type=int, default=32, help="self-distillation and evaluation prompts")
-    add("--eval-prompts", type=int, default=8, help="held-out prompts (0: no report)")
-    add("--eval-new-tokens", type=int, default=64)
+    add(
+        "--self-distill-prompts",
+        type=int,
+        default=option["self_distill_prompts"],
+        help="train on the target's generations",
+    )
+    add(
+        "--self-distill-tokens",
+        type=int,
+        default=option["self_distill_tokens"],
+        help="tokens generated per prompt",
+    )
+    add(
+        "--prompt-len",
+        type=int,
+        default=option["prompt_len"],
+        help="self-distillation and evaluation prompts",
+    )
+    add(
+        "--eval-prompts",
+        type=int,
+        default=option["eval_prompts"],
+        help="held-out prompts (0: no report)",
+    )
+    add("--eval-new-tokens", type=int, default=option["eval_new_tokens"])
     add(
         "--eval-shape",
         type=_shape,
@@ -87,7 +137,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="S|S,k,N",
         help="draft shapes of the acceptance report (default: chain S=3); repeatable",
     )
-    add("--log-every", type=int, default=50)
+    add("--log-every", type=int, default=option["log_every"])
     parser.set_defaults(run=run)
     return parser
 
@@ -97,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
 
     from eagletree.app.training.acceptance_row import markdown_table
     from eagletree.app.training.draft_trainer import train_draft
-    from eagletree.app.training.options import TrainOptions
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.max_steps is None and args.max_minutes is None:
