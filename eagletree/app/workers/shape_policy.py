@@ -150,34 +150,30 @@ class AdaptiveShapes:
         return self._head_priors.get(measured, self._prior)
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
-        if not decode or self._costs is None:
+        costs = self._costs
+        if not decode or costs is None:
             return self._current
         counts = Counter(temperature_band(r) for r in decode)
         bands = list(counts)
         expected = [self._expected_of(band) for band in bands]
         per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
         sampled = any(not r.params.greedy for r in decode)
-        seconds = [self._costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        choice = choose_shape(
-            self.shapes,
-            seconds,
-            per_shape,
-            self._current,
-            self._hysteresis,
-            counts=[counts[band] for band in bands],
+        seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
+        groups = [counts[band] for band in bands]
+        choice = self._current = choose_shape(
+            self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
         ).shape
-        self._current = choice
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
         elif choice.is_plain and self._probe_due(bands):
-            rates = [
-                sum(n * (1.0 + e) for n, e in zip(counts.values(), per_shape[i], strict=True))
-                / seconds[i]
-                for i in range(len(self.shapes))
-            ]
             drafting = [i for i, shape in enumerate(self.shapes) if not shape.is_plain]
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
-                choice = self._probe = self.shapes[max(drafting, key=lambda i: rates[i])]
+                choice = self._probe = choose_shape(
+                    [self.shapes[i] for i in drafting],
+                    [seconds[i] for i in drafting],
+                    [per_shape[i] for i in drafting],
+                    counts=groups,
+                ).shape
         self.chosen[choice] += 1
         return choice
 
