@@ -30,10 +30,8 @@ DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
 
 class ShapePolicy(Protocol):
     """Chooses each decode step's draft shape among ``shapes`` (the first: the default, run by
-    idle steps) and learns from what steps accepted when ``observes``; ``chosen`` counts the
-    decode steps of each shape."""
-
-    chosen: Counter[DraftShape]
+    idle steps) and learns from what steps accepted when ``observes``. (The steps each shape
+    ran are the worker's count, ``SpeculativeWorker.shape_steps``.)"""
 
     @property
     def shapes(self) -> tuple[DraftShape, ...]: ...
@@ -57,11 +55,8 @@ class FixedShape:
 
     def __init__(self, shape: DraftShape) -> None:
         self.shapes = (shape,)
-        self.chosen: Counter[DraftShape] = Counter()
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
-        if decode:
-            self.chosen[self.shapes[0]] += 1
         return self.shapes[0]
 
     def observe(
@@ -91,7 +86,6 @@ class AdaptiveShapes:
     class to compute; a settled estimate moves slowly), and at once after a probe.
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``_probe_due``); ``observe_per_step``: requests of a band recorded per step.
-    ``chosen`` counts the steps of each shape.
     """
 
     observes = True
@@ -130,7 +124,6 @@ class AdaptiveShapes:
         self._plain_steps: Counter[str] = Counter()
         self._observe_per_step = observe_per_step
         self._observed_steps = 0
-        self.chosen: Counter[DraftShape] = Counter()
 
     @property
     def costs(self) -> StepCosts | None:
@@ -174,7 +167,6 @@ class AdaptiveShapes:
                     [per_shape[i] for i in drafting],
                     counts=groups,
                 ).shape
-        self.chosen[choice] += 1
         return choice
 
     def _probe_due(self, bands: Sequence[str]) -> bool:
