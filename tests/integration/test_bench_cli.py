@@ -254,6 +254,12 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     for row in rows:
         if row["config"] == "adaptive":
             assert row["chosen"] in ("plain", "chain S2", TREE)
+            # every step of the window counted by the shape it ran, the most run first
+            steps = row["shape_steps"]
+            assert next(iter(steps)) == row["chosen"]
+            assert sum(steps.values()) >= row["num_steps"]  # (the warm-up steps counted too)
+        else:
+            assert row["shape_steps"] == {}
         if row["config"] != "plain":  # against the plain row of the same bs and temperature
             plain = next(
                 r for r in rows

@@ -46,6 +46,8 @@ class BenchRow:
     ended_early_reason: str | None = None
     temperature: float = 0.0
     chosen: str | None = None  # the shape an adaptive engine ran most in the window
+    # an adaptive engine's steps of each shape in the window, most first (JSON only)
+    shape_steps: dict[str, int] = dataclasses.field(default_factory=dict)
     speedup: float | None = None  # tok/s ÷ the plain row's at the same bs and temperature
     step_ms: tuple[float, ...] = ()  # each timed step's wall time, in order (JSON only)
 
@@ -149,7 +151,7 @@ def render_markdown(
         "|---|---|" + ("---|" if sampled else "") + "---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        config = r.config if r.chosen is None else f"{r.config} (mostly {r.chosen})"
+        config = r.config if r.chosen is None else f"{r.config} ({_mostly(r)})"
         cells = [
             config,
             str(r.batch_size),
@@ -281,6 +283,14 @@ def write_report(path: Path, markdown: str, data: Mapping[str, Any]) -> tuple[Pa
     md.write_text(markdown)
     js.write_text(json.dumps(data, indent=2) + "\n")
     return md, js
+
+
+def _mostly(row: BenchRow) -> str:
+    """``mostly SHAPE`` with its share of the window's steps, when they were counted."""
+    total = sum(row.shape_steps.values())
+    if not total or row.chosen not in row.shape_steps:
+        return f"mostly {row.chosen}"
+    return f"mostly {row.chosen}, {100 * row.shape_steps[row.chosen] / total:.0f} %"
 
 
 def _gaps_line(gaps: DeviceGaps) -> str:

@@ -7,6 +7,7 @@ configuration's checkpoint if asked.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 from collections import Counter
 from collections.abc import Sequence
@@ -138,8 +139,9 @@ def _measure_windows(
                 temperature=temperature,
             )
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
-            most = (Counter(chosen) - chosen_before).most_common(1)
-            rows.append(_row(config.name, m, temperature, most[0][0].label if most else None))
+            ran = (Counter(chosen) - chosen_before).most_common()
+            row = _row(config.name, m, temperature, ran[0][0].label if ran else None)
+            rows.append(dataclasses.replace(row, shape_steps={s.label: n for s, n in ran}))
     return rows
 
 

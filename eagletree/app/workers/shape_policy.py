@@ -4,10 +4,10 @@
 commits the most tokens per second for the batch at hand: each request's expected accepted
 drafts under a shape come from the rank profile of its class (greedy, or its temperature
 band), learned from the steps committed so far; a shape's time comes from the step costs
-measured at start (``step_costs``). The choice is made on the host from what was read back —
-with overlap, statistics through the step before the one in flight — so it never waits for the
-device. Whatever it chooses, the step is the same lossless verification (docs/speculative.md).
-"""
+measured at start, corrected by the seconds the engine's steps took (``step_costs``). The
+choice is made on the host from what was read back — with overlap, statistics through the step
+before the one in flight — so it never waits for the device. Whatever it chooses, the step is
+the same lossless verification (docs/speculative.md)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import RankProfile, choose_shape, expected_accepted
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.step_costs import StepCosts
     from eagletree.domain.draft_shape import DraftShape
     from eagletree.domain.request import Request
 
@@ -44,8 +44,14 @@ class ShapePolicy(Protocol):
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
     ) -> None:
-        """A read-back step of ``shape``: per request, its accepted path's ranks then offers
-        (``accepted_path_ranks``, S columns each)."""
+        """A read-back step of ``shape`` (drafting): per request, its accepted path's ranks
+        then offers (``accepted_path_ranks``, S columns each)."""
+
+    def observe_time(
+        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+    ) -> None:
+        """A decode step of ``shape`` (plain included) over ``batch_size`` requests, some
+        sampling or none, took ``seconds`` (``ReadBackClock``)."""
 
 
 class FixedShape:
@@ -61,6 +67,11 @@ class FixedShape:
 
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        return None
+
+    def observe_time(
+        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
     ) -> None:
         return None
 
@@ -116,7 +127,7 @@ class AdaptiveShapes:
         self._stale: Counter[str] = Counter()
         self._refreshes: Counter[str] = Counter()
         self._expected: dict[str, list[float]] = {}
-        self._costs: StepCosts | None = None
+        self._costs: LearnedCosts | None = None
         self._current = self.shapes[0]
         self._probe_every = probe_every
         self._probe_interval: dict[str, int] = {}
@@ -126,12 +137,19 @@ class AdaptiveShapes:
         self._observed_steps = 0
 
     @property
-    def costs(self) -> StepCosts | None:
+    def costs(self) -> LearnedCosts | None:
         return self._costs
 
     def use_costs(self, costs: StepCosts) -> None:
-        """Price the shapes by ``costs`` from now on (until then, every step is the default)."""
-        self._costs = costs
+        """Price the shapes by ``costs`` from now on, as the steps' times correct them (until
+        then, every step is the default)."""
+        self._costs = LearnedCosts(costs)
+
+    def observe_time(
+        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+    ) -> None:
+        if self._costs is not None:
+            self._costs.record(shape, batch_size, sampled, seconds)
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (the prior before any of its steps)."""

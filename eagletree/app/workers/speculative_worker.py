@@ -26,7 +26,7 @@ from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.sampler import sample_next_tokens
 from eagletree.app.workers.shape_policy import AdaptiveShapes, FixedShape, ShapePolicy
-from eagletree.app.workers.step_costs import measure_step_costs
+from eagletree.app.workers.step_costs import ReadBackClock, measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
 from eagletree.domain.draft_shape import PLAIN, DraftShape
@@ -112,6 +112,10 @@ class SpeculativeWorker(StepWorker):
         # the decode steps each shape ran (a catch-up in place of a chosen drafting shape, and
         # every catch-up, counts as plain): what /metrics and the bench report
         self.shape_steps: Counter[DraftShape] = Counter()
+        # the steps launched, and when each decode step was read back: what the policy learns
+        # each shape's running cost from
+        self._launched = 0
+        self._read_back_clock = ReadBackClock()
 
     @property
     def _verifier(self) -> TreeVerifier:
@@ -162,6 +166,7 @@ class SpeculativeWorker(StepWorker):
         group sharing its dense layers runs the phases it agreed on (``plan.phases``), some
         maybe with zero rows."""
         self._state.retain(plan.live)
+        self._launched += 1
         phases = plan.phases
         outputs: list[StepOutput] = []
         if phases.prefill:
@@ -170,7 +175,7 @@ class SpeculativeWorker(StepWorker):
             decode = plan.decode
             self._state.check_owned(decode)
             shape = self.policy.choose(decode)
-            observed = None
+            observed: torch.Tensor | None = None
             lagging = False
             if self._runs_on_device(decode):
                 shape, runner, lagging = self._runner_of(shape, decode)
@@ -186,7 +191,12 @@ class SpeculativeWorker(StepWorker):
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
             # a plain step's catch-up)
             forwards = 1 + (0 if lagging else max(shape.num_steps, 1))
-            observer = None if observed is None else partial(self.policy.observe, shape)
+            observer = None
+            if decode and self.policy.observes:
+                # a step that also prefilled took longer than its shape's step: not timed
+                timed = not phases.prefill
+                paths = observed is not None
+                observer = partial(self._read_back, shape, self._launched, timed, paths)
             outputs.append(
                 StepOutput(
                     requests=decode,
@@ -201,6 +211,24 @@ class SpeculativeWorker(StepWorker):
                 )
             )
         return _joined(outputs, num_prefill=len(plan.prefill))
+
+    def _read_back(
+        self,
+        shape: DraftShape,
+        launched: int,
+        timed: bool,
+        paths: bool,
+        requests: Sequence[Request],
+        rows: list[list[int]],
+    ) -> None:
+        """What the policy learns from the read-back decode step launched ``launched``-th: the
+        time it took (when ``timed``), and with ``paths`` its accepted paths (``rows``)."""
+        seconds = self._read_back_clock.lap(launched)
+        if timed and seconds is not None:
+            sampled = any(not r.params.greedy for r in requests)
+            self.policy.observe_time(shape, len(requests), sampled, seconds)
+        if paths:
+            self.policy.observe(shape, requests, rows)
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
         """Target prefill, each request's first token, and the draft prefill whose proposals

@@ -236,9 +236,9 @@ def greedy_outputs(
 
 
 class RecordingPolicy:
-    """A test shape policy's base: its shapes, how often it chose each, and every path it
-    observed as (shape, request id, path); a subclass says which shape each step drafts
-    (``pick``)."""
+    """A test shape policy's base: its shapes, how often it chose each, every path it
+    observed as (shape, request id, path) and every step time as (shape, batch size, sampled,
+    seconds); a subclass says which shape each step drafts (``pick``)."""
 
     observes = True
 
@@ -246,6 +246,7 @@ class RecordingPolicy:
         self.shapes = tuple(shapes)
         self.chosen: Counter[DraftShape] = Counter()
         self.observed: list[tuple[DraftShape, int, list[int]]] = []
+        self.timed: list[tuple[DraftShape, int, bool, float]] = []
 
     def pick(self, decode: Sequence[Request]) -> DraftShape:
         raise NotImplementedError
@@ -260,3 +261,8 @@ class RecordingPolicy:
     ) -> None:
         for request, path in zip(requests, paths, strict=True):
             self.observed.append((shape, request.request_id, list(path)))
+
+    def observe_time(
+        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+    ) -> None:
+        self.timed.append((shape, batch_size, sampled, seconds))

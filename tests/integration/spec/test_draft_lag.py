@@ -115,6 +115,22 @@ def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
     assert torch.all(lagging.worker._state.lag.count == 0)  # the draft read every pair
 
 
+def test_each_read_back_decode_step_reports_the_time_of_the_shape_it_ran(
+    models: SpecModels,
+) -> None:
+    # the tree after the plain run waits for a catch-up: that step ran (and is timed) as plain
+    script = [TREE, TREE, PLAIN, PLAIN, PLAIN, TREE, TREE, CHAIN, TREE]
+    spec, policy, _ = _run(models, script, None)
+    ran = spec.worker.shape_steps
+    assert ran == Counter({TREE: 4, PLAIN: 4, CHAIN: 1})
+    # untimed: the first decode step (a tree: its predecessor, the prefill, was not read back as
+    # a decode step) and the fourth (plain), which prefilled the third request beside its decode
+    timed = Counter(shape for shape, *_ in policy.timed)
+    assert timed == ran - Counter({TREE: 1, PLAIN: 1})
+    assert all(seconds > 0 and not sampled for _, _, sampled, seconds in policy.timed)
+    assert {size for _, size, _, _ in policy.timed} == {2, 3}
+
+
 @pytest.mark.parametrize("plain_run", [4, LAG], ids=["caught-up-before-a-tree", "lag-full"])
 def test_after_a_catch_up_the_draft_is_the_one_a_prefill_of_the_same_tokens_makes(
     models: SpecModels, plain_run: int

@@ -168,8 +168,9 @@ def test_the_adaptive_policy_prices_its_shapes_and_learns_from_read_back_steps(
     policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, refresh_steps=1)
     spec = speculative_engine(loaded, *_dims(DEFAULT), policy=policy, graph_buckets=(1, 2, 4))
     spec.worker.calibrate()
-    costs = policy.costs
-    assert costs is not None and costs.buckets == (1, 2, 4)
+    assert policy.costs is not None
+    costs = policy.costs.measured
+    assert costs.buckets == (1, 2, 4)
     assert {shape for shape, _, _ in costs.seconds} == set(SHAPES)
     assert all(seconds > 0 for seconds in costs.seconds.values())
     assert greedy_outputs(spec.engine, batch, MAX_NEW) == expected

@@ -112,3 +112,22 @@ def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.Mon
         policy.observe(CHAIN, batch, ACCEPTING)
     # at the first step, then after 2, 4, 8, 16, 32, 32 observed steps
     assert computations == [0, 2, 6, 14, 30, 62, 94]
+
+
+def test_plain_steps_that_cost_more_than_measured_make_drafting_pay() -> None:
+    # the chain would commit 1.8 tokens for its two measured plain steps: plain wins on the
+    # table; but plain steps take 1.6 as the engine runs them (host work the replay does not
+    # pay, which a chain step pays as well): 1.8 / 2.6 > 1 / 1.6
+    prior = RankProfile(((0.8, 0.1), (0.0,)))
+    assert 1 + expected_accepted(CHAIN, prior) == pytest.approx(1.8)
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000)
+    policy.use_costs(COSTS)
+    batch = _requests([1.0] * 8)
+    assert policy.choose(batch) == PLAIN
+    for _ in range(40):
+        policy.observe_time(PLAIN, len(batch), True, 1.6)
+    assert policy.costs is not None
+    assert policy.costs.of(CHAIN, len(batch), True) == pytest.approx(2.6, rel=1e-3)
+    assert policy.choose(batch) == CHAIN
+    # the other batch size and greedy steps are priced as measured still
+    assert policy.costs.of(PLAIN, 1, True) == policy.costs.of(PLAIN, 8, False) == 1.0

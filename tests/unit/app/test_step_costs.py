@@ -1,0 +1,86 @@
+"""The costs an adaptive policy prices shapes by, as the running engine corrects them: a shape
+that ran is priced by what its steps took, one that has not by its measured time plus the
+excess the shapes that ran showed at its bucket and sampling; read-back intervals time a step
+only after its predecessor's read-back."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagletree.app.workers.step_costs import LearnedCosts, ReadBackClock, StepCosts
+from eagletree.domain.draft_shape import PLAIN, DraftShape
+
+CHAIN = DraftShape.chain(3)
+TREE = DraftShape(3, 2, 6)
+SHAPES = (PLAIN, CHAIN, TREE)
+BUCKETS = (1, 8)
+# measured (replayed) seconds: plain 1, chain 2, tree 3 at bucket 1; twice that at bucket 8;
+# sampled steps 0.5 more
+MEASURED = StepCosts(
+    BUCKETS,
+    {(s, b, sampled): (1 + SHAPES.index(s)) * (1 if b == 1 else 2) + 0.5 * sampled
+     for s in SHAPES for b in BUCKETS for sampled in (False, True)},
+)  # fmt: skip
+
+
+def test_before_any_step_the_measured_table_prices_every_shape() -> None:
+    costs = LearnedCosts(MEASURED)
+    for (shape, bucket, sampled), seconds in MEASURED.seconds.items():
+        assert costs.of(shape, bucket, sampled) == seconds
+    assert costs.of(CHAIN, 5, False) == MEASURED.of(CHAIN, 5, False) == 4.0  # bucket 8
+    assert costs.of(CHAIN, 16, False) == MEASURED.of(CHAIN, 16, False) == 8.0  # past it
+
+
+def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs.record(PLAIN, 1, False, 2.0)  # the host's work: a plain step took 1 s more
+    # plain: its estimate (1) as one sample, then 2: the mean 1.5
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.5)
+    # unobserved shapes at that bucket and sampling pay the excess seen there (2 − 1)
+    assert costs.of(CHAIN, 1, False) == pytest.approx(3.0)
+    assert costs.of(TREE, 1, False) == pytest.approx(4.0)
+    # other buckets and the other sampling are untouched
+    assert costs.of(CHAIN, 8, False) == 4.0
+    assert costs.of(CHAIN, 1, True) == 2.5
+    costs.record(CHAIN, 1, False, 2.0)  # the chain was cheaper than its estimate (3)
+    assert costs.of(CHAIN, 1, False) == pytest.approx(2.5)
+    # the excess: 1 (plain's), then chain's 0 (2 − 2) with weight 1/2: 0.5
+    assert costs.of(TREE, 1, False) == pytest.approx(3.5)
+
+
+def test_repeated_steps_converge_on_what_they_take() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.2)
+    for _ in range(60):
+        costs.record(CHAIN, 8, True, 7.0)
+    assert costs.of(CHAIN, 8, True) == pytest.approx(7.0, rel=1e-3)
+    assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + (7.0 - 4.5), rel=1e-3)
+
+
+def test_a_step_far_longer_than_its_estimate_counts_as_clip_times_it() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5, clip=3.0)
+    costs.record(PLAIN, 1, False, 1000.0)  # the engine waited: counts as 3 (3 x 1)
+    assert costs.of(PLAIN, 1, False) == pytest.approx((1.0 + 3.0) / 2)
+
+
+def test_past_the_largest_bucket_steps_are_recorded_and_priced_per_row() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs.record(CHAIN, 16, False, 16.0)  # 8 per bucket-8 step; its estimate there: 4
+    assert costs.of(CHAIN, 8, False) == pytest.approx(6.0)
+    assert costs.of(CHAIN, 16, False) == pytest.approx(12.0)
+
+
+class FakeClock:
+    def __init__(self, times: list[float]) -> None:
+        self._times = iter(times)
+
+    def __call__(self) -> float:
+        return next(self._times)
+
+
+def test_read_back_intervals_time_a_step_only_after_its_predecessor() -> None:
+    clock = ReadBackClock(FakeClock([10.0, 10.5, 11.25, 20.0, 20.5]))
+    assert clock.lap(1) is None  # nothing read back before
+    assert clock.lap(2) == 0.5
+    assert clock.lap(3) == 0.75
+    assert clock.lap(5) is None  # step 4 (a prefill alone) was not read back here
+    assert clock.lap(6) == 0.5
