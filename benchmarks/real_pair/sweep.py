@@ -67,6 +67,7 @@ VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "ce": ("loss.cross_entropy", float),
     "step_decay": ("loss.step_decay", float),
     "draft_vocab": ("draft_vocab_size", int),
+    "aux": ("aux_layers", str),
 }
 # one change at a time around the defaults (hard labels, lr 1e-3, batch 64, unroll 4,
 # EAGLE-1 regression 0.2), mostly EAGLE-3's

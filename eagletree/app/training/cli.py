@@ -96,6 +96,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add("--num-layers", type=int, default=option["num_layers"], help="EAGLE-1 decoder layers")
     add("--draft-vocab-size", type=int, help="EAGLE-3 (default: min(vocab, 32000))")
+    add(
+        "--aux-layers",
+        default=option["aux_layers"],
+        metavar="standard|last|I,J,K",
+        help="EAGLE-3's fused target features: standard = the inputs of layers 2, L/2, L-3; "
+        "last = layers 2 and L/2 and the last layer's output; or layer ids (L: the output)",
+    )
     add("--held-out-fraction", type=float, default=option["held_out_fraction"])
     add(
         "--checkpoint-every",
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay, args.labels),
         num_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
+        aux_layers=args.aux_layers,
         held_out_fraction=args.held_out_fraction,
         checkpoint_every=args.checkpoint_every,
         resume=args.resume,

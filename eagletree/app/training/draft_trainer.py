@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.adapters.models.stack import default_aux_layer_ids
+from eagletree.adapters.models.stack import check_aux_layer_ids, default_aux_layer_ids
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import (
     draft_config,
@@ -70,9 +70,26 @@ def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
     return options.lr * warmup * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * cosine)
 
 
-def _aux_layer_ids(num_layers: int) -> tuple[int, ...]:
-    # a target too shallow for (2, L/2, L−3) gets the nearest layers that exist
-    return tuple(min(max(i, 0), num_layers) for i in default_aux_layer_ids(num_layers))
+AUX_LAYER_PRESETS = ("standard", "last")
+
+
+def aux_layer_ids(spec: str, num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's capture layers from ``--aux-layers``: ``standard`` the inputs of layers 2, L/2
+    and L−3 (SafeAILab's and SGLang's), ``last`` those of 2 and L/2 and the last layer's output
+    (id L), or comma-separated ids (layer i's input; L the output). A target too shallow for a
+    preset gets the nearest layers that exist."""
+    if spec in AUX_LAYER_PRESETS:
+        standard: tuple[int, ...] = default_aux_layer_ids(num_layers)
+        ids = standard if spec == "standard" else (*standard[:2], num_layers)
+        return tuple(min(max(i, 0), num_layers) for i in ids)
+    try:
+        ids = tuple(int(part) for part in spec.split(","))
+        return check_aux_layer_ids(ids, num_layers)
+    except ValueError as error:
+        raise ConfigurationError(
+            f"--aux-layers {spec!r}: give {' or '.join(AUX_LAYER_PRESETS)}, or layer ids"
+            f" 0..{num_layers} separated by commas ({error})"
+        ) from None
 
 
 def _save_dtype(reader: ConfigReader) -> torch.dtype:
@@ -112,6 +129,10 @@ class DraftTrainer:
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
+        if options.algorithm != "eagle3" and options.aux_layers != "standard":
+            raise ConfigurationError(
+                f"--aux-layers chooses EAGLE-3's fused features: drop it for {options.algorithm}"
+            )
         if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options
@@ -122,7 +143,8 @@ class DraftTrainer:
         self.device = torch.device(options.device)
         self.aux_layer_ids: tuple[int, ...] = ()
         if options.algorithm == "eagle3":
-            self.aux_layer_ids = _aux_layer_ids(self.reader.get_int("num_hidden_layers"))
+            num_layers = self.reader.get_int("num_hidden_layers")
+            self.aux_layer_ids = aux_layer_ids(options.aux_layers, num_layers)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.target = HFTarget(options.target, dtype, self.device, self.aux_layer_ids)
         self.corpus: Corpus = build_corpus(options, self.target)

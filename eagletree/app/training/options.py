@@ -52,6 +52,7 @@ class TrainOptions:
     loss: LossWeights = field(default_factory=LossWeights)
     num_layers: int = 1
     draft_vocab_size: int | None = None
+    aux_layers: str = "standard"
     held_out_fraction: float = 0.05
     checkpoint_every: int = 0
     resume: bool = False

@@ -1,8 +1,9 @@
-"""train-draft's checkpoints: the EAGLE-3 head carries a draft vocabulary that loads
-back, and --resume continues exactly where a checkpoint stopped."""
+"""train-draft's checkpoints: the EAGLE-3 head carries a draft vocabulary and the target layers
+it fuses, which load back, and --resume continues exactly where a checkpoint stopped."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from safetensors.torch import load_file
 
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.loading import load_models
+from eagletree.app.training.draft_trainer import aux_layer_ids
+from eagletree.domain.errors import ConfigurationError
 from tests.integration.train_draft.pair import DRAFT_VOCAB, SPEC, Pair, train
 
 
@@ -34,6 +37,30 @@ def test_the_eagle3_head_carries_a_draft_vocabulary_that_round_trips(
     draft = loaded.drafts[0]
     assert isinstance(draft, Eagle3Draft)
     assert torch.equal(draft.draft_to_target.cpu(), target_ids)
+
+
+@pytest.mark.hf
+def test_a_head_fusing_the_last_layers_output_says_so_and_the_engine_captures_it(
+    pair: Pair, tmp_path: Path
+) -> None:
+    out = tmp_path / "last"
+    report = train(pair, "eagle3", out, "--max-steps", "2", "--eval-prompts", "0",
+                   "--aux-layers", "last")  # fmt: skip
+    assert report["options"]["aux_layers"] == "last"
+    num_layers = SPEC.num_layers
+    # written as layer outputs (SGLang's convention): the last id is the last layer's output
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"][-1] == num_layers - 1
+    loaded = load_models(pair.target, out, "eagle3", torch.float32, "cpu")
+    captured = loaded.target.aux_layer_ids
+    assert captured == aux_layer_ids("last", num_layers) == (2, num_layers // 2, num_layers)
+    assert aux_layer_ids("standard", num_layers) == (2, num_layers // 2, 0)
+
+
+@pytest.mark.parametrize("spec", ["top", "1,x", "1,9"])
+def test_aux_layers_that_name_no_layers_are_refused_with_what_to_give(spec: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"--aux-layers .*standard or last.*0\.\.3"):
+        aux_layer_ids(spec, 3)
 
 
 @pytest.mark.hf
