@@ -38,27 +38,37 @@ class AcceptanceProfile:
             [prior_weight * prior.rate(d, j) for j in range(max_rank)] for d in range(max_depth)
         ]
         self._exposures = [[prior_weight] * max_rank for _ in range(max_depth)]
+        # what a count recorded now weighs: the counts decay by new ones weighing ever more (one
+        # multiplication per step instead of one per count; only ratios are read)
+        self._weight = 1.0
 
     def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
         """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
         at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
         candidates the tree offered at that depth under the accepted path (0 where the path did
         not reach it). The counts so far decay by one step first."""
-        self._decay_counts()
+        self._weight /= self._decay
+        if self._weight > _RESCALE_ABOVE:
+            self._rescale()
         for ranks, offered in paths:
             self._record_path(ranks, offered)
 
     def _record_path(self, ranks: Sequence[int], offered: Sequence[int]) -> None:
+        weight = self._weight
         for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
             if depth >= self.max_depth or count <= 0:
                 break
             exposures = self._exposures[depth]
             for j in range(min(count, self.max_rank)):
-                exposures[j] += 1.0
+                exposures[j] += weight
             if rank < 0:
                 break
             if rank < self.max_rank:
-                self._hits[depth][rank] += 1.0
+                self._hits[depth][rank] += weight
+
+    def exposures(self, depth: int, rank: int) -> float:
+        """The decayed exposures of ``rank`` at ``depth`` (0-based), in steps' worth now."""
+        return self._exposures[depth][rank] / self._weight
 
     def profile(self) -> RankProfile:
         """The current estimate (every rank's rate ≤ its hits / exposures, rows summing ≤ 1)."""
@@ -69,9 +79,13 @@ class AcceptanceProfile:
             rows.append(tuple(r / total for r in row) if total > 1.0 else tuple(row))
         return RankProfile(tuple(rows))
 
-    def _decay_counts(self) -> None:
-        keep = self._decay
-        for hits, exposures in zip(self._hits, self._exposures, strict=True):
+    def _rescale(self) -> None:
+        """Divide every count and the weight by the weight (before it could overflow)."""
+        scale = 1.0 / self._weight
+        for counts in (*self._hits, *self._exposures):
             for j in range(self.max_rank):
-                hits[j] *= keep
-                exposures[j] *= keep
+                counts[j] *= scale
+        self._weight = 1.0
+
+
+_RESCALE_ABOVE = 1e12

@@ -96,7 +96,7 @@ class AdaptiveShapes:
     as many (a tree's expected tokens cost the host about a millisecond per shape and batch
     class to compute; a settled estimate moves slowly), and at once after a probe.
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
-    plain steps (``_probe_due``); ``observe_per_step``: requests of a band recorded per step.
+    plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step.
     """
 
     observes = True
@@ -168,7 +168,7 @@ class AdaptiveShapes:
         bands = list(counts)
         expected = [self._expected_of(band) for band in bands]
         per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
-        sampled = any(not r.params.greedy for r in decode)
+        sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
         groups = [counts[band] for band in bands]
         choice = self._current = choose_shape(
@@ -206,22 +206,22 @@ class AdaptiveShapes:
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
     ) -> None:
-        """Record up to ``observe_per_step`` requests of each band (rotating through the batch):
-        the statistics need few paths per step, and recording costs host time every step."""
+        """Record ``observe_per_step`` requests (rotating through the batch, so each band is
+        sampled in proportion to its share): the statistics need few paths per step, and
+        recording costs host time every step."""
         depth = shape.num_steps
-        if depth == 0:
+        if depth == 0 or not requests:
             return
         probed, self._probe = self._probe is not None, None
         by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
         self._observed_steps += 1
-        start = (self._observed_steps * self._observe_per_step) % max(len(requests), 1)
-        for k in range(len(requests)):
-            index = (start + k) % len(requests)
-            band = temperature_band(requests[index])
-            observed = by_band.setdefault(band, [])
-            if len(observed) < self._observe_per_step:
-                path = paths[index]
-                observed.append((path[:depth], path[depth : 2 * depth]))
+        size = len(requests)
+        start = self._observed_steps * self._observe_per_step
+        for k in range(min(self._observe_per_step, size)):
+            index = (start + k) % size
+            path = paths[index]
+            observed = by_band.setdefault(temperature_band(requests[index]), [])
+            observed.append((path[:depth], path[depth : 2 * depth]))
         for band, observed in by_band.items():
             profile = self._profiles.get(band)
             if profile is None:

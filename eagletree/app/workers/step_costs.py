@@ -110,6 +110,9 @@ class LearnedCosts:
         self._clip = clip
         self._observed: dict[tuple[DraftShape, int, bool], _Smoothed] = {}
         self._excess: dict[tuple[int, bool], _Smoothed] = {}
+        # the bucket of every batch size up to the largest (read a few times every step)
+        largest = measured.buckets[-1]
+        self._bucket_of = [bucket_for(size, measured.buckets) for size in range(largest + 1)]
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -142,10 +145,11 @@ class LearnedCosts:
     ) -> tuple[tuple[DraftShape, int, bool], float]:
         """The table's key for a step and the factor its time is the bucket's by: 1 within the
         buckets; above the largest, its rows over the largest's (``StepCosts.of``)."""
-        bucket = bucket_for(batch_size, self.buckets)
-        if bucket is None:
+        if batch_size >= len(self._bucket_of):
             largest = self.buckets[-1]
-            return (shape, largest, sampled), max(batch_size, 1) / largest
+            return (shape, largest, sampled), batch_size / largest
+        bucket = self._bucket_of[batch_size]
+        assert bucket is not None, "a step of no requests has no cost"
         return (shape, bucket, sampled), 1.0
 
 

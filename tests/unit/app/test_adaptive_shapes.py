@@ -81,13 +81,38 @@ def test_probes_thin_out_while_plain_stays_right() -> None:
 
 
 @pytest.mark.parametrize("batch_size", [3, 20])
-def test_each_step_records_at_most_its_sample_of_each_band(batch_size: int) -> None:
+def test_each_step_records_a_bounded_sample_of_its_requests(batch_size: int) -> None:
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, prior_weight=0.0, observe_per_step=8)
     batch = _requests([0.0] * batch_size)
     policy.observe(CHAIN, batch, ACCEPTING * batch_size)
     profile = policy._profiles["greedy"]
     # one exposure per recorded request at depth 1 (the prior weighs nothing)
-    assert profile._exposures[0][0] == pytest.approx(min(batch_size, 8))
+    assert profile.exposures(0, 0) == pytest.approx(min(batch_size, 8))
+
+
+def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import eagletree.app.workers.shape_policy as module
+
+    recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
+
+    class Counting(module.AcceptanceProfile):
+        def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+            recorded.append((id(self), len(paths)))
+            super().record(paths)
+
+    monkeypatch.setattr(module, "AcceptanceProfile", Counting)
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, observe_per_step=8)
+    batch = _requests([0.0] * 10 + [1.0] * 10)  # the bands in two blocks
+    for _ in range(5):
+        policy.observe(CHAIN, batch, ACCEPTING * len(batch))
+    per_band = {id(policy._profiles[b]): 0 for b in ("greedy", "T>0.85")}
+    for profile, count in recorded:
+        per_band[profile] += count
+    # 8 a step from a start that moves 8 on: 40 picks, every request twice, each band 20
+    assert sum(per_band.values()) == 40
+    assert list(per_band.values()) == [20, 20]
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -194,3 +194,18 @@ def test_old_steps_fade_with_the_half_life() -> None:
     hits = sum(weights[10:])
     assert tracker.profile().hit_rates[0][0] == pytest.approx(hits / sum(weights), rel=1e-6)
     assert math.isclose(sum(weights[:10]) / sum(weights), 1 - hits / sum(weights))
+
+
+def test_the_decay_survives_runs_far_longer_than_a_counts_range() -> None:
+    # half-life 1: a new step weighs twice the last, 2^1100 after 1100 steps (past a float's
+    # range): the counts are rescaled on the way, and the rates stay the decayed ones
+    tracker = AcceptanceProfile(1, 2, RankProfile(((0.5, 0.2),)), prior_weight=4.0, half_life=1)
+    outcomes = [(i * 7) % 3 for i in range(1100)]  # rank 0, 1 or none, in a fixed pattern
+    for outcome in outcomes:
+        tracker.record([([outcome if outcome < 2 else -1], [2])])
+    weights = [0.5**age for age in range(len(outcomes))]  # newest first
+    total = sum(weights)
+    for rank in (0, 1):
+        hits = sum(w for w, o in zip(weights, reversed(outcomes), strict=True) if o == rank)
+        assert tracker.profile().hit_rates[0][rank] == pytest.approx(hits / total, rel=1e-9)
+    assert tracker.exposures(0, 0) == pytest.approx(total, rel=1e-9)
