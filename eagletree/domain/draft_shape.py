@@ -138,10 +138,12 @@ def _best_first(node: tuple[float, RankPath]) -> tuple[float, int, RankPath]:
 
 @dataclass(frozen=True, slots=True)
 class ShapeChoice:
-    """The shape chosen for a step and the committed tokens per second it is expected to give."""
+    """The shape chosen for a step and the committed tokens per second it is expected to give;
+    ``rates``: every candidate's, in the candidates' order."""
 
     shape: DraftShape
     tokens_per_second: float
+    rates: tuple[float, ...] = ()
 
 
 def choose_shape(
@@ -173,4 +175,4 @@ def choose_shape(
         kept = candidates.index(current)
         if rates[best] <= rates[kept] * (1.0 + hysteresis):
             best = kept
-    return ShapeChoice(candidates[best], rates[best])
+    return ShapeChoice(candidates[best], rates[best], tuple(rates))

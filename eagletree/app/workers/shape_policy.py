@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
-from eagletree.domain.draft_shape import RankProfile, choose_shape, expected_accepted
+from eagletree.domain.draft_shape import (
+    RankProfile,
+    ShapeChoice,
+    choose_shape,
+    expected_accepted,
+)
 
 if TYPE_CHECKING:
     from eagletree.domain.draft_shape import DraftShape
@@ -96,7 +101,9 @@ class AdaptiveShapes:
     as many (a tree's expected tokens cost the host about a millisecond per shape and batch
     class to compute; a settled estimate moves slowly), and at once after a probe.
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
-    plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step.
+    plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
+    ``explore_every`` steps a close runner-up never timed at the batch's size runs once
+    (``_untried_near``).
     """
 
     observes = True
@@ -112,6 +119,8 @@ class AdaptiveShapes:
         refresh_steps: int = 4,
         probe_every: int = 16,
         observe_per_step: int = 8,
+        explore_every: int = 32,
+        explore_margin: float = 0.2,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -134,6 +143,9 @@ class AdaptiveShapes:
         self._probe: DraftShape | None = None  # a probe chosen and not yet read back
         self._plain_steps: Counter[str] = Counter()
         self._observe_per_step = observe_per_step
+        self._explore_every = explore_every
+        self._explore_margin = explore_margin
+        self._unexplored_steps = 0
         self._observed_steps = 0
 
     @property
@@ -171,9 +183,10 @@ class AdaptiveShapes:
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
         groups = [counts[band] for band in bands]
-        choice = self._current = choose_shape(
+        chosen = choose_shape(
             self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
-        ).shape
+        )
+        choice = self._current = chosen.shape
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
         elif choice.is_plain and self._probe_due(bands):
@@ -185,7 +198,35 @@ class AdaptiveShapes:
                     [per_shape[i] for i in drafting],
                     counts=groups,
                 ).shape
+        elif self._explore_due():
+            choice = self._untried_near(chosen, len(decode), sampled) or choice
         return choice
+
+    def _explore_due(self) -> bool:
+        """Every ``explore_every`` steps (``_untried_near``)."""
+        self._unexplored_steps += 1
+        if self._unexplored_steps < self._explore_every:
+            return False
+        self._unexplored_steps = 0
+        return True
+
+    def _untried_near(
+        self, chosen: ShapeChoice, batch_size: int, sampled: bool
+    ) -> DraftShape | None:
+        """The best-looking shape other than the choice whose steps were timed fewer than twice
+        at this batch's bucket and sampling, if its estimate is within ``explore_margin`` of the
+        choice's: until it runs, its time is the start-up table's guess, which can rank two
+        close shapes wrongly (one step of it settles that, at a cost of that margin at most)."""
+        assert self._costs is not None
+        floor = (1.0 - self._explore_margin) * chosen.tokens_per_second
+        near = [
+            (rate, -i)
+            for i, (shape, rate) in enumerate(zip(self.shapes, chosen.rates, strict=True))
+            if shape != chosen.shape
+            and rate >= floor
+            and self._costs.observations(shape, batch_size, sampled) < 2
+        ]
+        return self.shapes[-max(near)[1]] if near else None
 
     def _probe_due(self, bands: Sequence[str]) -> bool:
         """Whether a plain step should draft instead, to learn: a plain step observes nothing,

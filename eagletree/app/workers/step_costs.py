@@ -123,6 +123,11 @@ class LearnedCosts:
         key, rows = self._key(shape, batch_size, sampled)
         return self._per_bucket(key) * rows
 
+    def observations(self, shape: DraftShape, batch_size: int, sampled: bool) -> int:
+        """How many steps of ``shape`` were recorded at this batch size's bucket and sampling."""
+        observed = self._observed.get(self._key(shape, batch_size, sampled)[0])
+        return 0 if observed is None else observed.count - 1  # its estimate counts as one
+
     def record(self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float) -> None:
         """A step of ``shape`` over ``batch_size`` requests took ``seconds``."""
         key, rows = self._key(shape, batch_size, sampled)

@@ -11,6 +11,7 @@ import pytest
 
 from eagletree.app.workers.shape_policy import AdaptiveShapes, temperature_band
 from eagletree.app.workers.step_costs import StepCosts
+from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
@@ -97,7 +98,7 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
 
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 
-    class Counting(module.AcceptanceProfile):
+    class Counting(AcceptanceProfile):
         def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
             recorded.append((id(self), len(paths)))
             super().record(paths)
@@ -156,3 +157,32 @@ def test_plain_steps_that_cost_more_than_measured_make_drafting_pay() -> None:
     assert policy.choose(batch) == CHAIN
     # the other batch size and greedy steps are priced as measured still
     assert policy.costs.of(PLAIN, 1, True) == policy.costs.of(PLAIN, 8, False) == 1.0
+
+
+def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
+    tree = DraftShape(3, 2, 6)
+    prior = RankProfile(((0.9, 0.05),))
+    tokens = {s: 1 + expected_accepted(s, prior) for s in (tree, CHAIN)}
+    # the table: the tree 10 % faster than the chain (2 s a step), plain far behind; as the
+    # engine runs, the tree's steps take 30 % more than the table says, the others as said
+    tree_seconds = tokens[tree] / (1.1 * tokens[CHAIN] / 2.0)
+    table = {CHAIN: 2.0, tree: tree_seconds, PLAIN: 1.0}
+    real = {CHAIN: 2.0, tree: 1.3 * tree_seconds, PLAIN: 1.0}
+    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    policy = AdaptiveShapes(
+        (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000, explore_every=4
+    )
+    policy.use_costs(costs)
+    batch = _requests([0.0])
+    ran = []
+    for _ in range(16):
+        ran.append(policy.choose(batch))
+        policy.observe_time(ran[-1], 1, False, real[ran[-1]])
+    # the tree's time, learned, lifts the chain's guess as much (the excess is shared), so
+    # the tree still looks best until the fourth step explores the chain; timed, the chain
+    # wins on its own time (a second exploration while the tree's average settles); plain,
+    # far behind, is never tried
+    assert ran[:4] == [tree] * 3 + [CHAIN]
+    assert ran[-8:] == [CHAIN] * 8 and PLAIN not in ran
+    assert policy.costs is not None
+    assert policy.costs.of(CHAIN, 1, False) == pytest.approx(2.0, rel=0.05)
