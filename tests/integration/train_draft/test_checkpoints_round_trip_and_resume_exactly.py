@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.loading import load_models
+from eagletree.app.cli.main import main
 from eagletree.app.training.draft_trainer import aux_layer_ids
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.train_draft.pair import DRAFT_VOCAB, SPEC, Pair, train
@@ -61,6 +62,20 @@ def test_a_head_fusing_the_last_layers_output_says_so_and_the_engine_captures_it
 def test_aux_layers_that_name_no_layers_are_refused_with_what_to_give(spec: str) -> None:
     with pytest.raises(ConfigurationError, match=r"--aux-layers .*standard or last.*0\.\.3"):
         aux_layer_ids(spec, 3)
+
+
+@pytest.mark.hf
+def test_aux_layers_for_an_eagle1_head_are_refused(
+    pair: Pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["train-draft", "--target", str(pair.target), "--algorithm", "eagle", "--data",
+            str(pair.corpus), "--out", str(tmp_path / "eagle"), "--max-steps", "1",
+            "--aux-layers", "last"]  # fmt: skip
+    assert main(args) == 1
+    assert "--aux-layers chooses EAGLE-3's fused features: drop it for eagle" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "eagle" / "model.safetensors").exists()
 
 
 @pytest.mark.hf
