@@ -55,6 +55,12 @@ def _labels(text: str) -> str:
     return text
 
 
+def _eagle3_norm(text: str) -> str:
+    if text not in ("ones", "target"):
+        raise ValueError(f"norm={text!r}: expected ones or target")
+    return text
+
+
 # variant field -> (TrainOptions field, "loss." for LossWeights' fields; parser of the value)
 VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "labels": ("loss.labels", _labels),
@@ -68,6 +74,7 @@ VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "step_decay": ("loss.step_decay", float),
     "draft_vocab": ("draft_vocab_size", int),
     "aux": ("aux_layers", str),
+    "norm": ("eagle3_norm", _eagle3_norm),
 }
 # one change at a time around the defaults (hard labels, lr 1e-3, batch 64, unroll 4,
 # EAGLE-1 regression 0.2), mostly EAGLE-3's

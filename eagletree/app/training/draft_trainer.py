@@ -129,6 +129,8 @@ class DraftTrainer:
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
+        if options.algorithm != "eagle3" and options.eagle3_norm != "ones":
+            raise ConfigurationError(f"eagle3_norm is EAGLE-3's: leave it for {options.algorithm}")
         if options.algorithm != "eagle3" and options.aux_layers != "standard":
             raise ConfigurationError(
                 f"--aux-layers chooses EAGLE-3's fused features: drop it for {options.algorithm}"
@@ -179,6 +181,14 @@ class DraftTrainer:
         with torch.no_grad():  # start from the target's own output rows: a warm, not random, head
             rows = self.vocab.target_ids.to(self.target.lm_head.weight.device)
             head.lm_head.weight.copy_(self.target.lm_head.weight[rows].float())
+            if options.eagle3_norm == "target":
+                norm = self.target.final_norm_weight
+                if norm is None:
+                    raise ConfigurationError(
+                        f"{options.target} has no final norm (model.norm) to start EAGLE-3's"
+                        " from: start it as ones"
+                    )
+                head.norm.weight.copy_(norm.float())
         return head.to(self.device)
 
     def config(self) -> dict[str, Any]:

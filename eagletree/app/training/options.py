@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import Algorithm
@@ -53,6 +53,9 @@ class TrainOptions:
     num_layers: int = 1
     draft_vocab_size: int | None = None
     aux_layers: str = "standard"
+    # EAGLE-3's output norm starts as ones, or as the target's final norm, which the lm_head
+    # rows it starts from were trained behind
+    eagle3_norm: Literal["ones", "target"] = "ones"
     held_out_fraction: float = 0.05
     checkpoint_every: int = 0
     resume: bool = False

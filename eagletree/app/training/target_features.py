@@ -60,6 +60,12 @@ class HFTarget:
         return head
 
     @property
+    def final_norm_weight(self) -> torch.Tensor | None:
+        """The weight of the norm the lm_head reads through, where the model has one."""
+        weight = getattr(getattr(self.model.model, "norm", None), "weight", None)
+        return weight if isinstance(weight, torch.Tensor) else None
+
+    @property
     def vocab_size(self) -> int:
         return int(self.embed_tokens.num_embeddings)
 

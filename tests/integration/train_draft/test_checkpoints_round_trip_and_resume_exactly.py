@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -14,7 +15,9 @@ from safetensors.torch import load_file
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.loading import load_models
 from eagletree.app.cli.main import main
-from eagletree.app.training.draft_trainer import aux_layer_ids
+from eagletree.app.training.draft_trainer import DraftTrainer, aux_layer_ids
+from eagletree.app.training.heads import Eagle3Head
+from eagletree.app.training.options import TrainOptions
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.train_draft.pair import DRAFT_VOCAB, SPEC, Pair, train
 
@@ -62,6 +65,24 @@ def test_a_head_fusing_the_last_layers_output_says_so_and_the_engine_captures_it
 def test_aux_layers_that_name_no_layers_are_refused_with_what_to_give(spec: str) -> None:
     with pytest.raises(ConfigurationError, match=r"--aux-layers .*standard or last.*0\.\.3"):
         aux_layer_ids(spec, 3)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("start", ["ones", "target"])
+def test_eagle3s_norm_starts_as_asked_beside_the_targets_lm_head_rows(
+    pair: Pair, tmp_path: Path, start: Literal["ones", "target"]
+) -> None:
+    options = TrainOptions(pair.target, "eagle3", (pair.corpus,), tmp_path / start, seq_len=32,
+                           draft_vocab_size=DRAFT_VOCAB, eagle3_norm=start)  # fmt: skip
+    trainer = DraftTrainer(options)
+    head, target = trainer.head, trainer.target
+    assert isinstance(head, Eagle3Head) and trainer.vocab is not None
+    final_norm = target.model.model.norm.weight
+    assert not torch.allclose(final_norm, torch.ones_like(final_norm))  # a trained norm
+    expected = final_norm.float() if start == "target" else torch.ones_like(final_norm)
+    torch.testing.assert_close(head.norm.weight.detach(), expected)
+    rows = trainer.vocab.target_ids
+    torch.testing.assert_close(head.lm_head.weight.detach(), target.lm_head.weight[rows].float())
 
 
 @pytest.mark.hf
