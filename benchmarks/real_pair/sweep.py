@@ -4,10 +4,11 @@ On a real pair's ``--out`` (its target and ``corpus/draft_train.jsonl``; what is
 by the real pair's own functions, ``prepare_pair`` with ``--reuse``) every variant is a head
 trained by train-draft with its defaults except the variant's changes, for ``--minutes``; each
 is reported with its teacher-forced top-1 agreement per unrolled step (held-out, as train-draft
-writes it) and its chains S = ``--depths`` simulated offline on held-out prompts against the
-target's greedy continuations (``chain_simulation``; no engine runs, so variants cost their
-training time and a few seconds). ``sweep.md`` / ``sweep.json`` under ``--report-dir`` are
-rewritten after each variant.
+writes it), how often a T = 1 sample of the target is the draft's top token per depth (its
+sampled rank profile: a chain's acceptance at T = 1) and its chains S = ``--depths`` simulated
+offline on held-out prompts against the target's greedy continuations (``chain_simulation``;
+no engine runs, so variants cost their training time and a few seconds). ``sweep.md`` /
+``sweep.json`` under ``--report-dir`` are rewritten after each variant.
 
 A variant is ``ALGORITHM[:FIELD=VALUE[,FIELD=VALUE...]]``, FIELD one of ``VARIANT_FIELDS``:
 
@@ -183,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "options": trained["options"],
                 "steps": trained["steps"],
                 "agreement_by_step": trained["agreement_by_step"],
+                "sampled_rank0_by_depth": [row[0] for row in trained["rank_profile"]["sampled"]],
                 "chain_tokens_per_step": chains,
                 "seconds": time.perf_counter() - started,
             }
@@ -200,16 +202,21 @@ def write_report(report_dir: Path, args: argparse.Namespace, results: list[dict[
     lines = [
         f"# train-draft variants, {args.minutes:g} min each",
         "",
-        "Agreement: teacher-forced top-1 per unrolled step on held-out text; chains: tokens per"
-        " step simulated offline on held-out prompts.",
+        "Agreement: teacher-forced top-1 per unrolled step on held-out text; T 1: how often a"
+        " sample of the target at T = 1 is the draft's top token, by depth (train-draft's"
+        " sampled rank profile: a chain's acceptance at T = 1); chains: tokens per step"
+        " simulated offline on held-out prompts (greedy).",
         "",
-        f"| variant | steps | agreement by step | {chains} |",
-        "|---|---|---|" + "---|" * len(args.depths),
+        f"| variant | steps | agreement by step | T 1 | {chains} |",
+        "|---|---|---|---|" + "---|" * len(args.depths),
     ]
     for result in results:
         agreement = " ".join(f"{a:.2f}" for a in result["agreement_by_step"])
+        sampled = " ".join(f"{a:.2f}" for a in result["sampled_rank0_by_depth"])
         tokens = " | ".join(f"{v:.2f}" for v in result["chain_tokens_per_step"].values())
-        lines.append(f"| {result['variant']} | {result['steps']} | {agreement} | {tokens} |")
+        lines.append(
+            f"| {result['variant']} | {result['steps']} | {agreement} | {sampled} | {tokens} |"
+        )
     (report_dir / "sweep.md").write_text("\n".join(lines) + "\n")
 
 

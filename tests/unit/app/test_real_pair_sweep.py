@@ -1,12 +1,15 @@
-"""The sweep's variants: parsed into train-draft options, with errors that name the problem."""
+"""The sweep's variants: parsed into train-draft options, with errors that name the problem; its
+report, a row per variant."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 import pytest
 
-from benchmarks.real_pair.sweep import DEFAULT_VARIANTS, parse_variant
+from benchmarks.real_pair.sweep import DEFAULT_VARIANTS, parse_variant, write_report
 from eagletree.app.training.options import TrainOptions
 
 
@@ -43,3 +46,20 @@ def test_the_default_variants_parse_and_fit_one_gpu_call() -> None:
     assert len({v.name for v in variants}) == len(variants)
     # 0.5 min each plus about 3 min to train a missing target must stay within 9 minutes
     assert 0.5 * len(variants) + 3 <= 9
+
+
+def test_the_report_shows_each_variants_agreement_t1_rates_and_chains(tmp_path: Path) -> None:
+    args = argparse.Namespace(minutes=2.0, depths=[3, 5])
+    result = {
+        "variant": "eagle3:norm=target",
+        "steps": 900,
+        "agreement_by_step": [0.7, 0.69],
+        "sampled_rank0_by_depth": [0.48, 0.54],
+        "chain_tokens_per_step": {3: 3.15, 5: 4.02},
+    }
+    write_report(tmp_path, args, [result])
+    table = (tmp_path / "sweep.md").read_text()
+    assert "| variant | steps | agreement by step | T 1 | chain S3 | chain S5 |" in table
+    assert "| eagle3:norm=target | 900 | 0.70 0.69 | 0.48 0.54 | 3.15 | 4.02 |" in table
+    saved = json.loads((tmp_path / "sweep.json").read_text())
+    assert saved["variants"][0]["sampled_rank0_by_depth"] == [0.48, 0.54]
