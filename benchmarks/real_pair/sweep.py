@@ -50,21 +50,18 @@ from eagletree.app.training.losses import LABELS
 from eagletree.app.training.options import TrainOptions
 
 
-def _labels(text: str) -> str:
-    if text not in LABELS:
-        raise ValueError(f"labels={text!r}: expected one of {', '.join(LABELS)}")
-    return text
+def _choice(field: str, *choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"{field}={text!r}: expected one of {', '.join(choices)}")
+        return text
 
-
-def _eagle3_norm(text: str) -> str:
-    if text not in ("ones", "target"):
-        raise ValueError(f"norm={text!r}: expected ones or target")
-    return text
+    return parse
 
 
 # variant field -> (TrainOptions field, "loss." for LossWeights' fields; parser of the value)
 VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "labels": ("loss.labels", _labels),
+    "labels": ("loss.labels", _choice("labels", *LABELS)),
     "lr": ("lr", float),
     "batch": ("batch_size", int),
     "seq_len": ("seq_len", int),
@@ -75,7 +72,8 @@ VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "step_decay": ("loss.step_decay", float),
     "draft_vocab": ("draft_vocab_size", int),
     "aux": ("aux_layers", str),
-    "norm": ("eagle3_norm", _eagle3_norm),
+    "norm": ("eagle3_norm", _choice("norm", "ones", "target")),
+    "lm_head": ("eagle3_lm_head", _choice("lm_head", "trained", "frozen")),
 }
 # one change at a time around the defaults (hard labels, lr 1e-3, batch 64, unroll 4,
 # EAGLE-1 regression 0.2), mostly EAGLE-3's

@@ -129,8 +129,10 @@ class DraftTrainer:
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
-        if options.algorithm != "eagle3" and options.eagle3_norm != "ones":
-            raise ConfigurationError(f"eagle3_norm is EAGLE-3's: leave it for {options.algorithm}")
+        eagle3_only = {"eagle3_norm": "ones", "eagle3_lm_head": "trained"}
+        for name, default in eagle3_only.items():
+            if options.algorithm != "eagle3" and getattr(options, name) != default:
+                raise ConfigurationError(f"{name} is EAGLE-3's: leave it for {options.algorithm}")
         if options.algorithm != "eagle3" and options.aux_layers != "standard":
             raise ConfigurationError(
                 f"--aux-layers chooses EAGLE-3's fused features: drop it for {options.algorithm}"
@@ -189,6 +191,7 @@ class DraftTrainer:
                         " from: start it as ones"
                     )
                 head.norm.weight.copy_(norm.float())
+        head.lm_head.weight.requires_grad_(options.eagle3_lm_head == "trained")
         return head.to(self.device)
 
     def config(self) -> dict[str, Any]:

@@ -56,6 +56,8 @@ class TrainOptions:
     # EAGLE-3's output norm starts as ones, or as the target's final norm, which the lm_head
     # rows it starts from were trained behind
     eagle3_norm: Literal["ones", "target"] = "ones"
+    # EAGLE-3's lm_head (the target's rows of its draft vocabulary at start) trained, or kept
+    eagle3_lm_head: Literal["trained", "frozen"] = "trained"
     held_out_fraction: float = 0.05
     checkpoint_every: int = 0
     resume: bool = False

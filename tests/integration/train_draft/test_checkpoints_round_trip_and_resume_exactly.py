@@ -86,6 +86,24 @@ def test_eagle3s_norm_starts_as_asked_beside_the_targets_lm_head_rows(
 
 
 @pytest.mark.hf
+@pytest.mark.parametrize("lm_head", ["trained", "frozen"])
+def test_eagle3s_lm_head_trains_or_stays_the_targets_rows(
+    pair: Pair, tmp_path: Path, lm_head: Literal["trained", "frozen"]
+) -> None:
+    options = TrainOptions(pair.target, "eagle3", (pair.corpus,), tmp_path / lm_head,
+                           max_steps=3, seq_len=32, eval_prompts=0, draft_vocab_size=DRAFT_VOCAB,
+                           eagle3_lm_head=lm_head)  # fmt: skip
+    trainer = DraftTrainer(options)
+    head = trainer.head
+    assert isinstance(head, Eagle3Head)
+    start = head.lm_head.weight.detach().clone()
+    trainer.train()
+    after = head.lm_head.weight.detach()
+    assert torch.equal(after, start) == (lm_head == "frozen")
+    assert not torch.equal(head.norm.weight.detach(), torch.ones_like(after[0]))  # it trained
+
+
+@pytest.mark.hf
 def test_aux_layers_for_an_eagle1_head_are_refused(
     pair: Pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

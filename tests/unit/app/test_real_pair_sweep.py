@@ -24,6 +24,8 @@ def test_a_variant_changes_only_the_fields_it_names() -> None:
     assert options.loss.regression == base.loss.regression and options.seed == base.seed
     assert parse_variant("eagle:regression=1.0").apply(base).loss.regression == 1.0
     assert parse_variant("eagle").apply(base) == base
+    both = parse_variant("eagle3:norm=target,lm_head=frozen").apply(base)
+    assert (both.eagle3_norm, both.eagle3_lm_head) == ("target", "frozen")
 
 
 @pytest.mark.parametrize(
@@ -34,6 +36,8 @@ def test_a_variant_changes_only_the_fields_it_names() -> None:
         ("eagle3:lr", "'lr' is not FIELD=VALUE"),
         ("eagle3:lr=fast", "lr='fast'"),
         ("eagle3:labels=sof", "expected one of hard, soft, mixed"),
+        ("eagle3:norm=half", "norm='half': expected one of ones, target"),
+        ("eagle3:lm_head=tied", "lm_head='tied': expected one of trained, frozen"),
     ],
 )
 def test_a_bad_variant_is_refused_with_what_is_wrong(text: str, message: str) -> None:
