@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from eagletree.adapters.models.config import ConfigReader
-from eagletree.adapters.models.stack import check_aux_layer_ids, default_aux_layer_ids
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import (
     draft_config,
@@ -35,7 +34,7 @@ from eagletree.app.training.evaluation import Evaluation, evaluate
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
 from eagletree.app.training.objective import Objective
-from eagletree.app.training.options import TrainOptions
+from eagletree.app.training.options import TrainOptions, aux_layer_ids
 from eagletree.app.training.progress import ProgressLine
 from eagletree.app.training.target_features import HFTarget
 from eagletree.app.training.vocab import VocabMap, choose_draft_vocab, token_counts, vocab_map
@@ -68,28 +67,6 @@ def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
     warmup = min(1.0, (step + 1) / max(options.warmup_steps, 1))
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return options.lr * warmup * (MIN_LR_RATIO + (1 - MIN_LR_RATIO) * cosine)
-
-
-AUX_LAYER_PRESETS = ("standard", "last")
-
-
-def aux_layer_ids(spec: str, num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's capture layers from ``--aux-layers``: ``standard`` the inputs of layers 2, L/2
-    and L−3 (SafeAILab's and SGLang's), ``last`` those of 2 and L/2 and the last layer's output
-    (id L), or comma-separated ids (layer i's input; L the output). A target too shallow for a
-    preset gets the nearest layers that exist."""
-    if spec in AUX_LAYER_PRESETS:
-        standard: tuple[int, ...] = default_aux_layer_ids(num_layers)
-        ids = standard if spec == "standard" else (*standard[:2], num_layers)
-        return tuple(min(max(i, 0), num_layers) for i in ids)
-    try:
-        ids = tuple(int(part) for part in spec.split(","))
-        return check_aux_layer_ids(ids, num_layers)
-    except ValueError as error:
-        raise ConfigurationError(
-            f"--aux-layers {spec!r}: give {' or '.join(AUX_LAYER_PRESETS)}, or layer ids"
-            f" 0..{num_layers} separated by commas ({error})"
-        ) from None
 
 
 def _save_dtype(reader: ConfigReader) -> torch.dtype:

@@ -1,4 +1,5 @@
-"""App: what one `train-draft` run is asked to do — target, data, head, schedule, evaluation.
+"""App: what one `train-draft` run is asked to do — target, data, head, schedule, evaluation —
+and EAGLE-3's capture layers named by ``--aux-layers`` (``aux_layer_ids``).
 
 Batch and window default per device (``DEVICE_DEFAULTS``): the GPU defaults are the recipe that
 reached 0.75 top-1 agreement at every unrolled step in about two minutes on an H200
@@ -11,9 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, NamedTuple
 
+from eagletree.adapters.models.stack import check_aux_layer_ids, default_aux_layer_ids
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import Algorithm
 from eagletree.app.training.objective import LossWeights
+from eagletree.domain.errors import ConfigurationError
 
 
 class DeviceDefaults(NamedTuple):
@@ -83,3 +86,25 @@ class TrainOptions:
     def window(self) -> int:
         """Tokens per sequence: the option, else the device's default."""
         return device_defaults(self.device).seq_len if self.seq_len is None else self.seq_len
+
+
+AUX_LAYER_PRESETS = ("standard", "last")
+
+
+def aux_layer_ids(spec: str, num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's capture layers from ``--aux-layers``: ``standard`` the inputs of layers 2, L/2
+    and L−3 (SafeAILab's and SGLang's), ``last`` those of 2 and L/2 and the last layer's output
+    (id L), or comma-separated ids (layer i's input; L the output). A target too shallow for a
+    preset gets the nearest layers that exist."""
+    if spec in AUX_LAYER_PRESETS:
+        standard: tuple[int, ...] = default_aux_layer_ids(num_layers)
+        ids = standard if spec == "standard" else (*standard[:2], num_layers)
+        return tuple(min(max(i, 0), num_layers) for i in ids)
+    try:
+        ids = tuple(int(part) for part in spec.split(","))
+        return check_aux_layer_ids(ids, num_layers)
+    except ValueError as error:
+        raise ConfigurationError(
+            f"--aux-layers {spec!r}: give {' or '.join(AUX_LAYER_PRESETS)}, or layer ids"
+            f" 0..{num_layers} separated by commas ({error})"
+        ) from None

@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.domain.tree import TreeMaskMode
+
 if TYPE_CHECKING:
+    from eagletree.domain.draft_shape import DraftShape
     from eagletree.domain.request import Request
 
 
@@ -145,3 +148,21 @@ class DraftLag:
     def clear(self, rows: torch.Tensor) -> None:
         """The draft has read every pair of ``rows`` (a catch-up, or a prefill's new state)."""
         self.count.index_fill_(0, rows, 0)  # a fill, not a host scalar copied in a graph
+
+
+# the most plain steps whose tokens the draft leaves unread (docs/speculative.md): while steps
+# are launch-bound a catch-up costs one draft forward whatever its width, so the more plain
+# steps share it the less each pays; the buffer holds that many target features per row
+# (100 MB for 256 rows of a Llama-3-8B EAGLE-3 target's 3 x 4096 bf16 aux states)
+MAX_LAG = 16
+
+
+def lag_width(shapes: Sequence[DraftShape], mask_mode: TreeMaskMode) -> int:
+    """How many plain steps' tokens a row's draft may leave unread: up to ``MAX_LAG``, within the
+    widest window a step may write past the committed length (the slots the scheduler keeps
+    backed there hold the catch-up's draft KV); 1 — a catch-up every plain step — where the
+    tree mask is sized from the host's lengths (``FULL_MASK``), which a catch-up starting
+    behind them does not have."""
+    if mask_mode is not TreeMaskMode.QLEN_ONLY:
+        return 1
+    return min(MAX_LAG, max(s.window_len for s in shapes))

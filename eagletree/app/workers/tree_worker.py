@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from eagletree.app.workers.draft_extender import DraftExtender
-from eagletree.app.workers.draft_state import DraftStateStore
-from eagletree.app.workers.speculative_worker import SpeculativeWorker, lag_width
+from eagletree.app.workers.draft_state import DraftStateStore, lag_width
+from eagletree.app.workers.speculative_worker import SpeculativeWorker
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_drafter import TreeDrafter
 from eagletree.domain.draft_shape import DraftShape

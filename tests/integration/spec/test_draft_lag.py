@@ -12,8 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from eagletree.app.workers.draft_state import DraftLag
-from eagletree.app.workers.speculative_worker import lag_width
+from eagletree.app.workers.draft_state import DraftLag, lag_width
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams

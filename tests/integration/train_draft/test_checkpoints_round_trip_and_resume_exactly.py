@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from eagletree.adapters.models.eagle3 import Eagle3Draft
 from eagletree.adapters.models.loading import load_models
 from eagletree.app.cli.main import main
-from eagletree.app.training.draft_trainer import DraftTrainer, aux_layer_ids
+from eagletree.app.training.draft_trainer import DraftTrainer
 from eagletree.app.training.heads import Eagle3Head
-from eagletree.app.training.options import TrainOptions
+from eagletree.app.training.options import TrainOptions, aux_layer_ids
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.train_draft.pair import DRAFT_VOCAB, SPEC, Pair, train
 
