@@ -99,9 +99,11 @@ class LearnedCosts:
     steps. A (shape, bucket, sampling) that ran is priced by the smoothed seconds it took,
     starting from its estimate as one sample; one that has not, by its measured seconds plus
     the excess of observed over measured seconds at its bucket and sampling (smoothed over
-    whatever ran there: the host's share is additive). A step that took more than ``clip``
-    times its estimate counts as that (an engine that waited between two steps); ``weight``:
-    how fast an average follows a change.
+    whatever ran there: the host's share is additive), or where nothing ran there yet, at the
+    nearest bucket where something did (the host's share changes slowly with the batch, and a
+    serving batch moves between buckets as requests come and go). A step that took more than
+    ``clip`` times its estimate counts as that (an engine that waited between two steps);
+    ``weight``: how fast an average follows a change.
     """
 
     def __init__(self, measured: StepCosts, *, weight: float = 0.1, clip: float = 3.0) -> None:
@@ -110,6 +112,8 @@ class LearnedCosts:
         self._clip = clip
         self._observed: dict[tuple[DraftShape, int, bool], _Smoothed] = {}
         self._excess: dict[tuple[int, bool], _Smoothed] = {}
+        # per (bucket, sampling) the excess it borrows, found once per new observed bucket
+        self._borrowed: dict[tuple[int, bool], _Smoothed | None] = {}
         # the bucket of every batch size up to the largest (read a few times every step)
         largest = measured.buckets[-1]
         self._bucket_of = [bucket_for(size, measured.buckets) for size in range(largest + 1)]
@@ -135,15 +139,32 @@ class LearnedCosts:
         value = min(seconds / rows, self._clip * estimate)
         observed = self._observed.setdefault(key, _Smoothed(estimate, 1))
         observed.add(value, self._weight)
-        excess = self._excess.setdefault(key[1:], _Smoothed(0.0))
+        excess = self._excess.get(key[1:])
+        if excess is None:
+            excess = self._excess[key[1:]] = _Smoothed(0.0)
+            self._borrowed.clear()
         excess.add(value - self.measured.seconds[key], self._weight)
 
     def _per_bucket(self, key: tuple[DraftShape, int, bool]) -> float:
         observed = self._observed.get(key)
         if observed is not None:
             return observed.mean
-        excess = self._excess.get(key[1:])
+        excess = self._excess_at(key[1], key[2])
         return self.measured.seconds[key] + (0.0 if excess is None else excess.mean)
+
+    def _excess_at(self, bucket: int, sampled: bool) -> _Smoothed | None:
+        """The excess seen at ``bucket``, else at the nearest bucket where a step of that
+        sampling ran (the smaller of two as near), else None."""
+        own = self._excess.get((bucket, sampled))
+        if own is not None:
+            return own
+        if (bucket, sampled) not in self._borrowed:
+            seen = [b for b, s in self._excess if s == sampled]
+            nearest = min(seen, key=lambda b: (abs(b - bucket), b), default=None)
+            self._borrowed[(bucket, sampled)] = (
+                None if nearest is None else self._excess[(nearest, sampled)]
+            )
+        return self._borrowed[(bucket, sampled)]
 
     def _key(
         self, shape: DraftShape, batch_size: int, sampled: bool

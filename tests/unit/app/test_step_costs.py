@@ -39,13 +39,31 @@ def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess(
     # unobserved shapes at that bucket and sampling pay the excess seen there (2 − 1)
     assert costs.of(CHAIN, 1, False) == pytest.approx(3.0)
     assert costs.of(TREE, 1, False) == pytest.approx(4.0)
-    # other buckets and the other sampling are untouched
-    assert costs.of(CHAIN, 8, False) == 4.0
+    # the other sampling is untouched
     assert costs.of(CHAIN, 1, True) == 2.5
     costs.record(CHAIN, 1, False, 2.0)  # the chain was cheaper than its estimate (3)
     assert costs.of(CHAIN, 1, False) == pytest.approx(2.5)
     # the excess: 1 (plain's), then chain's 0 (2 − 2) with weight 1/2: 0.5
     assert costs.of(TREE, 1, False) == pytest.approx(3.5)
+
+
+def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None:
+    buckets = (1, 8, 16, 32)
+    measured = StepCosts(
+        buckets,
+        {(s, b, sampled): 1.0 + SHAPES.index(s) for s in SHAPES for b in buckets
+         for sampled in (False, True)},
+    )  # fmt: skip
+    costs = LearnedCosts(measured, weight=0.5)
+    costs.record(PLAIN, 32, False, 3.0)  # excess 2.0 at bucket 32
+    assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 2.0)  # the only one seen
+    costs.record(PLAIN, 1, False, 1.5)  # excess 0.5 at bucket 1
+    assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 0.5)  # 1 is nearer than 32
+    assert costs.of(CHAIN, 24, False) == pytest.approx(2.0 + 2.0)  # bucket 32
+    assert costs.of(CHAIN, 16, True) == 2.0  # nothing sampled ran anywhere
+    costs.record(TREE, 16, False, 4.0)  # now bucket 16 has its own: 1.0
+    assert costs.of(CHAIN, 16, False) == pytest.approx(2.0 + 1.0)
+    assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 0.5)  # 8 − 1 < 16 − 8
 
 
 def test_repeated_steps_converge_on_what_they_take() -> None:
