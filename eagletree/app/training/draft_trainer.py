@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -55,6 +55,14 @@ class TrainReport:
     @property
     def acceptance(self) -> list[acceptance_row.AcceptanceRow]:
         return self.evaluation.acceptance
+
+
+# the options only an EAGLE-3 head reads, and how a refusal names each
+_EAGLE3_OPTIONS = {
+    "aux_layers": "--aux-layers chooses EAGLE-3's fused features",
+    "eagle3_norm": "eagle3_norm is EAGLE-3's",
+    "eagle3_lm_head": "eagle3_lm_head is EAGLE-3's",
+}
 
 
 def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
@@ -106,14 +114,11 @@ class DraftTrainer:
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
-        eagle3_only = {"eagle3_norm": "ones", "eagle3_lm_head": "trained"}
-        for name, default in eagle3_only.items():
-            if options.algorithm != "eagle3" and getattr(options, name) != default:
-                raise ConfigurationError(f"{name} is EAGLE-3's: leave it for {options.algorithm}")
-        if options.algorithm != "eagle3" and options.aux_layers != "standard":
-            raise ConfigurationError(
-                f"--aux-layers chooses EAGLE-3's fused features: drop it for {options.algorithm}"
-            )
+        if options.algorithm != "eagle3":  # EAGLE-3's options left at their defaults
+            defaults = {f.name: f.default for f in fields(TrainOptions)}
+            for name, what in _EAGLE3_OPTIONS.items():
+                if getattr(options, name) != defaults[name]:
+                    raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
         if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options

@@ -192,12 +192,8 @@ class AdaptiveShapes:
         elif choice.is_plain and self._probe_due(bands):
             drafting = [i for i, shape in enumerate(self.shapes) if not shape.is_plain]
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
-                choice = self._probe = choose_shape(
-                    [self.shapes[i] for i in drafting],
-                    [seconds[i] for i in drafting],
-                    [per_shape[i] for i in drafting],
-                    counts=groups,
-                ).shape
+                best = max(drafting, key=lambda i: (chosen.rates[i], -i))
+                choice = self._probe = self.shapes[best]
         elif self._explore_due():
             choice = self._untried_near(chosen, len(decode), sampled) or choice
         return choice

@@ -29,15 +29,6 @@ class StepCosts:
     buckets: tuple[int, ...]
     seconds: Mapping[tuple[DraftShape, int, bool], float]
 
-    def of(self, shape: DraftShape, batch_size: int, sampled: bool) -> float:
-        """The step time of ``batch_size`` requests: its bucket's, or above the largest bucket
-        the largest's scaled by the rows (an eager step past the graphs is at least that)."""
-        bucket = bucket_for(batch_size, self.buckets)
-        if bucket is None:
-            largest = self.buckets[-1]
-            return self.seconds[(shape, largest, sampled)] * batch_size / largest
-        return self.seconds[(shape, bucket, sampled)]
-
     def amortised(self, shape: DraftShape, once: StepCosts, every: int) -> StepCosts:
         """These costs with ``shape``'s step replaced by the mean over ``every`` steps of which
         one costs ``once``'s (same buckets) and the rest this table's: a run of plain steps that
@@ -170,7 +161,8 @@ class LearnedCosts:
         self, shape: DraftShape, batch_size: int, sampled: bool
     ) -> tuple[tuple[DraftShape, int, bool], float]:
         """The table's key for a step and the factor its time is the bucket's by: 1 within the
-        buckets; above the largest, its rows over the largest's (``StepCosts.of``)."""
+        buckets; above the largest, its rows over the largest's (an eager step past the graphs
+        costs at least that)."""
         if batch_size >= len(self._bucket_of):
             largest = self.buckets[-1]
             return (shape, largest, sampled), batch_size / largest
