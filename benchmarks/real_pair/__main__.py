@@ -105,7 +105,9 @@ def prepare_pair(args: argparse.Namespace, report: PairReport) -> PreparedPair:
     _train_target(args, report, tokenizer, train_tokens, held_tokens)
     corpus = args.out / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
-    texts = prefix_by_size([t for _, t in train_files], args.draft_data_mb)
+    texts = [t for _, t in train_files]
+    if args.draft_data_mb is not None:
+        texts = prefix_by_size(texts, args.draft_data_mb)
     _write_jsonl(corpus / "draft_train.jsonl", texts)
     _write_jsonl(corpus / "held_out.jsonl", [t for _, t in held_files])
     return PreparedPair(tokenizer, held_tokens, corpus / "draft_train.jsonl")

@@ -25,7 +25,8 @@ def parser() -> argparse.ArgumentParser:
     add("--source-dir", type=Path, action="append", default=[], help="more .py roots")
     add("--corpus-mb", type=float, default=48.0, help="source text read (training + held out)")
     add("--tokenizer-mb", type=float, default=12.0, help="text the BPE tokenizer is trained on")
-    add("--draft-data-mb", type=float, default=16.0, help="text the draft heads train on")
+    add("--draft-data-mb", type=float,
+        help="text the draft heads train on (default: all the target's training text)")  # fmt: skip
     add("--vocab-size", type=int, default=16384)
     add("--hidden-size", type=int, default=768)
     add("--intermediate-size", type=int, default=2048)

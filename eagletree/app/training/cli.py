@@ -149,6 +149,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+# passes over the training text past which the summary suggests more text
+MANY_PASSES = 3
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -195,7 +199,15 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigurationError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"{options.algorithm} head: {report.out} ({report.steps} steps, {report.seconds:.0f} s)")
+    print(
+        f"{options.algorithm} head: {report.out} ({report.steps} steps, {report.seconds:.0f} s,"
+        f" {report.epochs:.1f} passes over {report.train_tokens:,} tokens of training text)"
+    )
+    if report.epochs > MANY_PASSES:
+        print(
+            f"note: past {MANY_PASSES} passes a head learns its training windows more than the"
+            " target; more text (--data) would raise its held-out agreement"
+        )
     if report.acceptance:
         print(markdown_table(report.acceptance), end="")
     return 0

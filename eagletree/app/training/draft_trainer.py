@@ -51,10 +51,19 @@ class TrainReport:
     seconds: float
     evaluation: Evaluation
     out: Path
+    train_tokens: int  # the training text's length, in tokens
+    tokens_seen: int  # the tokens of every batch trained on
 
     @property
     def acceptance(self) -> list[acceptance_row.AcceptanceRow]:
         return self.evaluation.acceptance
+
+    @property
+    def epochs(self) -> float:
+        """How many times the training text was passed over: past a few, a head learns its
+        windows rather than the target (held-out agreement falls behind the training
+        batches')."""
+        return self.tokens_seen / max(self.train_tokens, 1)
 
 
 # the options only an EAGLE-3 head reads, and how a refusal names each
@@ -233,25 +242,9 @@ class DraftTrainer:
         self.head.train()
         while not self._done():
             started = time.perf_counter()
-            lr = learning_rate(options, self.step, self.elapsed_s)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.optimizer.zero_grad(set_to_none=True)
-            loss_sum, num_tokens, accs = 0.0, 0, []
-            for micro in range(options.grad_accum):
-                batch = self.corpus.sampler.batch(self.step * options.grad_accum + micro)
-                result = self.objective(batch)
-                torch.autograd.backward(result.loss / options.grad_accum)
-                # SYNC: the loss value for the display, once per micro-batch
-                loss_sum += float(result.loss.detach()) / options.grad_accum
-                num_tokens += result.num_tokens
-                accs.append(result.accuracy)
-            nn.utils.clip_grad_norm_(self.head.parameters(), options.grad_clip)
-            self.optimizer.step()
-            self.step += 1
+            loss_sum, accuracy, num_tokens = self.train_step()
             self.elapsed_s += time.perf_counter() - started
             losses.append(loss_sum)
-            accuracy = tuple(sum(a) / len(a) for a in zip(*accs, strict=True))
             progress.update(self.step, loss_sum, accuracy, num_tokens)
             if options.checkpoint_every and self.step % options.checkpoint_every == 0:
                 self.save(step_dir(options.out, self.step), with_state=True)
@@ -259,9 +252,41 @@ class DraftTrainer:
         self.head.eval()
         self.save(options.out, with_state=False)
         evaluation = self.evaluate()
-        report = TrainReport(self.step, losses, accuracy, self.elapsed_s, evaluation, options.out)
+        report = TrainReport(
+            self.step,
+            losses,
+            accuracy,
+            self.elapsed_s,
+            evaluation,
+            options.out,
+            train_tokens=int(self.corpus.train.numel()),
+            tokens_seen=self.step * options.grad_accum * options.batch * options.window,
+        )
         _write_report(report, options)
         return report
+
+    def train_step(self) -> tuple[float, tuple[float, ...], int]:
+        """One optimizer step over ``grad_accum`` micro-batches: (loss, top-1 agreement per
+        unrolled step, tokens)."""
+        options = self.options
+        lr = learning_rate(options, self.step, self.elapsed_s)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, num_tokens, accs = 0.0, 0, []
+        for micro in range(options.grad_accum):
+            batch = self.corpus.sampler.batch(self.step * options.grad_accum + micro)
+            result = self.objective(batch)
+            torch.autograd.backward(result.loss / options.grad_accum)
+            # SYNC: the loss value for the display, once per micro-batch
+            loss_sum += float(result.loss.detach()) / options.grad_accum
+            num_tokens += result.num_tokens
+            accs.append(result.accuracy)
+        nn.utils.clip_grad_norm_(self.head.parameters(), options.grad_clip)
+        self.optimizer.step()
+        self.step += 1
+        accuracy = tuple(sum(a) / len(a) for a in zip(*accs, strict=True))
+        return loss_sum, accuracy, num_tokens
 
     def evaluate(self) -> Evaluation:
         draft_to_target = None if self.vocab is None else self.vocab.target_ids
@@ -279,6 +304,8 @@ def _write_report(report: TrainReport, options: TrainOptions) -> None:
         "data": [str(p) for p in options.data],
         "steps": report.steps,
         "seconds": report.seconds,
+        "train_tokens": report.train_tokens,
+        "epochs": report.epochs,
         "losses": report.losses,  # this run's, one per optimizer step
         **report.evaluation.as_dict(report.accuracy),
     }
