@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
@@ -81,6 +82,17 @@ class FixedShape:
         return None
 
 
+@dataclass(slots=True)
+class _Pricing:
+    """One pricing of the candidates for a batch, and the steps it has stood for."""
+
+    choice: ShapeChoice
+    bands: list[str]
+    sampled: bool
+    batch_size: int
+    age: int = 0
+
+
 def temperature_band(request: Request) -> str:
     """The class whose acceptance a request shares: greedy, or its temperature's band."""
     temperature = request.params.temperature
@@ -103,7 +115,10 @@ class AdaptiveShapes:
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
     ``explore_every`` steps a close runner-up never timed at the batch's size runs once
-    (``_untried_near``).
+    (``_untried_near``). The shapes are priced again every ``reprice_every`` steps, when the
+    batch's size changes and after a probe is read back; in between the last pricing stands
+    (pricing every candidate is most of the policy's host time, and a step's estimates move
+    by one smoothed sample).
     """
 
     observes = True
@@ -119,8 +134,9 @@ class AdaptiveShapes:
         refresh_steps: int = 4,
         probe_every: int = 16,
         observe_per_step: int = 8,
-        explore_every: int = 32,
+        explore_every: int = 8,
         explore_margin: float = 0.2,
+        reprice_every: int = 4,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -147,6 +163,8 @@ class AdaptiveShapes:
         self._explore_margin = explore_margin
         self._unexplored_steps = 0
         self._observed_steps = 0
+        self._reprice_every = reprice_every
+        self._priced: _Pricing | None = None
 
     @property
     def costs(self) -> LearnedCosts | None:
@@ -176,16 +194,11 @@ class AdaptiveShapes:
         costs = self._costs
         if not decode or costs is None:
             return self._current
-        counts = Counter(temperature_band(r) for r in decode)
-        bands = list(counts)
-        expected = [self._expected_of(band) for band in bands]
-        per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
-        sampled = any(band != "greedy" for band in bands)
-        seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        groups = [counts[band] for band in bands]
-        chosen = choose_shape(
-            self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
-        )
+        priced = self._priced
+        if priced is None or priced.batch_size != len(decode) or priced.age >= self._reprice_every:
+            priced = self._priced = self._price(decode, costs)
+        priced.age += 1
+        chosen, bands, sampled = priced.choice, priced.bands, priced.sampled
         choice = self._current = chosen.shape
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
@@ -197,6 +210,19 @@ class AdaptiveShapes:
         elif self._explore_due():
             choice = self._untried_near(chosen, len(decode), sampled) or choice
         return choice
+
+    def _price(self, decode: Sequence[Request], costs: LearnedCosts) -> _Pricing:
+        counts = Counter(temperature_band(r) for r in decode)
+        bands = list(counts)
+        expected = [self._expected_of(band) for band in bands]
+        per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
+        sampled = any(band != "greedy" for band in bands)
+        seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
+        groups = [counts[band] for band in bands]
+        chosen = choose_shape(
+            self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
+        )
+        return _Pricing(chosen, bands, sampled, len(decode))
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""
@@ -270,6 +296,7 @@ class AdaptiveShapes:
             self._stale[band] += 1
             if probed:  # what the probe learned decides the next step
                 self._stale[band] = self._refresh_threshold(band)
+                self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every
 

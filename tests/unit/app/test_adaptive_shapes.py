@@ -37,7 +37,9 @@ def _requests(temperatures: Sequence[float]) -> list[Request]:
 
 def test_a_mixed_batch_is_priced_per_band_as_the_sum_over_its_requests() -> None:
     greedy, hot = RankProfile(((0.9,),)), RankProfile(((0.1,),))
-    policy = AdaptiveShapes(SHAPES, head_priors={"greedy": greedy, "sampled": hot}, hysteresis=0)
+    policy = AdaptiveShapes(
+        SHAPES, head_priors={"greedy": greedy, "sampled": hot}, hysteresis=0, reprice_every=1
+    )
     policy.use_costs(COSTS)
     # per request the chain commits 1 + E accepted; E from each band's prior
     e_greedy, e_hot = expected_accepted(CHAIN, greedy), expected_accepted(CHAIN, hot)
@@ -126,7 +128,7 @@ def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.Mon
         return expected_accepted(shape, profile)
 
     monkeypatch.setattr(module, "expected_accepted", counted)
-    policy = AdaptiveShapes(SHAPES, refresh_steps=2)
+    policy = AdaptiveShapes(SHAPES, refresh_steps=2, reprice_every=1)
     policy.use_costs(COSTS)
     batch = _requests([0.0])
     computations = []
@@ -146,7 +148,7 @@ def test_plain_steps_that_cost_more_than_measured_make_drafting_pay() -> None:
     # pay, which a chain step pays as well): 1.8 / 2.6 > 1 / 1.6
     prior = RankProfile(((0.8, 0.1), (0.0,)))
     assert 1 + expected_accepted(CHAIN, prior) == pytest.approx(1.8)
-    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000)
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000, reprice_every=1)
     policy.use_costs(COSTS)
     batch = _requests([1.0] * 8)
     assert policy.choose(batch) == PLAIN
@@ -187,3 +189,22 @@ def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     assert ran[-8:] == [CHAIN] * 8 and PLAIN not in ran
     assert policy.costs is not None
     assert policy.costs.of(CHAIN, 1, False) == pytest.approx(2.0, rel=0.05)
+
+
+def test_a_pricing_stands_for_reprice_every_steps_of_one_batch_size() -> None:
+    # as in the test above, plain steps turn out to cost 1.6: the chain pays from then on
+    prior = RankProfile(((0.8, 0.1), (0.0,)))
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000)
+    policy.use_costs(COSTS)
+    batch = _requests([1.0] * 8)
+    assert policy.choose(batch) == PLAIN
+    for _ in range(40):
+        policy.observe_time(PLAIN, len(batch), True, 1.6)
+    # a batch of another size is priced at once; the same size after 4 steps of a pricing
+    assert policy.choose(batch[:7]) == CHAIN
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000)
+    policy.use_costs(COSTS)
+    assert policy.choose(batch) == PLAIN
+    for _ in range(40):
+        policy.observe_time(PLAIN, len(batch), True, 1.6)
+    assert [policy.choose(batch) for _ in range(4)] == [PLAIN] * 3 + [CHAIN]
