@@ -138,11 +138,27 @@ def test_a_second_run_reuses_the_preset_checkpoint_and_matches_transformers(
     assert "| 1 | " in out and out.rstrip().endswith("| yes |")
 
 
+def test_repeats_measure_each_row_over_that_many_windows(
+    report: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint: Path = report["checkpoint"]
+    argv = tiny_run(checkpoint.parent, "--configs", "plain", "--batch-sizes", "2",
+                    "--repeats", "3", "--out", str(checkpoint.parent / "repeats"))  # fmt: skip
+    status, _, err = bench(argv, capsys)
+    assert status == 0, err
+    (row,) = json.loads((checkpoint.parent / "repeats.json").read_text())["rows"]
+    once = next(r for r in report["json"]["rows"] if (r["config"], r["batch_size"]) == ("plain", 2))
+    # three windows of 4 tokens for 2 requests, one step a token: three times one window's
+    assert (row["num_tokens"], row["num_steps"]) == (3 * once["num_tokens"], 3 * once["num_steps"])
+    assert len(row["step_ms"]) == row["num_steps"]
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [
         (["--configs", "tree:S5,k4"], 2, "bad --configs item 'tree:S5,k4': "),
         (["--batch-sizes", "0"], 2, "--batch-sizes must be at least 1"),
+        (["--repeats", "0"], 2, "--repeats must be at least 1"),
         (["--preset", "huge"], 2, "invalid choice: 'huge'"),
         (["--new-tokens", "many"], 2, "invalid int value: 'many'"),
         (["--draft-dir", "x"], 2, "--draft-dir needs --target"),

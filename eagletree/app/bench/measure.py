@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eagletree.app.bench.lockstep import ALONE, Lockstep
@@ -72,6 +72,24 @@ class DecodeMeasurement:
     @property
     def ms_per_step(self) -> float:
         return 1000.0 * self.seconds / self.num_steps if self.num_steps else 0.0
+
+
+def merged(windows: Sequence[DecodeMeasurement]) -> DecodeMeasurement:
+    """Windows of one batch size measured as one: their steps, tokens and seconds summed, the
+    tokens per step over all steps, the first window's profile and data-parallel shares."""
+    first = windows[0]
+    num_steps = sum(w.num_steps for w in windows)
+    reasons = [w.ended_early_reason for w in windows if w.ended_early_reason is not None]
+    return replace(
+        first,
+        num_steps=num_steps,
+        num_tokens=sum(w.num_tokens for w in windows),
+        seconds=sum(w.seconds for w in windows),
+        tokens_per_step=sum(w.tokens_per_step * w.num_steps for w in windows) / max(num_steps, 1),
+        num_ended_early=sum(w.num_ended_early for w in windows),
+        ended_early_reason=reasons[0] if reasons else None,
+        step_seconds=tuple(t for w in windows for t in w.step_seconds),
+    )
 
 
 def measure_decode(

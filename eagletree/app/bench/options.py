@@ -164,6 +164,14 @@ def parser() -> argparse.ArgumentParser:
         help=f"timed, per request {_by_checkpoint('new_tokens')}",
     )
     runs.add_argument("--warmup-steps", type=int, default=2, metavar="N")
+    runs.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="windows per batch size and temperature, each on another draw of prompts, measured"
+        " as one (a sampled bs-1 row is otherwise one random continuation)",
+    )
     runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
     runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
     runs.add_argument(
@@ -226,6 +234,7 @@ def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ("--prompt-len", [args.prompt_len], 1),
         ("--new-tokens", [args.new_tokens], 1),
         ("--warmup-steps", [args.warmup_steps], 0),
+        ("--repeats", [args.repeats], 1),
         ("--profile-steps", [args.profile_steps], 0),
         ("--arrivals", [] if args.arrivals is None else [args.arrivals], 1),
         ("--num-arrivals", [args.num_arrivals], 1),

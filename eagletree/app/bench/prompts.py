@@ -35,9 +35,10 @@ class BenchPrompts:
         """Non-overlapping windows of the documents: the most prompts one batch can take."""
         return sum(len(d) // self.prompt_len for d in self.documents)
 
-    def batch(self, count: int, vocab_size: int) -> list[list[int]]:
-        """``count`` distinct prompts of ``prompt_len`` tokens, the same for the same count."""
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + count)
+    def batch(self, count: int, vocab_size: int, draw: int = 0) -> list[list[int]]:
+        """``count`` distinct prompts of ``prompt_len`` tokens, the same for the same count and
+        ``draw`` (another draw: another choice of windows)."""
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + count + 7_919 * draw)
         if not self.documents:
             ids = torch.randint(0, vocab_size, (count, self.prompt_len), generator=generator)
             prompts: list[list[int]] = ids.tolist()

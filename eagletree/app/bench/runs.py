@@ -111,7 +111,7 @@ def _measure_windows(
 ) -> list[BenchRow]:
     """One engine's decode windows at every temperature and batch size; an adaptive engine's
     rows name the shape it ran most in each window."""
-    from eagletree.app.bench.measure import measure_decode
+    from eagletree.app.bench.measure import measure_decode, merged
     from eagletree.app.bench.progress import ProgressBar
     from eagletree.app.parallel.router import route_by_load
 
@@ -120,24 +120,36 @@ def _measure_windows(
         for bs in args.batch_sizes:
             sampled = f" T {temperature:g}" if temperature else ""
             bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}{sampled}", args.new_tokens)
-            batch = prompts.batch(bs, engine.vocab_size)
-            # the router's placement of the batch over idle replicas, the same on every rank
-            placement = route_by_load([len(p) for p in batch], [0] * lockstep.size)
             chosen = _choices(engine)
             chosen_before = Counter(chosen)
-            m = measure_decode(
-                engine,
-                [prompt for prompt, r in zip(batch, placement, strict=True) if r == replica],
-                new_tokens=args.new_tokens,
-                max_tokens_per_step=config.max_tokens_per_step,
-                warmup_steps=args.warmup_steps,
-                profile_steps=args.profile_steps,
-                cuda=plan.cuda,
-                on_tokens=bar.update,
-                lockstep=lockstep,
-                trace=_trace_path(args.trace, config.name, bs) if replica == 0 else None,
-                temperature=temperature,
-            )
+            windows = []
+            for draw in range(args.repeats):
+                batch = prompts.batch(bs, engine.vocab_size, draw)
+                # the router's placement of the batch over idle replicas, the same on every rank
+                placement = route_by_load([len(p) for p in batch], [0] * lockstep.size)
+                first = draw == 0
+                windows.append(
+                    measure_decode(
+                        engine,
+                        [
+                            prompt
+                            for prompt, r in zip(batch, placement, strict=True)
+                            if r == replica
+                        ],
+                        new_tokens=args.new_tokens,
+                        max_tokens_per_step=config.max_tokens_per_step,
+                        warmup_steps=args.warmup_steps,
+                        profile_steps=args.profile_steps if first else 0,
+                        cuda=plan.cuda,
+                        on_tokens=bar.update,
+                        lockstep=lockstep,
+                        trace=_trace_path(args.trace, config.name, bs)
+                        if replica == 0 and first
+                        else None,
+                        temperature=temperature,
+                    )
+                )
+            m = merged(windows)
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
             ran = (Counter(chosen) - chosen_before).most_common()
             row = _row(config.name, m, temperature, ran[0][0].label if ran else None)

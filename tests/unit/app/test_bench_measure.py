@@ -230,3 +230,17 @@ def test_what_the_step_before_the_window_runs_on_the_device_is_not_counted() -> 
     # without any launch call (a CPU profile) nothing is dropped
     cpu_only = [_event("aten::mm", 0, 1), _event("aten::add", 1, 2)]
     assert launched_in_window(cpu_only) == cpu_only
+
+
+def test_windows_measured_as_one_sum_their_steps_and_weigh_acceptance_by_steps() -> None:
+    from eagletree.app.bench.measure import merged
+
+    first = DecodeMeasurement(2, 10, 60, 0.5, 3.0, None, step_seconds=(0.05,) * 10)
+    second = DecodeMeasurement(2, 30, 100, 1.5, 5.0 / 3.0, None, num_ended_early=1,
+                               ended_early_reason="eos", step_seconds=(0.05,) * 30)  # fmt: skip
+    m = merged([first, second])
+    assert (m.num_steps, m.num_tokens, m.seconds) == (40, 160, 2.0)
+    assert m.tokens_per_step == pytest.approx((10 * 3.0 + 30 * 5.0 / 3.0) / 40)  # 2.0
+    assert m.tokens_per_s == pytest.approx(80.0) and m.ms_per_step == pytest.approx(50.0)
+    assert (m.num_ended_early, m.ended_early_reason) == (1, "eos")
+    assert len(m.step_seconds) == 40 and m.batch_size == 2

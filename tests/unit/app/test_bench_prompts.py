@@ -94,6 +94,11 @@ def test_the_prompts_depend_only_on_the_seed_and_the_number_of_prompts(
     assert random_ids.batch(3, VOCAB) == BenchPrompts(8, 1).batch(3, VOCAB)
     assert random_ids.batch(3, VOCAB) != BenchPrompts(8, 2).batch(3, VOCAB)
     assert all(len(p) == 8 and all(0 <= t < VOCAB for t in p) for p in random_ids.batch(3, VOCAB))
+    # another draw is another choice of windows; draw 0 is the default
+    assert first.batch(4, VOCAB, draw=0) == first.batch(4, VOCAB)
+    assert first.batch(4, VOCAB, draw=1) != first.batch(4, VOCAB)
+    assert first.batch(4, VOCAB, draw=1) == again.batch(4, VOCAB, draw=1)
+    assert random_ids.batch(3, VOCAB, draw=1) != random_ids.batch(3, VOCAB)
 
 
 def test_fewer_documents_than_requests_give_non_overlapping_windows() -> None:
