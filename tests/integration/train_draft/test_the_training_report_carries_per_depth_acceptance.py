@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.train_draft.pair import Trained
+from eagletree.adapters.text.documents import read_documents
+from eagletree.app.training.data import ByteTokenizer, split_documents, tokenize
+from tests.integration.train_draft.pair import Pair, Trained
 
 # fp32 on the CPU: the engine's KV-cached, batched forward and the unroll differ by rounding
 # only, so a near tie can flip a draft token; over 6 prompts × 32 tokens that moves tokens per
@@ -35,3 +37,13 @@ def test_the_report_has_the_rank_profile_and_the_engine_matches_its_offline_chai
     assert simulated["shape"] == "chain S=3" and simulated["mean_accept_length"] > 2.0
     ratio = report["engine_vs_simulated"]["chain S=3"]
     assert abs(ratio - 1) <= ENGINE_VS_OFFLINE, ratio
+
+
+@pytest.mark.hf
+def test_the_report_counts_the_passes_over_the_training_text(pair: Pair, trained: Trained) -> None:
+    _, report = trained("eagle")
+    train_docs, _ = split_documents(read_documents([pair.corpus]), 0.05, seed=0)
+    train_tokens = tokenize(train_docs, ByteTokenizer()).numel()
+    assert report["train_tokens"] == train_tokens
+    # 300 steps of 8 windows of 64 tokens
+    assert report["epochs"] == pytest.approx(300 * 8 * 64 / train_tokens)
