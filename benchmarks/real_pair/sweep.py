@@ -46,7 +46,7 @@ from eagletree.app.training import acceptance
 from eagletree.app.training.chain_simulation import load_trained_head, simulated_chain
 from eagletree.app.training.data import prompt_windows
 from eagletree.app.training.draft_trainer import train_draft
-from eagletree.app.training.losses import LABELS
+from eagletree.app.training.losses import LABELS, PRECISIONS
 from eagletree.app.training.options import TrainOptions
 
 
@@ -74,6 +74,7 @@ VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "aux": ("aux_layers", str),
     "norm": ("eagle3_norm", _choice("norm", "ones", "target")),
     "lm_head": ("eagle3_lm_head", _choice("lm_head", "trained", "frozen")),
+    "ce_precision": ("loss.ce_precision", _choice("ce_precision", *PRECISIONS)),
 }
 # one change at a time around the defaults (hard labels, lr 1e-3, batch 64, unroll 4,
 # EAGLE-1 regression 0.2), mostly EAGLE-3's

@@ -124,7 +124,7 @@ def teacher_forced(
     with torch.autocast("cuda", dtype=torch.bfloat16) if on_cuda else nullcontext():
         embeds = target.embed_tokens(ids[:, 1:])
         outputs = unrolled_forward(head, embeds, features[:, :-1], num_steps)
-        logits = [head.logits(output) for output in outputs]
+        logits = [head.logits(output).float() for output in outputs]
     return logits, out.logits[:, 1:]
 
 

@@ -107,8 +107,9 @@ class EagleHead(nn.Module):
         return out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """(batch, seq_len, H) -> (batch, seq_len, V) in the compute dtype."""
         logits: torch.Tensor = self._lm_head[0](out)
-        return logits.float()
+        return logits
 
 
 class Eagle3MidLayer(nn.Module):
@@ -160,9 +161,9 @@ class Eagle3Head(nn.Module):
         return out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """(batch, seq_len, H) -> (batch, seq_len, draft_vocab) float32."""
+        """(batch, seq_len, H) -> (batch, seq_len, draft_vocab) in the compute dtype."""
         logits: torch.Tensor = self.lm_head(self.norm(out))
-        return logits.float()
+        return logits
 
 
 def unrolled_forward(

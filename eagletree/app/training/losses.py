@@ -36,12 +36,17 @@ def soft_cross_entropy(
 def hard_cross_entropy(
     logits: torch.Tensor, target_ids: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
-    """Mean over ``rows`` of −log q(target id); logits: (..., V); target_ids, rows: (...).
-    Ids outside the rows may be −1 (a token the draft vocabulary lacks)."""
+    """Mean over ``rows`` of −log q(target id); logits: (..., V) in the precision the
+    log-softmax runs in (float32 or bfloat16, whose kernel accumulates in float32); target_ids,
+    rows: (...). Ids outside the rows may be −1 (a token the draft vocabulary lacks)."""
     per_row = functional.cross_entropy(
-        logits.float().flatten(0, -2), target_ids.clamp_min(0).flatten(), reduction="none"
+        logits.flatten(0, -2), target_ids.clamp_min(0).flatten(), reduction="none"
     )
-    return masked_mean(per_row.view(target_ids.shape), rows)
+    return masked_mean(per_row.float().view(target_ids.shape), rows)
+
+
+Precision = Literal["float32", "bfloat16"]
+PRECISIONS: tuple[Precision, ...] = ("float32", "bfloat16")
 
 
 def label_loss(

@@ -23,6 +23,7 @@ from torch.nn import functional
 from eagletree.app.training.heads import DraftHead, unrolled_forward
 from eagletree.app.training.losses import (
     Labels,
+    Precision,
     feature_regression,
     label_loss,
     step_weights,
@@ -44,6 +45,10 @@ class LossWeights:
     regression: float = 0.2
     step_decay: float = 0.8
     labels: Labels = "hard"
+    # hard labels' log-softmax over the logits upcast to float32, or in the head's compute
+    # dtype (bfloat16 under CUDA's autocast: a third of the memory traffic of (rows × vocab)
+    # logits; on the CPU the head computes in float32 either way)
+    ce_precision: Precision = "float32"
 
 
 class BatchResult(NamedTuple):
@@ -116,6 +121,8 @@ class Objective:
             rows = valid_rows(seq_len, step, ids.device)[None, :] & in_vocab
             with self._autocast():
                 logits = self.head.logits(output)
+            if self.weights.ce_precision == "float32" or self.weights.labels != "hard":
+                logits = logits.float()
             loss = ce_weight * label_loss(self.weights.labels, logits, probs, choice, rows)
             if not is_eagle3:
                 reg = feature_regression(output, next_feature, rows)

@@ -78,3 +78,61 @@ def test_the_cli_takes_the_labels_and_names_the_flag_when_they_are_wrong(
     with pytest.raises(SystemExit):
         parser.parse_args([*required, "--labels", "sof"])
     assert "--labels 'sof': expected one of hard, soft, mixed" in capsys.readouterr().err
+
+
+def test_a_bfloat16_cross_entropy_matches_the_float32_one_on_random_logits() -> None:
+    generator = torch.Generator().manual_seed(1)
+    rows_n, vocab = 512, 4096
+    source = 3.0 * torch.randn(rows_n, vocab, generator=generator)
+    ids = torch.randint(0, vocab, (rows_n,), generator=generator)
+    rows = torch.rand(rows_n, generator=generator) > 0.2
+    half = source.to(torch.bfloat16).requires_grad_()
+    full = half.detach().float().requires_grad_()  # the same values, upcast
+    loss_half = label_loss("hard", half, None, ids, rows)
+    loss_full = label_loss("hard", full, None, ids, rows)
+    assert loss_half.dtype == torch.float32
+    torch.testing.assert_close(loss_half, loss_full, rtol=2e-4, atol=0.0)
+    (loss_half + loss_full).backward()
+    assert half.grad is not None and full.grad is not None
+    # softmax − one-hot, over the valid rows: within bfloat16's rounding of each entry
+    torch.testing.assert_close(half.grad.float(), full.grad, rtol=1.6e-2, atol=1e-6)
+
+
+def test_the_objective_hands_the_cross_entropy_the_logits_in_the_precision_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import eagletree.app.training.objective as module
+    from eagletree.app.training.head_modules import HeadShape
+    from eagletree.app.training.heads import EagleHead
+    from eagletree.app.training.target_features import TargetBatch
+
+    shape = HeadShape(16, 32, 2, 1, 8, 1e-6, 10_000.0)
+    embed, lm_head = torch.nn.Embedding(24, 16), torch.nn.Linear(16, 24, bias=False)
+
+    class Target:
+        device = torch.device("cpu")
+        embed_tokens = embed
+
+        def __call__(self, tokens: torch.Tensor) -> TargetBatch:
+            hidden = embed(tokens)
+            return TargetBatch(lm_head(hidden).float(), hidden, None)
+
+    class BFloat16Head(EagleHead):  # what CUDA's autocast makes of the lm_head's output
+        def logits(self, out: torch.Tensor) -> torch.Tensor:
+            return super().logits(out).to(torch.bfloat16)
+
+    seen: list[torch.dtype] = []
+    real = module.label_loss
+
+    def recording(labels: str, logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        seen.append(logits.dtype)
+        return real(labels, logits, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "label_loss", recording)
+    tokens = torch.randint(0, 24, (2, 6), generator=torch.Generator().manual_seed(0))
+    for precision, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        seen.clear()
+        weights = LossWeights(ce_precision=precision)  # type: ignore[arg-type]
+        head = BFloat16Head(shape, 1, lm_head)
+        result = module.Objective(head, Target(), 2, weights, None)(tokens)  # type: ignore[arg-type]
+        assert seen == [dtype, dtype] and torch.isfinite(result.loss)
