@@ -10,7 +10,7 @@ from typing import Any
 
 from eagletree.app.training.acceptance_row import TreeShape
 from eagletree.app.training.data import add_data_argument
-from eagletree.app.training.losses import LABELS, Labels
+from eagletree.app.training.losses import LABELS, PRECISIONS, Labels
 from eagletree.app.training.objective import LossWeights
 from eagletree.app.training.options import DEVICE_DEFAULTS, TrainOptions
 from eagletree.domain.errors import ConfigurationError
@@ -88,6 +88,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="cross-entropy on the target's argmax (hard), its distribution (soft) or the mean"
         " of both (mixed)")  # fmt: skip
     add("--ce-weight", type=float, default=loss["cross_entropy"], help="cross-entropy weight")
+    add("--ce-precision", choices=PRECISIONS, default=loss["ce_precision"],
+        help="hard labels' log-softmax in the head's compute dtype (bfloat16 on CUDA) or over"
+        " logits upcast to float32 (slower, the same within bfloat16's rounding)")  # fmt: skip
     add(
         "--regression-weight",
         type=float,
@@ -179,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
         warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip,
         unroll_steps=args.unroll_steps,
-        loss=LossWeights(args.ce_weight, args.regression_weight, args.step_decay, args.labels),
+        loss=LossWeights(
+            args.ce_weight, args.regression_weight, args.step_decay, args.labels, args.ce_precision
+        ),
         num_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,
         aux_layers=args.aux_layers,

@@ -52,7 +52,7 @@ def test_soft_labels_are_the_soft_cross_entropy_and_mixed_is_the_mean_of_both() 
 
 def test_the_defaults_are_the_short_budget_recipe_and_the_device_picks_batch_and_window() -> None:
     assert LossWeights() == LossWeights(
-        cross_entropy=1.0, regression=0.2, step_decay=0.8, labels="hard"
+        cross_entropy=1.0, regression=0.2, step_decay=0.8, labels="hard", ce_precision="bfloat16"
     )
     base = TrainOptions(Path("t"), "eagle3", (Path("d"),), Path("o"))
     # the learning rate the sweep chose (docs/training.md); the recipe's unroll and warm-up
@@ -75,6 +75,8 @@ def test_the_cli_takes_the_labels_and_names_the_flag_when_they_are_wrong(
     # the CLI's defaults are the options' (the device fills batch and window in later)
     default = TrainOptions(Path("t"), "eagle", (Path("d"),), Path("o"))
     assert args.labels == "mixed" and args.batch_size is None and args.lr == default.lr
+    assert args.ce_precision == default.loss.ce_precision == "bfloat16"
+    assert parser.parse_args([*required, "--ce-precision", "float32"]).ce_precision == "float32"
     with pytest.raises(SystemExit):
         parser.parse_args([*required, "--labels", "sof"])
     assert "--labels 'sof': expected one of hard, soft, mixed" in capsys.readouterr().err
