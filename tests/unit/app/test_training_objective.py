@@ -94,7 +94,7 @@ def test_a_bfloat16_cross_entropy_matches_the_float32_one_on_random_logits() -> 
     loss_full = label_loss("hard", full, None, ids, rows)
     assert loss_half.dtype == torch.float32
     torch.testing.assert_close(loss_half, loss_full, rtol=2e-4, atol=0.0)
-    (loss_half + loss_full).backward()
+    torch.autograd.backward(loss_half + loss_full)
     assert half.grad is not None and full.grad is not None
     # softmax − one-hot, over the valid rows: within bfloat16's rounding of each entry
     torch.testing.assert_close(half.grad.float(), full.grad, rtol=1.6e-2, atol=1e-6)
@@ -124,7 +124,7 @@ def test_the_objective_hands_the_cross_entropy_the_logits_in_the_precision_it_na
             return super().logits(out).to(torch.bfloat16)
 
     seen: list[torch.dtype] = []
-    real = module.label_loss
+    real = label_loss
 
     def recording(labels: str, logits: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         seen.append(logits.dtype)
