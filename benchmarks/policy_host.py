@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eagletree.app.workers.shape_policy import AdaptiveShapes
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.app.workers.step_graphs import graph_buckets
 from eagletree.config.shape_policy import DEFAULT_CANDIDATES, parse_shape

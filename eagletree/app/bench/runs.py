@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from eagletree.app.parallel.launch import with_parallel
-from eagletree.app.workers.shape_policy import AdaptiveShapes
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
 
 if TYPE_CHECKING:

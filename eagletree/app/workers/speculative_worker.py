@@ -24,8 +24,9 @@ import torch.nn.functional as F
 
 from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.sampler import sample_next_tokens
-from eagletree.app.workers.shape_policy import AdaptiveShapes, FixedShape, ShapePolicy
+from eagletree.app.workers.shape_policy import FixedShape, ShapePolicy
 from eagletree.app.workers.step_costs import ReadBackClock, measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from eagletree.app.workers.shape_policy import AdaptiveShapes, temperature_band
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes, temperature_band
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
@@ -96,7 +96,7 @@ def test_each_step_records_a_bounded_sample_of_its_requests(batch_size: int) -> 
 def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import eagletree.app.workers.shape_policy as module
+    import eagletree.app.workers.adaptive_shapes as module
 
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 
@@ -119,7 +119,7 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagletree.app.workers.shape_policy as module
+    import eagletree.app.workers.adaptive_shapes as module
 
     computed = []
 
@@ -208,3 +208,33 @@ def test_a_pricing_stands_for_reprice_every_steps_of_one_batch_size() -> None:
     for _ in range(40):
         policy.observe_time(PLAIN, len(batch), True, 1.6)
     assert [policy.choose(batch) for _ in range(4)] == [PLAIN] * 3 + [CHAIN]
+
+
+@pytest.mark.parametrize(("stall_ratio", "drafted"), [(2.5, CHAIN), (3.5, DraftShape(3, 2, 6))])
+def test_probes_and_explorations_run_no_step_priced_past_the_stall_ratio(
+    stall_ratio: float, drafted: DraftShape
+) -> None:
+    tree = DraftShape(3, 2, 6)
+    prior = RankProfile(((0.25, 0.7),))  # the tree commits 2.96 tokens a step, the chain 1.33
+    # plain commits 1 token a second; the tree 0.99 (close behind), the chain 0.66 (far)
+    table = {PLAIN: 1.0, CHAIN: 2.0, tree: 3.0}
+    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    batch = _requests([0.0])
+    shapes = (tree, CHAIN, PLAIN)
+    probing = AdaptiveShapes(
+        shapes, prior=prior, hysteresis=0.0, probe_every=4, explore_every=1000,
+        stall_ratio=stall_ratio,
+    )  # fmt: skip
+    probing.use_costs(costs)
+    # the fourth plain step probes with the best drafting shape whose step is short enough
+    # among plain ones (at 2.5 the tree's, 3 × theirs, is not)
+    assert [probing.choose(batch) for _ in range(4)] == [PLAIN] * 3 + [drafted]
+    exploring = AdaptiveShapes(
+        shapes, prior=prior, hysteresis=0.0, probe_every=1000, explore_every=2,
+        stall_ratio=stall_ratio,
+    )  # fmt: skip
+    exploring.use_costs(costs)
+    # the close runner-up is explored only where its step is short enough; the chain is not
+    # close (0.66 against 1)
+    expected = PLAIN if drafted == CHAIN else tree
+    assert [exploring.choose(batch) for _ in range(2)] == [PLAIN, expected]

@@ -1,0 +1,281 @@
+"""The adaptive shape policy: ``AdaptiveShapes`` chooses, for every step, the candidate shape
+(plain decoding included) that commits the most tokens per second for the batch at hand: each
+request's expected accepted
+drafts under a shape come from the rank profile of its class (greedy, or its temperature
+band), learned from the steps committed so far; a shape's time comes from the step costs
+measured at start, corrected by the seconds the engine's steps took (``step_costs``). The
+choice is made on the host from what was read back — with overlap, statistics through the step
+before the one in flight — so it never waits for the device. Whatever it chooses, the step is
+the same lossless verification (docs/speculative.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
+from eagletree.domain.acceptance_profile import AcceptanceProfile
+from eagletree.domain.draft_shape import (
+    RankProfile,
+    ShapeChoice,
+    choose_shape,
+    expected_accepted,
+)
+
+if TYPE_CHECKING:
+    from eagletree.domain.draft_shape import DraftShape
+    from eagletree.domain.request import Request
+
+# a head nobody measured yet: the rank profile the first steps assume (greedy drafting of a
+# trained head accepts its top candidate about two times in three)
+DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
+
+
+@dataclass(slots=True)
+class _Pricing:
+    """One pricing of the candidates for a batch, and the steps it has stood for."""
+
+    choice: ShapeChoice
+    bands: list[str]
+    sampled: bool
+    batch_size: int
+    seconds: list[float]  # each candidate's step, as priced
+    chosen: int  # the choice's index among the candidates
+    age: int = 0
+
+    def within(self, ratio: float) -> list[bool]:
+        """Per candidate: whether its step is priced at most ``ratio`` × the choice's."""
+        limit = ratio * self.seconds[self.chosen]
+        return [seconds <= limit for seconds in self.seconds]
+
+
+def temperature_band(request: Request) -> str:
+    """The class whose acceptance a request shares: greedy, or its temperature's band."""
+    temperature = request.params.temperature
+    if temperature <= 0:
+        return "greedy"
+    return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
+
+
+class AdaptiveShapes:
+    """The fastest of ``shapes`` for each batch, from measured costs and learned acceptance.
+
+    ``hysteresis``: another shape is taken only when it is that fraction faster than the
+    current one. ``prior``: the rank profile assumed before any step of a class was read (it
+    weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
+    it was trained (``greedy`` and ``sampled``), which replace it: greedy and T ≤ 0.5 requests
+    start from the greedy one, hotter ones from the sampled one. Expected tokens are recomputed
+    after ``refresh_steps`` observed steps of a class, then after twice as many, up to 16 times
+    as many (a tree's expected tokens cost the host about a millisecond per shape and batch
+    class to compute; a settled estimate moves slowly), and at once after a probe.
+    ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
+    plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
+    ``explore_every`` steps a close runner-up never timed at the batch's size runs once
+    (``_untried_near``). The shapes are priced again every ``reprice_every`` steps, when the
+    batch's size changes and after a probe is read back; in between the last pricing stands
+    (pricing every candidate is most of the policy's host time, and a step's estimates move
+    by one smoothed sample). Neither a probe nor an exploration runs a shape priced above
+    ``stall_ratio`` × the choice's step: among steps mostly of the choice one that long is a
+    stall to the requests in it (each request's worst step is held to 3 × its median).
+    """
+
+    observes = True
+
+    def __init__(
+        self,
+        shapes: Sequence[DraftShape],
+        *,
+        prior: RankProfile = DEFAULT_PRIOR,
+        head_priors: Mapping[str, RankProfile] | None = None,
+        prior_weight: float = 4.0,
+        hysteresis: float = 0.05,
+        refresh_steps: int = 4,
+        probe_every: int = 16,
+        observe_per_step: int = 8,
+        explore_every: int = 8,
+        explore_margin: float = 0.2,
+        reprice_every: int = 4,
+        stall_ratio: float = 2.5,
+    ) -> None:
+        if not shapes:
+            raise ValueError("an adaptive policy needs at least one shape")
+        self.shapes = tuple(shapes)
+        self._prior = prior
+        self._head_priors = dict(head_priors or {})
+        self._prior_weight = prior_weight
+        self._hysteresis = hysteresis
+        self._refresh_steps = refresh_steps
+        self._depth = max(s.num_steps for s in self.shapes)
+        self._rank = max(s.topk for s in self.shapes)
+        self._profiles: dict[str, AcceptanceProfile] = {}
+        self._stale: Counter[str] = Counter()
+        self._refreshes: Counter[str] = Counter()
+        self._expected: dict[str, list[float]] = {}
+        self._costs: LearnedCosts | None = None
+        self._current = self.shapes[0]
+        self._probe_every = probe_every
+        self._probe_interval: dict[str, int] = {}
+        self._probe: DraftShape | None = None  # a probe chosen and not yet read back
+        self._plain_steps: Counter[str] = Counter()
+        self._observe_per_step = observe_per_step
+        self._explore_every = explore_every
+        self._explore_margin = explore_margin
+        self._unexplored_steps = 0
+        self._observed_steps = 0
+        self._reprice_every = reprice_every
+        self._priced: _Pricing | None = None
+        self._stall_ratio = stall_ratio
+
+    @property
+    def costs(self) -> LearnedCosts | None:
+        return self._costs
+
+    def use_costs(self, costs: StepCosts) -> None:
+        """Price the shapes by ``costs`` from now on, as the steps' times correct them (until
+        then, every step is the default)."""
+        self._costs = LearnedCosts(costs)
+
+    def observe_time(
+        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+    ) -> None:
+        if self._costs is not None:
+            self._costs.record(shape, batch_size, sampled, seconds)
+
+    def profile(self, band: str) -> RankProfile:
+        """The rank profile learned for ``band`` (the prior before any of its steps)."""
+        learned = self._profiles.get(band)
+        return self._prior_of(band) if learned is None else learned.profile()
+
+    def _prior_of(self, band: str) -> RankProfile:
+        measured = "greedy" if band in ("greedy", "T<=0.5") else "sampled"
+        return self._head_priors.get(measured, self._prior)
+
+    def choose(self, decode: Sequence[Request]) -> DraftShape:
+        costs = self._costs
+        if not decode or costs is None:
+            return self._current
+        priced = self._priced
+        if priced is None or priced.batch_size != len(decode) or priced.age >= self._reprice_every:
+            priced = self._priced = self._price(decode, costs)
+        priced.age += 1
+        chosen, bands = priced.choice, priced.bands
+        choice = self._current = chosen.shape
+        if choice.is_plain and self._probe is not None:
+            choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
+        elif choice.is_plain and self._probe_due(bands):
+            short = priced.within(self._stall_ratio)
+            drafting = [i for i, s in enumerate(self.shapes) if not s.is_plain and short[i]]
+            if drafting:  # the best drafting shape, once, to see whether speculation pays now
+                best = max(drafting, key=lambda i: (chosen.rates[i], -i))
+                choice = self._probe = self.shapes[best]
+        elif self._explore_due():
+            choice = self._untried_near(priced) or choice
+        return choice
+
+    def _price(self, decode: Sequence[Request], costs: LearnedCosts) -> _Pricing:
+        counts = Counter(temperature_band(r) for r in decode)
+        bands = list(counts)
+        expected = [self._expected_of(band) for band in bands]
+        per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
+        sampled = any(band != "greedy" for band in bands)
+        seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
+        groups = [counts[band] for band in bands]
+        chosen = choose_shape(
+            self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
+        )
+        index = self.shapes.index(chosen.shape)
+        return _Pricing(chosen, bands, sampled, len(decode), seconds, index)
+
+    def _explore_due(self) -> bool:
+        """Every ``explore_every`` steps (``_untried_near``)."""
+        self._unexplored_steps += 1
+        if self._unexplored_steps < self._explore_every:
+            return False
+        self._unexplored_steps = 0
+        return True
+
+    def _untried_near(self, priced: _Pricing) -> DraftShape | None:
+        """The best-looking shape other than the choice whose steps were timed fewer than twice
+        at this batch's bucket and sampling, if its estimate is within ``explore_margin`` of the
+        choice's: until it runs, its time is the start-up table's guess, which can rank two
+        close shapes wrongly (one step of it settles that, at a cost of that margin at most)."""
+        assert self._costs is not None
+        chosen = priced.choice
+        floor = (1.0 - self._explore_margin) * chosen.tokens_per_second
+        short = priced.within(self._stall_ratio)
+        near = [
+            (rate, -i)
+            for i, (shape, rate) in enumerate(zip(self.shapes, chosen.rates, strict=True))
+            if shape != chosen.shape
+            and rate >= floor
+            and short[i]
+            and self._costs.observations(shape, priced.batch_size, priced.sampled) < 2
+        ]
+        return self.shapes[-max(near)[1]] if near else None
+
+    def _probe_due(self, bands: Sequence[str]) -> bool:
+        """Whether a plain step should draft instead, to learn: a plain step observes nothing,
+        so a band whose estimate says plain would never learn otherwise that drafting pays
+        (a pessimistic prior, text that became predictable). Every ``probe_every`` plain steps
+        of a band, doubling after each probe up to 16 times that, so that a band where plain
+        stays right spends few steps on probes."""
+        due = False
+        for band in bands:
+            self._plain_steps[band] += 1
+            interval = self._probe_interval.get(band, self._probe_every)
+            if self._plain_steps[band] >= interval:
+                self._plain_steps[band] = 0
+                self._probe_interval[band] = min(2 * interval, 16 * self._probe_every)
+                due = True
+        return due
+
+    def observe(
+        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
+    ) -> None:
+        """Record ``observe_per_step`` requests (rotating through the batch, so each band is
+        sampled in proportion to its share): the statistics need few paths per step, and
+        recording costs host time every step."""
+        depth = shape.num_steps
+        if depth == 0 or not requests:
+            return
+        probed, self._probe = self._probe is not None, None
+        by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
+        self._observed_steps += 1
+        size = len(requests)
+        start = self._observed_steps * self._observe_per_step
+        for k in range(min(self._observe_per_step, size)):
+            index = (start + k) % size
+            path = paths[index]
+            observed = by_band.setdefault(temperature_band(requests[index]), [])
+            observed.append((path[:depth], path[depth : 2 * depth]))
+        for band, observed in by_band.items():
+            profile = self._profiles.get(band)
+            if profile is None:
+                profile = AcceptanceProfile(
+                    self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
+                )
+                self._profiles[band] = profile
+            profile.record(observed)
+            self._stale[band] += 1
+            if probed:  # what the probe learned decides the next step
+                self._stale[band] = self._refresh_threshold(band)
+                self._priced = None
+            if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
+                self._probe_interval[band] = self._probe_every
+
+    def _expected_of(self, band: str) -> list[float]:
+        """Expected accepted drafts per shape for a request of ``band`` (cached)."""
+        cached = self._expected.get(band)
+        if cached is None or self._stale[band] >= self._refresh_threshold(band):
+            profile = self.profile(band)
+            cached = [expected_accepted(shape, profile) for shape in self.shapes]
+            if band in self._expected:
+                self._refreshes[band] += 1
+            self._expected[band] = cached
+            self._stale[band] = 0
+        return cached
+
+    def _refresh_threshold(self, band: str) -> int:
+        return self._refresh_steps << min(self._refreshes[band], 4)
