@@ -70,6 +70,12 @@ class AcceptanceProfile:
         """The decayed exposures of ``rank`` at ``depth`` (0-based), in steps' worth now."""
         return self._exposures[depth][rank] / self._weight
 
+    def top_rates(self) -> list[float]:
+        """Per depth, the rate of rank 0 (hits / exposures): a cheap sign of how far the
+        profile has moved."""
+        pairs = zip(self._hits, self._exposures, strict=True)
+        return [hits[0] / exposures[0] if exposures[0] > 0 else 0.0 for hits, exposures in pairs]
+
     def profile(self) -> RankProfile:
         """The current estimate (every rank's rate ≤ its hits / exposures, rows summing ≤ 1)."""
         rows = []

@@ -69,7 +69,9 @@ class AdaptiveShapes:
     start from the greedy one, hotter ones from the sampled one. Expected tokens are recomputed
     after ``refresh_steps`` observed steps of a class, then after twice as many, up to 16 times
     as many (a tree's expected tokens cost the host about a millisecond per shape and batch
-    class to compute; a settled estimate moves slowly), and at once after a probe.
+    class to compute; a settled estimate moves slowly), at once after a probe, and at once with
+    the cadence restarted when the rank-0 chain's expected accepted drafts moved by ``drift``
+    (relative; ``_drifted``).
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
     ``explore_every`` steps a close runner-up never timed at the batch's size runs once
@@ -98,6 +100,7 @@ class AdaptiveShapes:
         explore_margin: float = 0.2,
         reprice_every: int = 4,
         stall_ratio: float = 2.5,
+        drift: float = 0.1,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -127,6 +130,8 @@ class AdaptiveShapes:
         self._reprice_every = reprice_every
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
+        self._drift = drift
+        self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
 
     @property
     def costs(self) -> LearnedCosts | None:
@@ -259,11 +264,26 @@ class AdaptiveShapes:
                 self._profiles[band] = profile
             profile.record(observed)
             self._stale[band] += 1
+            if self._drifted(band, profile):  # new text, new requests: follow them closely
+                self._refreshes[band] = 0
+                self._stale[band] = self._refresh_threshold(band)
+                self._priced = None
             if probed:  # what the probe learned decides the next step
                 self._stale[band] = self._refresh_threshold(band)
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every
+
+    def _drifted(self, band: str, profile: AcceptanceProfile) -> bool:
+        """Whether the band's profile moved past ``drift`` since its expected tokens were last
+        computed: the rank-0 chain through every depth, the estimate's bulk, expects that
+        much more or fewer accepted drafts (relative). A refresh cadence grown to 64 steps
+        would otherwise price a new batch by the last one's acceptance for that long."""
+        then = self._refreshed_at.get(band)
+        if then is None:
+            return False
+        now = _chain_expectation(profile.top_rates())
+        return abs(now - then) > self._drift * max(then, 1e-3)
 
     def _expected_of(self, band: str) -> list[float]:
         """Expected accepted drafts per shape for a request of ``band`` (cached)."""
@@ -271,6 +291,9 @@ class AdaptiveShapes:
         if cached is None or self._stale[band] >= self._refresh_threshold(band):
             profile = self.profile(band)
             cached = [expected_accepted(shape, profile) for shape in self.shapes]
+            learned = self._profiles.get(band)
+            if learned is not None:
+                self._refreshed_at[band] = _chain_expectation(learned.top_rates())
             if band in self._expected:
                 self._refreshes[band] += 1
             self._expected[band] = cached
@@ -279,3 +302,12 @@ class AdaptiveShapes:
 
     def _refresh_threshold(self, band: str) -> int:
         return self._refresh_steps << min(self._refreshes[band], 4)
+
+
+def _chain_expectation(top_rates: Sequence[float]) -> float:
+    """Expected accepted drafts of a chain through every depth: Σ_d Π_{e ≤ d} r_e."""
+    total, reach = 0.0, 1.0
+    for rate in top_rates:
+        reach *= rate
+        total += reach
+    return total

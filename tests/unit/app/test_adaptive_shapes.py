@@ -128,7 +128,8 @@ def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.Mon
         return expected_accepted(shape, profile)
 
     monkeypatch.setattr(module, "expected_accepted", counted)
-    policy = AdaptiveShapes(SHAPES, refresh_steps=2, reprice_every=1)
+    # a profile that never drifts (the cadence alone; the drift's own test is below)
+    policy = AdaptiveShapes(SHAPES, refresh_steps=2, reprice_every=1, drift=float("inf"))
     policy.use_costs(COSTS)
     batch = _requests([0.0])
     computations = []
@@ -238,3 +239,32 @@ def test_probes_and_explorations_run_no_step_priced_past_the_stall_ratio(
     # close (0.66 against 1)
     expected = PLAIN if drafted == CHAIN else tree
     assert [exploring.choose(batch) for _ in range(2)] == [PLAIN, expected]
+
+
+def _steps_until_plain(drift: float) -> int:
+    """One request accepts everything for 200 steps (the estimate settles, the refreshes thin
+    out to one per 64 observed steps); then a batch of eight accepts nothing: the steps until
+    the policy prices plain decoding best."""
+    policy = AdaptiveShapes(
+        SHAPES, prior=PESSIMISTIC, reprice_every=1, probe_every=1000, drift=drift
+    )
+    policy.use_costs(COSTS)
+    one, eight = _requests([0.0]), _requests([0.0] * 8)
+    for _ in range(200):
+        policy.choose(one)
+        policy.observe(CHAIN, one, ACCEPTING)
+    assert policy.choose(one) == CHAIN
+    for step in range(100):
+        if policy.choose(eight) == PLAIN:
+            return step
+        policy.observe(CHAIN, eight, [[-1, -1, -1, 1, 0, 0]] * 8)
+    raise AssertionError("never turned to plain")
+
+
+def test_a_profile_that_moves_is_priced_again_at_once() -> None:
+    # drift 0: the expected tokens recomputed at every observed step, the earliest possible
+    fresh = _steps_until_plain(0.0)
+    # a 10 % drift reprices within a step of that; the cadence alone waits for its turn (every
+    # 64 observed steps by then: the 252nd, 52 steps into the batch of eight)
+    assert _steps_until_plain(0.1) <= fresh + 1
+    assert _steps_until_plain(float("inf")) >= fresh + 30
