@@ -100,7 +100,7 @@ def measure(
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     source = parser.add_mutually_exclusive_group(required=True)
@@ -117,7 +117,7 @@ def main() -> None:
     add("--steps", type=int, default=20)
     add("--profile-steps", type=int, default=3)
     add("--rows", type=int, default=30)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     lines = [f"# train-draft step ({args.device})", ""]
     with tempfile.TemporaryDirectory() as scratch:
         target = random_target(Path(scratch)) if args.random_target else args.target
