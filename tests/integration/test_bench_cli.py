@@ -263,9 +263,21 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     )  # fmt: skip
     status, out, _ = bench(argv, capsys)
     assert status == 0
-    rows = json.loads((tmp_path / "run.json").read_text())["rows"]
+    data = json.loads((tmp_path / "run.json").read_text())
+    rows = data["rows"]
     cells = {(r["config"], r["batch_size"], r["temperature"]) for r in rows}
     configs = ("plain", "chain S2", TREE, "adaptive")
+    # what the adaptive engine measured and learned: every candidate's step at every bucket,
+    # greedy and sampled, and a rank profile for each temperature it ran
+    (learned,) = data["adaptive"].values()
+    costs = learned["step_costs"]
+    assert {(c["shape"], c["sampled"]) for c in costs} == {
+        (shape, sampled) for shape in ("plain", "chain S2", TREE) for sampled in (False, True)
+    }
+    assert all(c["measured_ms"] > 0 and c["learned_ms"] > 0 for c in costs)
+    assert any(c["learned_ms"] != c["measured_ms"] for c in costs)  # the steps that ran
+    assert set(learned["rank_profiles"]) <= {"greedy", "T>0.85"}
+    assert "greedy" in learned["rank_profiles"]
     assert cells == {(c, bs, t) for c in configs for bs in (1, 2) for t in (0.0, 1.0)}
     for row in rows:
         if row["config"] == "adaptive":

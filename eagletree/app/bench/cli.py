@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.out is not None:
         rows = m.arrival_rows if args.arrivals is not None else m.rows
         settings = {"argv": _argv(args), "engines": m.engines}
-        data = report_json(header, rows, m.hf_rows, settings, m.first_requests)
+        data = report_json(header, rows, m.hf_rows, settings, m.first_requests, m.adaptive)
         md, js = write_report(args.out, markdown, data)
         print(f"wrote {md} and {js}", file=err)
     return 0

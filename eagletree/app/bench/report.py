@@ -253,8 +253,10 @@ def report_json(
     hf_rows: Sequence[HFRow],
     settings: Mapping[str, Any],
     first_requests: Sequence[FirstRequestRow] = (),
+    adaptive: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything the markdown shows, unrounded, plus the settings each engine was built from."""
+    """Everything the markdown shows, unrounded, plus the settings each engine was built from
+    and what each adaptive engine measured and learned (``runs.adaptive_state``)."""
     return {
         **header,
         "rows": [
@@ -272,6 +274,7 @@ def report_json(
             {**dataclasses.asdict(f), "cold_over_warm": f.cold_over_warm} for f in first_requests
         ],
         "settings": dict(settings),
+        "adaptive": dict(adaptive or {}),
     }
 
 

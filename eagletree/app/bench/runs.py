@@ -14,9 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
+from eagletree.app.bench.adaptive_state import adaptive_state, shape_steps
 from eagletree.app.parallel.launch import with_parallel
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.speculative_worker import SpeculativeWorker
 
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
     from eagletree.app.bench.report import ArrivalRow, BenchRow, FirstRequestRow, HFRow
     from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
-    from eagletree.domain.draft_shape import DraftShape
 
 
 class Measurements(NamedTuple):
@@ -39,6 +37,9 @@ class Measurements(NamedTuple):
     hf_rows: list[HFRow]
     first_requests: list[FirstRequestRow]
     engines: dict[str, Any]
+    # per adaptive engine, after its windows: its step costs, measured and as learned, and
+    # the rank profiles it learned per band (what benchmarks/projected.py reads)
+    adaptive: dict[str, Any]
 
 
 def measure_all(
@@ -58,6 +59,7 @@ def measure_all(
     hf_rows: list[HFRow] = []
     first_requests: list[FirstRequestRow] = []
     used: dict[str, Any] = {}
+    adaptive: dict[str, Any] = {}
     for config in configs:
         settings = settings_for(plan, config)
         tp_size, dp_size = (size if size > 1 else None for size in (args.tp, args.dp))
@@ -72,9 +74,14 @@ def measure_all(
             rows += _measure_windows(engine, config, plan, args, err, replica, lockstep, prompts)
         if args.hf and not config.speculative:
             hf_rows = _measure_hf(plan, engine, args, err, prompts)
+        learned = adaptive_state(engine)
+        if learned is not None:
+            adaptive[config.name] = learned
         del engine
         _release_memory(plan.cuda)
-    return Measurements(with_break_even(rows), arrival_rows, hf_rows, first_requests, used)
+    return Measurements(
+        with_break_even(rows), arrival_rows, hf_rows, first_requests, used, adaptive
+    )
 
 
 def _first_request(
@@ -120,7 +127,7 @@ def _measure_windows(
         for bs in args.batch_sizes:
             sampled = f" T {temperature:g}" if temperature else ""
             bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}{sampled}", args.new_tokens)
-            chosen = _choices(engine)
+            chosen = shape_steps(engine)
             chosen_before = Counter(chosen)
             windows = []
             for draw in range(args.repeats):
@@ -155,14 +162,6 @@ def _measure_windows(
             row = _row(config.name, m, temperature, ran[0][0].label if ran else None)
             rows.append(dataclasses.replace(row, shape_steps={s.label: n for s, n in ran}))
     return rows
-
-
-def _choices(engine: Engine) -> Counter[DraftShape]:
-    """The steps of each shape an adaptive worker ran so far (empty for a fixed one)."""
-    worker = engine.worker
-    if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
-        return worker.shape_steps
-    return Counter()
 
 
 def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:

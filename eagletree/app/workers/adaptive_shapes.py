@@ -53,7 +53,11 @@ class _Pricing:
 
 def temperature_band(request: Request) -> str:
     """The class whose acceptance a request shares: greedy, or its temperature's band."""
-    temperature = request.params.temperature
+    return band_of(request.params.temperature)
+
+
+def band_of(temperature: float) -> str:
+    """``greedy`` at 0, else the band of ``temperature``: T<=0.5, T<=0.85 or T>0.85."""
     if temperature <= 0:
         return "greedy"
     return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
@@ -152,6 +156,10 @@ class AdaptiveShapes:
         """The rank profile learned for ``band`` (the prior before any of its steps)."""
         learned = self._profiles.get(band)
         return self._prior_of(band) if learned is None else learned.profile()
+
+    def learned_profiles(self) -> dict[str, RankProfile]:
+        """The rank profile of every band a step was read back for."""
+        return {band: learned.profile() for band, learned in self._profiles.items()}
 
     def _prior_of(self, band: str) -> RankProfile:
         measured = "greedy" if band in ("greedy", "T<=0.5") else "sampled"

@@ -1,0 +1,54 @@
+"""Application: what `eagletree bench` reads from an adaptive engine — the steps each shape ran,
+and, after its windows, the step costs it measured and learned and the rank profiles it learned
+(the JSON's ``adaptive``, which ``benchmarks/projected.py`` applies to another cost table)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.speculative_worker import SpeculativeWorker
+
+if TYPE_CHECKING:
+    from eagletree.app.engine.loop import Engine
+    from eagletree.domain.draft_shape import DraftShape
+
+
+def adaptive_state(engine: Engine) -> dict[str, Any] | None:
+    """An adaptive engine's step costs (ms per step, per shape, bucket and sampling: as
+    measured at start and as learned from its steps) and its learned rank profiles per band;
+    None for any other engine."""
+    worker = engine.worker
+    if not (isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes)):
+        return None
+    policy = worker.policy
+    costs = policy.costs
+    rows = []
+    if costs is not None:
+        for (shape, bucket, sampled), seconds in costs.measured.seconds.items():
+            rows.append(
+                {
+                    "shape": shape.label,
+                    "num_steps": shape.num_steps,
+                    "topk": shape.topk,
+                    "num_draft_tokens": shape.num_draft_tokens,
+                    "bucket": bucket,
+                    "sampled": sampled,
+                    "measured_ms": 1e3 * seconds,
+                    "learned_ms": 1e3 * costs.of(shape, bucket, sampled),
+                }
+            )
+    profiles = {
+        band: [list(row) for row in profile.hit_rates]
+        for band, profile in policy.learned_profiles().items()
+    }
+    return {"step_costs": rows, "rank_profiles": profiles}
+
+
+def shape_steps(engine: Engine) -> Counter[DraftShape]:
+    """The steps of each shape an adaptive worker ran so far (empty for a fixed one)."""
+    worker = engine.worker
+    if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
+        return worker.shape_steps
+    return Counter()
