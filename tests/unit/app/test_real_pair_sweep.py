@@ -59,11 +59,14 @@ def test_the_report_shows_each_variants_agreement_t1_rates_and_chains(tmp_path: 
         "steps": 900,
         "agreement_by_step": [0.7, 0.69],
         "sampled_rank0_by_depth": [0.48, 0.54],
+        "sampled_top4_by_depth": [0.81, 0.86],
         "chain_tokens_per_step": {3: 3.15, 5: 4.02},
     }
     write_report(tmp_path, args, [result])
     table = (tmp_path / "sweep.md").read_text()
-    assert "| variant | steps | agreement by step | T 1 | chain S3 | chain S5 |" in table
-    assert "| eagle3:norm=target | 900 | 0.70 0.69 | 0.48 0.54 | 3.15 | 4.02 |" in table
+    assert (
+        "| variant | steps | agreement by step | T 1 | T 1 top 4 | chain S3 | chain S5 |" in table
+    )
+    assert "| eagle3:norm=target | 900 | 0.70 0.69 | 0.48 0.54 | 0.81 0.86 | 3.15 | 4.02 |" in table
     saved = json.loads((tmp_path / "sweep.json").read_text())
     assert saved["variants"][0]["sampled_rank0_by_depth"] == [0.48, 0.54]
