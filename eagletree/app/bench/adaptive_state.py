@@ -15,14 +15,22 @@ if TYPE_CHECKING:
     from eagletree.domain.draft_shape import DraftShape
 
 
+def _adaptive_policy(engine: Engine) -> tuple[SpeculativeWorker, AdaptiveShapes] | None:
+    """The engine's speculative worker and its adaptive policy, or None for any other engine."""
+    worker = engine.worker
+    if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
+        return worker, worker.policy
+    return None
+
+
 def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     """An adaptive engine's step costs (ms per step, per shape, bucket and sampling: as
     measured at start and as learned from its steps) and its learned rank profiles per band;
     None for any other engine."""
-    worker = engine.worker
-    if not (isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes)):
+    adaptive = _adaptive_policy(engine)
+    if adaptive is None:
         return None
-    policy = worker.policy
+    policy = adaptive[1]
     costs = policy.costs
     rows = []
     if costs is not None:
@@ -48,7 +56,5 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
 
 def shape_steps(engine: Engine) -> Counter[DraftShape]:
     """The steps of each shape an adaptive worker ran so far (empty for a fixed one)."""
-    worker = engine.worker
-    if isinstance(worker, SpeculativeWorker) and isinstance(worker.policy, AdaptiveShapes):
-        return worker.shape_steps
-    return Counter()
+    adaptive = _adaptive_policy(engine)
+    return Counter() if adaptive is None else adaptive[0].shape_steps

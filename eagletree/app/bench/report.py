@@ -256,7 +256,7 @@ def report_json(
     adaptive: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the markdown shows, unrounded, plus the settings each engine was built from
-    and what each adaptive engine measured and learned (``runs.adaptive_state``)."""
+    and what each adaptive engine measured and learned (``adaptive_state.adaptive_state``)."""
     return {
         **header,
         "rows": [

@@ -1,12 +1,11 @@
 """The adaptive shape policy: ``AdaptiveShapes`` chooses, for every step, the candidate shape
 (plain decoding included) that commits the most tokens per second for the batch at hand: each
-request's expected accepted
-drafts under a shape come from the rank profile of its class (greedy, or its temperature
-band), learned from the steps committed so far; a shape's time comes from the step costs
-measured at start, corrected by the seconds the engine's steps took (``step_costs``). The
-choice is made on the host from what was read back — with overlap, statistics through the step
-before the one in flight — so it never waits for the device. Whatever it chooses, the step is
-the same lossless verification (docs/speculative.md)."""
+request's expected accepted drafts under a shape come from the rank profile of its class
+(greedy, or its temperature band), learned from the steps committed so far; a shape's time
+comes from the step costs measured at start, corrected by the seconds the engine's steps took
+(``step_costs``). The choice is made on the host from what was read back — with overlap,
+statistics through the step before the one in flight — so it never waits for the device.
+Whatever it chooses, the step is the same lossless verification (docs/speculative.md)."""
 
 from __future__ import annotations
 
@@ -272,11 +271,10 @@ class AdaptiveShapes:
                 self._profiles[band] = profile
             profile.record(observed)
             self._stale[band] += 1
-            if self._drifted(band, profile):  # new text, new requests: follow them closely
+            drifted = self._drifted(band, profile)
+            if drifted:  # new text, new requests: follow them closely
                 self._refreshes[band] = 0
-                self._stale[band] = self._refresh_threshold(band)
-                self._priced = None
-            if probed:  # what the probe learned decides the next step
+            if drifted or probed:  # what was learned decides the next step
                 self._stale[band] = self._refresh_threshold(band)
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
