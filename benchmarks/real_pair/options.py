@@ -23,7 +23,7 @@ def parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0)
     add("--reuse", action="store_true", help="keep what --out already holds, train the rest")
     add("--source-dir", type=Path, action="append", default=[], help="more .py roots")
-    add("--corpus-mb", type=float, default=48.0, help="source text read (training + held out)")
+    add("--corpus-mb", type=float, default=96.0, help="source text read (training + held out)")
     add("--tokenizer-mb", type=float, default=12.0, help="text the BPE tokenizer is trained on")
     add("--draft-data-mb", type=float,
         help="text the draft heads train on (default: all the target's training text)")  # fmt: skip
