@@ -15,14 +15,15 @@ import torch
 
 def accepted_path_ranks(
     parents: torch.Tensor, accept_index: torch.Tensor, accept_length: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Per request and draft depth d + 1 (d < S): the rank of the accepted node (−1 past the
     accepted drafts) and the number of candidates offered under the path's depth-d node (0 past
     the depth the path ended at, where a miss still counts as an offer).
 
     ``parents`` (bs, N) int64 node → parent node (−1: the root); ``accept_index`` (bs, S + 1)
     int32 global node ids of the path, root first, −1 padded; ``accept_length`` (bs,) int32.
-    Returns ``ranks`` and ``offered``, each (bs, S) int64.
+    Returns (bs, 2·S) int64: the S ranks, then the S offers (the columns a step hands its
+    policy).
     """
     bs, n = parents.shape
     num_steps = accept_index.shape[1] - 1
@@ -36,4 +37,4 @@ def accepted_path_ranks(
     accepted = accept_length.to(torch.int64).unsqueeze(1)  # (bs, 1)
     ranks = torch.where(depth < accepted, rank.gather(1, local[:, 1:]), -1)
     offered = torch.where(depth <= accepted, children.gather(1, local[:, :-1]), 0)
-    return ranks, offered
+    return torch.cat([ranks, offered], dim=1)

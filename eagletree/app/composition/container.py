@@ -25,6 +25,7 @@ from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
+from eagletree.adapters.kernels.triton import path_ranks as triton_path_ranks
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
@@ -90,6 +91,7 @@ class Container(PoolProviders):
             beam_step=triton_beam_step.beam_step,
             compaction_plan=triton_compaction.compaction_plan,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
+            path_ranks=triton_path_ranks.accepted_path_ranks,
         ),
     )
     cuda_graphs = providers.Singleton(

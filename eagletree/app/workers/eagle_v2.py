@@ -27,7 +27,6 @@ import torch
 from eagletree.app.workers.decode_inputs import DecodeWindow
 from eagletree.app.workers.sampler import sample_tokens
 from eagletree.app.workers.tree_worker import TreeWorker
-from eagletree.domain.accepted_path import accepted_path_ranks
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.compaction import compact_rows
 
@@ -79,10 +78,8 @@ class EagleWorkerV2(TreeWorker):
         tokens = predict.view(bs, n)[:, : shape.tokens_per_step].to(torch.int64)
         if not self.policy.observes:
             return tokens, accepted
-        ranks, offered = accepted_path_ranks(
-            tree.parents, result.accept_index, result.accept_length
-        )
-        return tokens, accepted, torch.cat([ranks, offered], dim=1)
+        observed = self._kernels.path_ranks(tree.parents, result.accept_index, result.accept_length)
+        return tokens, accepted, observed  # observed: (bs, 2·S) int64
 
     def _decode_catching_up(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         return self._decode_plain(inputs, catch_up=True)

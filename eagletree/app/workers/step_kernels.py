@@ -12,6 +12,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from eagletree.domain.accepted_path import accepted_path_ranks
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.sampling import greedy_tokens, top_k_probs
@@ -41,6 +42,9 @@ TreeBuild = Callable[..., DraftTree]
 BeamStepFn = Callable[..., tuple[BeamStep, torch.Tensor]]
 # domain.compaction.compaction_plan's signature
 PlanCompaction = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], CompactionPlan]
+# domain.accepted_path.accepted_path_ranks's signature: (parents (bs, N), accept_index
+# (bs, S + 1), accept_length (bs,)) -> (bs, 2·S) int64 ranks then offers
+PathRanks = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 # domain.verify.verify_tree_greedy's signature
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
@@ -49,7 +53,8 @@ GreedyVerify = Callable[
 
 class StepKernels(NamedTuple):
     """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
-    greedy tree verification and the compaction plan (defaults: the torch references)."""
+    greedy tree verification, the compaction plan and the accepted path's ranks (defaults:
+    the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
@@ -58,6 +63,7 @@ class StepKernels(NamedTuple):
     beam_step: BeamStepFn = beam_step
     compaction_plan: PlanCompaction = compaction_plan
     verify_greedy: GreedyVerify = verify_tree_greedy
+    path_ranks: PathRanks = accepted_path_ranks
 
 
 REFERENCE_KERNELS = StepKernels()
