@@ -36,18 +36,12 @@ DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
 class _Pricing:
     """One pricing of the candidates for a batch, and the steps it has stood for."""
 
-    choice: ShapeChoice
+    choice: ShapeChoice  # its rates: every candidate's, 0 for those past the stall ratio
     bands: list[str]
     sampled: bool
     batch_size: int
-    seconds: list[float]  # each candidate's step, as priced
-    chosen: int  # the choice's index among the candidates
+    short: list[bool]  # per candidate: whether its step is short enough to run at all
     age: int = 0
-
-    def within(self, ratio: float) -> list[bool]:
-        """Per candidate: whether its step is priced at most ``ratio`` × the choice's."""
-        limit = ratio * self.seconds[self.chosen]
-        return [seconds <= limit for seconds in self.seconds]
 
 
 def temperature_band(request: Request) -> str:
@@ -81,9 +75,11 @@ class AdaptiveShapes:
     (``_untried_near``). The shapes are priced again every ``reprice_every`` steps, when the
     batch's size changes and after a probe is read back; in between the last pricing stands
     (pricing every candidate is most of the policy's host time, and a step's estimates move
-    by one smoothed sample). Neither a probe nor an exploration runs a shape priced above
-    ``stall_ratio`` × the choice's step: among steps mostly of the choice one that long is a
-    stall to the requests in it (each request's worst step is held to 3 × its median).
+    by one smoothed sample). No step runs a shape — chosen, probed or explored — priced
+    above ``stall_ratio`` × the cheapest candidate's step at the batch's size: the median step
+    a request sees is at least that cheapest one, so no request's worst step reaches 3 × its
+    median (among plain steps of 0.6 ms a tree step of 2 ms is a stall to every request in it,
+    however many tokens it commits).
     """
 
     observes = True
@@ -177,7 +173,7 @@ class AdaptiveShapes:
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
         elif choice.is_plain and self._probe_due(bands):
-            short = priced.within(self._stall_ratio)
+            short = priced.short
             drafting = [i for i, s in enumerate(self.shapes) if not s.is_plain and short[i]]
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
                 best = max(drafting, key=lambda i: (chosen.rates[i], -i))
@@ -190,15 +186,24 @@ class AdaptiveShapes:
         counts = Counter(temperature_band(r) for r in decode)
         bands = list(counts)
         expected = [self._expected_of(band) for band in bands]
-        per_shape = [[e[i] for e in expected] for i in range(len(self.shapes))]
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        groups = [counts[band] for band in bands]
+        limit = self._stall_ratio * min(seconds)
+        short = [s <= limit for s in seconds]
+        kept = [i for i, ok in enumerate(short) if ok]
         chosen = choose_shape(
-            self.shapes, seconds, per_shape, self._current, self._hysteresis, counts=groups
+            [self.shapes[i] for i in kept],
+            [seconds[i] for i in kept],
+            [[e[i] for e in expected] for i in kept],
+            self._current,
+            self._hysteresis,
+            counts=[counts[band] for band in bands],
         )
-        index = self.shapes.index(chosen.shape)
-        return _Pricing(chosen, bands, sampled, len(decode), seconds, index)
+        rates = [0.0] * len(self.shapes)
+        for i, rate in zip(kept, chosen.rates, strict=True):
+            rates[i] = rate
+        choice = ShapeChoice(chosen.shape, chosen.tokens_per_second, tuple(rates))
+        return _Pricing(choice, bands, sampled, len(decode), short)
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""
@@ -216,7 +221,7 @@ class AdaptiveShapes:
         assert self._costs is not None
         chosen = priced.choice
         floor = (1.0 - self._explore_margin) * chosen.tokens_per_second
-        short = priced.within(self._stall_ratio)
+        short = priced.short
         near = [
             (rate, -i)
             for i, (shape, rate) in enumerate(zip(self.shapes, chosen.rates, strict=True))

@@ -241,6 +241,25 @@ def test_probes_and_explorations_run_no_step_priced_past_the_stall_ratio(
     assert [exploring.choose(batch) for _ in range(2)] == [PLAIN, expected]
 
 
+@pytest.mark.parametrize(("stall_ratio", "chosen"), [(2.5, PLAIN), (3.5, DraftShape(3, 2, 6))])
+def test_no_choice_is_priced_past_the_stall_ratio_over_the_cheapest_step(
+    stall_ratio: float, chosen: DraftShape
+) -> None:
+    tree = DraftShape(3, 2, 6)
+    prior = RankProfile(((0.3, 0.65),))  # the tree commits 2.84 tokens a step, the chain 1.42
+    # on merit the tree (1.09 tokens a second) beats plain (1.0) and the chain (0.71), but its
+    # step is 2.6 plain steps: past a ratio of 2.5 it is never run, however much it commits
+    table = {PLAIN: 1.0, CHAIN: 2.0, tree: 2.6}
+    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    policy = AdaptiveShapes(
+        (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000,
+        explore_every=1000, stall_ratio=stall_ratio,
+    )  # fmt: skip
+    policy.use_costs(costs)
+    assert 1 + expected_accepted(tree, prior) > table[tree] * 1.0  # it would win on merit
+    assert {policy.choose(_requests([0.0])) for _ in range(8)} == {chosen}
+
+
 def _steps_until_plain(drift: float) -> int:
     """One request accepts everything for 200 steps (the estimate settles, the refreshes thin
     out to one per 64 observed steps); then a batch of eight accepts nothing: the steps until
