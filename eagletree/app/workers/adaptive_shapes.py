@@ -71,15 +71,19 @@ class AdaptiveShapes:
     (relative; ``_drifted``).
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
-    ``explore_every`` steps a close runner-up never timed at the batch's size runs once
-    (``_untried_near``). The shapes are priced again every ``reprice_every`` steps, when the
-    batch's size changes and after a probe is read back; in between the last pricing stands
-    (pricing every candidate is most of the policy's host time, and a step's estimates move
-    by one smoothed sample). No step runs a shape — chosen, probed or explored — priced
-    above ``stall_ratio`` × the cheapest candidate's step at the batch's size: the median step
-    a request sees is at least that cheapest one, so no request's worst step reaches 3 × its
-    median (among plain steps of 0.6 ms a tree step of 2 ms is a stall to every request in it,
-    however many tokens it commits).
+    ``explore_every`` drafting steps a close runner-up not timed at the batch's size (or timed
+    too long ago, ``LearnedCosts``) runs once (``_untried_near``). Plain steps explore
+    nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
+    whether drafting pays is the probes' (on the H200, explorations among plain steps were
+    one step in eight at T 1, bs 32, each a tree step three times a plain one). The shapes
+    are priced again every ``reprice_every`` steps, when the batch's size changes and after a
+    probe is read back; in between the last pricing stands (pricing every candidate is most of
+    the policy's host time, and a step's estimates move by one smoothed sample). No step runs
+    a shape — chosen, probed or explored — priced above ``stall_ratio`` × the cheapest
+    candidate's step at the batch's size: the median step a request sees is at least that
+    cheapest one, so no request's worst step reaches 3 × its median (among plain steps of
+    0.6 ms a tree step of 2 ms is a stall to every request in it, however many tokens it
+    commits).
     """
 
     observes = True
@@ -142,10 +146,16 @@ class AdaptiveShapes:
         self._costs = LearnedCosts(costs)
 
     def observe_time(
-        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+        self,
+        shape: DraftShape,
+        batch_size: int,
+        sampled: bool,
+        seconds: float,
+        *,
+        catch_up: bool = False,
     ) -> None:
         if self._costs is not None:
-            self._costs.record(shape, batch_size, sampled, seconds)
+            self._costs.record(shape, batch_size, sampled, seconds, catch_up=catch_up)
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (the prior before any of its steps)."""
@@ -178,7 +188,7 @@ class AdaptiveShapes:
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
                 best = max(drafting, key=lambda i: (chosen.rates[i], -i))
                 choice = self._probe = self.shapes[best]
-        elif self._explore_due():
+        elif not choice.is_plain and self._explore_due():
             choice = self._untried_near(priced) or choice
         return choice
 

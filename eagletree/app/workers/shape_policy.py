@@ -32,10 +32,17 @@ class ShapePolicy(Protocol):
         then offers (``accepted_path_ranks``, S columns each)."""
 
     def observe_time(
-        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+        self,
+        shape: DraftShape,
+        batch_size: int,
+        sampled: bool,
+        seconds: float,
+        *,
+        catch_up: bool = False,
     ) -> None:
         """A decode step of ``shape`` (plain included) over ``batch_size`` requests, some
-        sampling or none, took ``seconds`` (``ReadBackClock``)."""
+        sampling or none, took ``seconds`` (``ReadBackClock``); ``catch_up``: a plain step that
+        also extended the draft over its lag."""
 
 
 class FixedShape:
@@ -55,6 +62,12 @@ class FixedShape:
         return None
 
     def observe_time(
-        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+        self,
+        shape: DraftShape,
+        batch_size: int,
+        sampled: bool,
+        seconds: float,
+        *,
+        catch_up: bool = False,
     ) -> None:
         return None

@@ -138,10 +138,13 @@ class SpeculativeWorker(StepWorker):
         """An adaptive policy's step costs, measured over every shape's runner."""
         if isinstance(self.policy, AdaptiveShapes):
             buckets = self._buckets or (1,)
-            costs = measure_step_costs(self._runners, buckets, progress=progress)
-            if self._catch_up is not None:  # a run of plain steps: one catch-up every lag width
-                catch_up = measure_step_costs({PLAIN: self._catch_up}, buckets)
-                costs = costs.amortised(PLAIN, catch_up, every=self._state.lag.width)
+            costs = measure_step_costs(
+                self._runners,
+                buckets,
+                catch_up=self._catch_up,  # a run of plain steps: one catch-up every lag width
+                catch_up_every=self._state.lag.width,
+                progress=progress,
+            )
             self.policy.use_costs(costs)
 
     @property
@@ -177,9 +180,10 @@ class SpeculativeWorker(StepWorker):
             self._state.check_owned(decode)
             shape = self.policy.choose(decode)
             observed: torch.Tensor | None = None
-            lagging = False
+            lagging = catch_up = False
             if self._runs_on_device(decode):
                 shape, runner, lagging = self._runner_of(shape, decode)
+                catch_up = runner is self._catch_up
                 run = runner.run(decode, exact_lengths=plan.exact_lengths)
                 tokens, emitted, *rest = run
                 observed = rest[0] if rest and not shape.is_plain else None
@@ -197,7 +201,7 @@ class SpeculativeWorker(StepWorker):
                 # a step that also prefilled took longer than its shape's step: not timed
                 timed = not phases.prefill
                 paths = observed is not None
-                observer = partial(self._read_back, shape, self._launched, timed, paths)
+                observer = partial(self._read_back, shape, self._launched, timed, paths, catch_up)
             outputs.append(
                 StepOutput(
                     requests=decode,
@@ -219,15 +223,17 @@ class SpeculativeWorker(StepWorker):
         launched: int,
         timed: bool,
         paths: bool,
+        catch_up: bool,
         requests: Sequence[Request],
         rows: list[list[int]],
     ) -> None:
         """What the policy learns from the read-back decode step launched ``launched``-th: the
-        time it took (when ``timed``), and with ``paths`` its accepted paths (``rows``)."""
+        time it took (when ``timed``; ``catch_up``: a plain step that extended the draft over
+        its lag), and with ``paths`` its accepted paths (``rows``)."""
         seconds = self._read_back_clock.lap(launched)
         if timed and seconds is not None:
             sampled = any(not r.params.greedy for r in requests)
-            self.policy.observe_time(shape, len(requests), sampled, seconds)
+            self.policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
             self.policy.observe(shape, requests, rows)
 

@@ -5,13 +5,19 @@ model: at start, after its graphs are captured, every shape's step is replayed o
 rows at every bucket, greedy and sampled (``measure_step_costs``); while it runs, the seconds
 its steps actually take between read-backs (``ReadBackClock``) correct that table
 (``LearnedCosts``), since a running step also pays the host's work, which a replay does not.
+
+A plain step comes in two kinds: one that leaves its token in the draft's lag, and the catch-up
+that also extends the draft over the lag, once per lag width of plain steps and before a
+drafting step that follows plain ones. Both are timed and learned apart, and a plain step is
+priced as their mean over a run of plain steps: a catch-up timed as a plain step would price
+plain decoding, at a batch of 64, at twice what a run of it costs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from eagletree.app.workers.sampler import SamplingMode
@@ -24,46 +30,47 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class StepCosts:
-    """Seconds of one step per (shape, bucket, sampled); ``buckets`` ascending."""
+    """Seconds of one step per (shape, bucket, sampled); ``buckets`` ascending. The plain
+    shape's is a step that leaves its token in the draft's lag; ``catch_up`` per (bucket,
+    sampled): a plain step that extends the draft over the lag, run once every
+    ``catch_up_every`` plain steps (empty: plain steps need no catch-up)."""
 
     buckets: tuple[int, ...]
     seconds: Mapping[tuple[DraftShape, int, bool], float]
-
-    def amortised(self, shape: DraftShape, once: StepCosts, every: int) -> StepCosts:
-        """These costs with ``shape``'s step replaced by the mean over ``every`` steps of which
-        one costs ``once``'s (same buckets) and the rest this table's: a run of plain steps that
-        catch the draft up once per lag width."""
-        seconds = dict(self.seconds)
-        for (other, bucket, sampled), extra in once.seconds.items():
-            key = (shape, bucket, sampled)
-            seconds[key] = ((every - 1) * self.seconds[key] + extra) / every
-            assert other == shape, "amortised over the same shape's costs"
-        return StepCosts(self.buckets, seconds)
+    catch_up: Mapping[tuple[int, bool], float] = field(default_factory=dict)
+    catch_up_every: int = 1
 
 
 def measure_step_costs(
     runners: Mapping[DraftShape, DecodeStepRunner],
     buckets: tuple[int, ...],
     *,
+    catch_up: DecodeStepRunner | None = None,
+    catch_up_every: int = 1,
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
 ) -> StepCosts:
-    """Time every runner's step at every bucket, greedy and sampled (start-up work)."""
+    """Time every runner's step, and ``catch_up``'s, at every bucket, greedy and sampled
+    (start-up work)."""
     started = time.perf_counter()
+
+    def timed(runner: DecodeStepRunner, bucket: int, sampled: bool) -> float:
+        mode = SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY
+        return runner.time_step(bucket, mode, repeats)
+
+    kinds = [(bucket, sampled) for bucket in buckets for sampled in (False, True)]
     seconds = {
-        (shape, bucket, sampled): runner.time_step(
-            bucket, SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY, repeats
-        )
+        (shape, bucket, sampled): timed(runner, bucket, sampled)
         for shape, runner in runners.items()
-        for bucket in buckets
-        for sampled in (False, True)
+        for bucket, sampled in kinds
     }
+    catch_ups = {} if catch_up is None else {kind: timed(catch_up, *kind) for kind in kinds}
     if progress is not None:
         progress(
             f"measured the step costs of {len(runners)} draft shapes at {len(buckets)} batch "
             f"sizes in {time.perf_counter() - started:.1f} s"
         )
-    return StepCosts(tuple(sorted(buckets)), seconds)
+    return StepCosts(tuple(sorted(buckets)), seconds, catch_ups, catch_up_every)
 
 
 @dataclass(slots=True)
@@ -79,29 +86,50 @@ class _Smoothed:
         self.mean += max(weight, 1.0 / self.count) * (value - self.mean)
 
 
+_Key = tuple["DraftShape", int, bool, bool]  # shape, bucket, sampled, a plain step's catch-up
+
+
 class LearnedCosts:
     """Step costs as the running engine pays them: the ``measured`` table corrected by the
     seconds steps took (``record``; ``ReadBackClock``).
 
     A replayed graph times the device alone; a running step also pays the host's work
-    (scheduling, commits, the policy) and, for plain steps, their share of the draft's
-    catch-ups: on a small model that is most of a step, and it differs far less between shapes
-    than the device's time does, so the measured table alone overprices drafting against plain
-    steps. A (shape, bucket, sampling) that ran is priced by the smoothed seconds it took,
-    starting from its estimate as one sample; one that has not, by its measured seconds plus
-    the excess of observed over measured seconds at its bucket and sampling (smoothed over
-    whatever ran there: the host's share is additive), or where nothing ran there yet, at the
-    nearest bucket where something did (the host's share changes slowly with the batch, and a
-    serving batch moves between buckets as requests come and go). A step that took more than
-    ``clip`` times its estimate counts as that (an engine that waited between two steps);
-    ``weight``: how fast an average follows a change.
+    (scheduling, commits, the policy): on a small model that is most of a step, and it differs
+    far less between shapes than the device's time does, so the measured table alone
+    overprices drafting against plain steps. A (shape, bucket, sampling) that ran is priced by
+    the smoothed seconds it took, starting from its estimate as one sample; one that has not,
+    by its measured seconds plus the excess of observed over measured seconds at its bucket and
+    sampling (smoothed over whatever ran there: the host's share is additive), or where nothing
+    ran there yet, at the nearest bucket where something did (the host's share changes slowly
+    with the batch, and a serving batch moves between buckets as requests come and go). Plain
+    steps and their catch-ups are learned apart and a plain step priced as their mean over a
+    run (``StepCosts``). A step that took more than ``clip`` times its estimate counts as that
+    (an engine that waited between two steps); ``weight``: how fast an average follows a
+    change. A shape's own times go stale once ``stale_after`` steps were recorded since its
+    last: it is priced by the table and the excess again, and its next step starts a new
+    average. A shape that stopped running keeps whatever its last steps said — steps
+    among another shape's, which pay that one's host work, a bench's pause before the
+    read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
+    priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast
+    as plain decoding, and a chain priced by the lap that spanned a pause kept it on a tree
+    for a whole window.
     """
 
-    def __init__(self, measured: StepCosts, *, weight: float = 0.1, clip: float = 3.0) -> None:
+    def __init__(
+        self,
+        measured: StepCosts,
+        *,
+        weight: float = 0.1,
+        clip: float = 3.0,
+        stale_after: int = 64,
+    ) -> None:
         self.measured = measured
         self._weight = weight
         self._clip = clip
-        self._observed: dict[tuple[DraftShape, int, bool], _Smoothed] = {}
+        self._stale_after = stale_after
+        self._observed: dict[_Key, _Smoothed] = {}
+        self._recorded_at: dict[_Key, int] = {}  # per key, the record count at its last step
+        self._records = 0
         self._excess: dict[tuple[int, bool], _Smoothed] = {}
         # per (bucket, sampling) the excess it borrows, found once per new observed bucket
         self._borrowed: dict[tuple[int, bool], _Smoothed | None] = {}
@@ -114,34 +142,78 @@ class LearnedCosts:
         return self.measured.buckets
 
     def of(self, shape: DraftShape, batch_size: int, sampled: bool) -> float:
-        """The expected seconds of one step of ``shape`` over ``batch_size`` requests."""
+        """The expected seconds of one step of ``shape`` over ``batch_size`` requests (a plain
+        step: its share of a run of plain steps with their catch-ups)."""
         key, rows = self._key(shape, batch_size, sampled)
-        return self._per_bucket(key) * rows
+        return self._run_mean(key, self._per_bucket) * rows
+
+    def measured_of(self, shape: DraftShape, batch_size: int, sampled: bool) -> float:
+        """``of`` by the measured table alone."""
+        key, rows = self._key(shape, batch_size, sampled)
+        return self._run_mean(key, self._measured) * rows
 
     def observations(self, shape: DraftShape, batch_size: int, sampled: bool) -> int:
-        """How many steps of ``shape`` were recorded at this batch size's bucket and sampling."""
-        observed = self._observed.get(self._key(shape, batch_size, sampled)[0])
+        """How many steps of ``shape`` were recorded at this batch size's bucket and sampling
+        (for plain: those that left their token in the lag)."""
+        observed = self._fresh(self._key(shape, batch_size, sampled)[0])
         return 0 if observed is None else observed.count - 1  # its estimate counts as one
 
-    def record(self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float) -> None:
-        """A step of ``shape`` over ``batch_size`` requests took ``seconds``."""
-        key, rows = self._key(shape, batch_size, sampled)
+    def record(
+        self,
+        shape: DraftShape,
+        batch_size: int,
+        sampled: bool,
+        seconds: float,
+        *,
+        catch_up: bool = False,
+    ) -> None:
+        """A step of ``shape`` over ``batch_size`` requests took ``seconds``; ``catch_up``: a
+        plain step that also extended the draft over its lag."""
+        (shape, bucket, sampled, _), rows = self._key(shape, batch_size, sampled)
+        key = (shape, bucket, sampled, catch_up)
         estimate = self._per_bucket(key)
         value = min(seconds / rows, self._clip * estimate)
-        observed = self._observed.setdefault(key, _Smoothed(estimate, 1))
+        observed = self._fresh(key)
+        if observed is None:
+            observed = self._observed[key] = _Smoothed(estimate, 1)
         observed.add(value, self._weight)
-        excess = self._excess.get(key[1:])
+        self._records += 1
+        self._recorded_at[key] = self._records
+        excess = self._excess.get((bucket, sampled))
         if excess is None:
-            excess = self._excess[key[1:]] = _Smoothed(0.0)
+            excess = self._excess[(bucket, sampled)] = _Smoothed(0.0)
             self._borrowed.clear()
-        excess.add(value - self.measured.seconds[key], self._weight)
+        excess.add(value - self._measured(key), self._weight)
 
-    def _per_bucket(self, key: tuple[DraftShape, int, bool]) -> float:
+    def _run_mean(self, key: _Key, per_bucket: Callable[[_Key], float]) -> float:
+        """A step's seconds at its bucket; a plain one's, amortised over a run of plain steps
+        that catch the draft up once every ``catch_up_every``."""
+        shape, bucket, sampled, _ = key
+        every = self.measured.catch_up_every
+        if not shape.is_plain or not self.measured.catch_up:
+            return per_bucket(key)
+        catch_up = per_bucket((shape, bucket, sampled, True))
+        return ((every - 1) * per_bucket(key) + catch_up) / every
+
+    def _measured(self, key: _Key) -> float:
+        shape, bucket, sampled, catch_up = key
+        if catch_up:
+            return self.measured.catch_up[(bucket, sampled)]
+        return self.measured.seconds[(shape, bucket, sampled)]
+
+    def _fresh(self, key: _Key) -> _Smoothed | None:
+        """The key's own average, unless ``stale_after`` steps were recorded since its last."""
         observed = self._observed.get(key)
+        if observed is None or self._records - self._recorded_at[key] >= self._stale_after:
+            return None
+        return observed
+
+    def _per_bucket(self, key: _Key) -> float:
+        observed = self._fresh(key)
         if observed is not None:
             return observed.mean
         excess = self._excess_at(key[1], key[2])
-        return self.measured.seconds[key] + (0.0 if excess is None else excess.mean)
+        return self._measured(key) + (0.0 if excess is None else excess.mean)
 
     def _excess_at(self, bucket: int, sampled: bool) -> _Smoothed | None:
         """The excess seen at ``bucket``, else at the nearest bucket where a step of that
@@ -157,18 +229,16 @@ class LearnedCosts:
             )
         return self._borrowed[(bucket, sampled)]
 
-    def _key(
-        self, shape: DraftShape, batch_size: int, sampled: bool
-    ) -> tuple[tuple[DraftShape, int, bool], float]:
-        """The table's key for a step and the factor its time is the bucket's by: 1 within the
-        buckets; above the largest, its rows over the largest's (an eager step past the graphs
-        costs at least that)."""
+    def _key(self, shape: DraftShape, batch_size: int, sampled: bool) -> tuple[_Key, float]:
+        """The table's key for a step (not a catch-up) and the factor its time is the bucket's
+        by: 1 within the buckets; above the largest, its rows over the largest's (an eager step
+        past the graphs costs at least that)."""
         if batch_size >= len(self._bucket_of):
             largest = self.buckets[-1]
-            return (shape, largest, sampled), batch_size / largest
+            return (shape, largest, sampled, False), batch_size / largest
         bucket = self._bucket_of[batch_size]
         assert bucket is not None, "a step of no requests has no cost"
-        return (shape, bucket, sampled), 1.0
+        return (shape, bucket, sampled, False), 1.0
 
 
 class ReadBackClock:

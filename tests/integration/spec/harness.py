@@ -238,7 +238,7 @@ def greedy_outputs(
 class RecordingPolicy:
     """A test shape policy's base: its shapes, how often it chose each, every path it
     observed as (shape, request id, path) and every step time as (shape, batch size, sampled,
-    seconds); a subclass says which shape each step drafts (``pick``)."""
+    seconds, catch-up); a subclass says which shape each step drafts (``pick``)."""
 
     observes = True
 
@@ -246,7 +246,7 @@ class RecordingPolicy:
         self.shapes = tuple(shapes)
         self.chosen: Counter[DraftShape] = Counter()
         self.observed: list[tuple[DraftShape, int, list[int]]] = []
-        self.timed: list[tuple[DraftShape, int, bool, float]] = []
+        self.timed: list[tuple[DraftShape, int, bool, float, bool]] = []
 
     def pick(self, decode: Sequence[Request]) -> DraftShape:
         raise NotImplementedError
@@ -263,6 +263,12 @@ class RecordingPolicy:
             self.observed.append((shape, request.request_id, list(path)))
 
     def observe_time(
-        self, shape: DraftShape, batch_size: int, sampled: bool, seconds: float
+        self,
+        shape: DraftShape,
+        batch_size: int,
+        sampled: bool,
+        seconds: float,
+        *,
+        catch_up: bool = False,
     ) -> None:
-        self.timed.append((shape, batch_size, sampled, seconds))
+        self.timed.append((shape, batch_size, sampled, seconds, catch_up))

@@ -87,6 +87,57 @@ def test_past_the_largest_bucket_steps_are_recorded_and_priced_per_row() -> None
     assert costs.of(CHAIN, 16, False) == pytest.approx(12.0)
 
 
+# catch-ups: 5 s at every bucket and sampling, one every 4 plain steps
+WITH_CATCH_UP = StepCosts(
+    BUCKETS,
+    MEASURED.seconds,
+    {(b, sampled): 5.0 for b in BUCKETS for sampled in (False, True)},
+    catch_up_every=4,
+)
+
+
+def test_a_plain_step_is_priced_as_its_share_of_a_run_with_its_catch_ups() -> None:
+    costs = LearnedCosts(WITH_CATCH_UP, weight=0.5)
+    # three plain steps of 1 s and a catch-up of 5 s per 4 tokens
+    assert costs.of(PLAIN, 1, False) == pytest.approx((3 * 1.0 + 5.0) / 4)
+    assert costs.measured_of(PLAIN, 1, False) == pytest.approx(2.0)
+    assert costs.of(CHAIN, 1, False) == 2.0  # drafting steps need no catch-up
+
+
+def test_catch_ups_are_learned_apart_from_the_plain_steps_of_a_run() -> None:
+    costs = LearnedCosts(WITH_CATCH_UP, weight=0.5)
+    for _ in range(30):
+        costs.record(PLAIN, 8, False, 11.0, catch_up=True)  # 6 s more than measured
+    # plain steps that leave their token in the lag were not timed: measured + the excess
+    assert costs.observations(PLAIN, 8, False) == 0
+    assert costs.of(PLAIN, 8, False) == pytest.approx((3 * (2.0 + 6.0) + 11.0) / 4, rel=1e-3)
+    for _ in range(30):
+        costs.record(PLAIN, 8, False, 2.5)
+    # each kind priced by its own steps: a catch-up's time is not a plain step's
+    assert costs.observations(PLAIN, 8, False) == 30
+    assert costs.of(PLAIN, 8, False) == pytest.approx((3 * 2.5 + 11.0) / 4, rel=1e-3)
+    assert costs.measured_of(PLAIN, 8, False) == pytest.approx((3 * 2.0 + 5.0) / 4)
+
+
+def test_a_shape_that_stopped_running_is_priced_by_the_table_and_the_excess_again() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5, stale_after=10)
+    for _ in range(5):
+        costs.record(CHAIN, 8, False, 12.0)  # steps that paid another's work: 3 × 4
+    assert costs.of(CHAIN, 8, False) == pytest.approx(12.0, rel=0.1)
+    assert costs.observations(CHAIN, 8, False) == 5
+    for _ in range(9):
+        costs.record(TREE, 8, False, 7.0)  # the tree runs, at 1 s over its table's 6
+    assert costs.of(CHAIN, 8, False) == pytest.approx(12.0, rel=0.1)  # 9 < 10: still its own
+    costs.record(TREE, 8, False, 7.0)
+    # stale: the chain's table (4) plus the excess the steps at bucket 8 show now (about 1)
+    assert costs.observations(CHAIN, 8, False) == 0
+    assert costs.of(CHAIN, 8, False) == pytest.approx(4.0 + 1.0, abs=0.05)
+    # its next step starts a new average from that estimate, not from the stale one
+    costs.record(CHAIN, 8, False, 5.0)
+    assert costs.observations(CHAIN, 8, False) == 1
+    assert costs.of(CHAIN, 8, False) == pytest.approx(5.0, abs=0.05)
+
+
 class FakeClock:
     def __init__(self, times: list[float]) -> None:
         self._times = iter(times)
