@@ -77,12 +77,25 @@ class AcceptanceProfile:
         return [hits[0] / exposures[0] if exposures[0] > 0 else 0.0 for hits, exposures in pairs]
 
     def profile(self) -> RankProfile:
-        """The current estimate (every rank's rate ≤ its hits / exposures, rows summing ≤ 1)."""
+        """The current estimate: per depth, each rank's hits / exposures, capped by the rate of
+        the rank before it and by what the ranks before it leave of 1.
+
+        Rank 0 is offered wherever a path reaches a depth, so its rate is the plain mean. A
+        lower rank is offered only where the tree kept it, and EAGLE keeps it where the draft
+        was unsure, which is where the target takes it most: its hits / exposures overstate
+        its rate, and a row of them can sum past 1. Scaling such a row down would take rank 0
+        with it (a greedy head whose chains accept 0.93 a depth priced at 0.74); the caps take
+        the excess from the ranks that carry it, and keep a row non-increasing as the draft's
+        ranking is."""
         rows = []
         for hits, exposures in zip(self._hits, self._exposures, strict=True):
-            row = [h / e if e > 0 else 0.0 for h, e in zip(hits, exposures, strict=True)]
-            total = sum(row)
-            rows.append(tuple(r / total for r in row) if total > 1.0 else tuple(row))
+            row: list[float] = []
+            left = cap = 1.0
+            for h, e in zip(hits, exposures, strict=True):
+                rate = min(h / e if e > 0 else 0.0, cap, left)
+                row.append(rate)
+                left, cap = left - rate, rate
+            rows.append(tuple(row))
         return RankProfile(tuple(rows))
 
     def _rescale(self) -> None:

@@ -182,6 +182,31 @@ def test_the_profile_learns_the_rates_it_is_fed_and_ignores_ranks_not_offered() 
         assert row == pytest.approx(expected, abs=0.03)
 
 
+def test_ranks_offered_only_where_the_draft_is_unsure_do_not_lower_rank_0() -> None:
+    # a tree keeps the lower ranks where the draft is unsure: there the target takes rank 0
+    # half the time and rank 1 often; where it is sure, only rank 0 is offered (and taken 95 %
+    # of the time). Rank 1's hits / exposures (0.3) overstate its rate over all steps (0.09),
+    # and the raw row sums past 1: rank 0 must keep its own mean, 0.7·0.95 + 0.3·0.5
+    tracker = AcceptanceProfile(1, 3, RankProfile(((0.5,),)), prior_weight=1.0, half_life=1e9)
+    rng = random.Random(3)
+    for _ in range(6000):
+        unsure = rng.random() < 0.3
+        rates, width = ((0.5, 0.3, 0.1), 3) if unsure else ((0.95,), 1)
+        draw, rank = rng.random(), -1
+        for j, rate in enumerate(rates):
+            draw -= rate
+            if draw < 0:
+                rank = j
+                break
+        tracker.record([([rank], [width])])
+    (row,) = tracker.profile().hit_rates
+    assert row[0] == pytest.approx(0.7 * 0.95 + 0.3 * 0.5, abs=0.02)
+    assert sum(row) <= 1.0 + 1e-12
+    assert list(row) == sorted(row, reverse=True)  # the draft's ranking: non-increasing
+    assert row[1] == pytest.approx(1.0 - row[0], abs=1e-12)  # the excess taken from rank 1
+    assert row[2] == 0.0
+
+
 def test_old_steps_fade_with_the_half_life() -> None:
     tracker = AcceptanceProfile(1, 1, RankProfile(((0.0,),)), prior_weight=0.0, half_life=10)
     for _ in range(200):
@@ -200,7 +225,9 @@ def test_the_decay_survives_runs_far_longer_than_a_counts_range() -> None:
     # half-life 1: a new step weighs twice the last, 2^1100 after 1100 steps (past a float's
     # range): the counts are rescaled on the way, and the rates stay the decayed ones
     tracker = AcceptanceProfile(1, 2, RankProfile(((0.5, 0.2),)), prior_weight=4.0, half_life=1)
-    outcomes = [(i * 7) % 3 for i in range(1100)]  # rank 0, 1 or none, in a fixed pattern
+    # rank 1, none, then rank 0 twice, in a fixed pattern (rank 0 the likelier, as a draft's
+    # ranking has it, and the row below 1: the rates are the decayed means themselves)
+    outcomes = [(1, 2, 0, 0)[i % 4] for i in range(1100)]
     for outcome in outcomes:
         tracker.record([([outcome if outcome < 2 else -1], [2])])
     weights = [0.5**age for age in range(len(outcomes))]  # newest first
