@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes, band_of
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
+from eagletree.domain.draft_shape import expected_accepted
 
 if TYPE_CHECKING:
     from eagletree.app.engine.loop import Engine
@@ -25,7 +26,8 @@ def _adaptive_policy(engine: Engine) -> tuple[SpeculativeWorker, AdaptiveShapes]
 
 def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     """An adaptive engine's step costs (ms per step, per shape, bucket and sampling: as
-    measured at start and as learned from its steps) and its learned rank profiles per band;
+    measured at start and as learned from its steps; a plain step's, its share of a run of
+    plain steps with their catch-ups) and its learned rank profiles per band;
     None for any other engine."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
@@ -34,7 +36,7 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     costs = policy.costs
     rows = []
     if costs is not None:
-        for (shape, bucket, sampled), seconds in costs.measured.seconds.items():
+        for shape, bucket, sampled in costs.measured.seconds:
             rows.append(
                 {
                     "shape": shape.label,
@@ -43,7 +45,7 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
                     "num_draft_tokens": shape.num_draft_tokens,
                     "bucket": bucket,
                     "sampled": sampled,
-                    "measured_ms": 1e3 * seconds,
+                    "measured_ms": 1e3 * costs.measured_of(shape, bucket, sampled),
                     "learned_ms": 1e3 * costs.of(shape, bucket, sampled),
                 }
             )
@@ -52,6 +54,26 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
         for band, profile in policy.learned_profiles().items()
     }
     return {"step_costs": rows, "rank_profiles": profiles}
+
+
+def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:
+    """What an adaptive engine's policy now believes of a batch of ``batch_size`` requests at
+    ``temperature``, per candidate: the tokens a step commits by the band's learned profile and
+    the ms a step costs by its learned costs (empty for any other engine): beside the row's
+    measured tokens per step and ms per step, where its choice went wrong."""
+    adaptive = _adaptive_policy(engine)
+    if adaptive is None or adaptive[1].costs is None:
+        return {}
+    policy, costs = adaptive[1], adaptive[1].costs
+    profile = policy.profile(band_of(temperature))
+    sampled = temperature > 0
+    return {
+        shape.label: {
+            "tokens_per_step": 1.0 + expected_accepted(shape, profile),
+            "ms": 1e3 * costs.of(shape, batch_size, sampled),
+        }
+        for shape in policy.shapes
+    }
 
 
 def shape_steps(engine: Engine) -> Counter[DraftShape]:

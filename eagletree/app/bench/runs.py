@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
-from eagletree.app.bench.adaptive_state import adaptive_state, shape_steps
+from eagletree.app.bench.adaptive_state import adaptive_state, policy_view, shape_steps
 from eagletree.app.parallel.launch import with_parallel
 
 if TYPE_CHECKING:
@@ -160,7 +160,9 @@ def _measure_windows(
             bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
             ran = (Counter(chosen) - chosen_before).most_common()
             row = _row(config.name, m, temperature, ran[0][0].label if ran else None)
-            rows.append(dataclasses.replace(row, shape_steps={s.label: n for s, n in ran}))
+            ran_steps = {s.label: n for s, n in ran}
+            view = policy_view(engine, bs, temperature)
+            rows.append(dataclasses.replace(row, shape_steps=ran_steps, policy_view=view))
     return rows
 
 
