@@ -111,8 +111,10 @@ class LearnedCosts:
     among another shape's, which pay that one's host work, a bench's pause before the
     read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
     priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast
-    as plain decoding, and a chain priced by the lap that spanned a pause kept it on a tree
-    for a whole window.
+    as plain decoding. Staleness after 64 steps fixed that, but a bench window of 256 tokens
+    at 5 a step lasts about 50 steps: a window that began on the slower of two close shapes (a
+    chain S5 priced 10 % over its time when the window before ended) stayed on it to the end.
+    After 16 steps a shape is stale, and the next exploration (every 8 drafting steps) times it.
     """
 
     def __init__(
@@ -121,14 +123,16 @@ class LearnedCosts:
         *,
         weight: float = 0.1,
         clip: float = 3.0,
-        stale_after: int = 64,
+        stale_after: int = 16,
     ) -> None:
         self.measured = measured
         self._weight = weight
         self._clip = clip
         self._stale_after = stale_after
         self._observed: dict[_Key, _Smoothed] = {}
-        self._recorded_at: dict[_Key, int] = {}  # per key, the record count at its last step
+        # per (shape, bucket, sampled), the record count at its last step (a plain step's and
+        # a catch-up's alike: a run of plain steps keeps both kinds fresh)
+        self._recorded_at: dict[tuple[DraftShape, int, bool], int] = {}
         self._records = 0
         self._excess: dict[tuple[int, bool], _Smoothed] = {}
         # per (bucket, sampling) the excess it borrows, found once per new observed bucket
@@ -178,7 +182,7 @@ class LearnedCosts:
             observed = self._observed[key] = _Smoothed(estimate, 1)
         observed.add(value, self._weight)
         self._records += 1
-        self._recorded_at[key] = self._records
+        self._recorded_at[key[:3]] = self._records
         excess = self._excess.get((bucket, sampled))
         if excess is None:
             excess = self._excess[(bucket, sampled)] = _Smoothed(0.0)
@@ -202,9 +206,10 @@ class LearnedCosts:
         return self.measured.seconds[(shape, bucket, sampled)]
 
     def _fresh(self, key: _Key) -> _Smoothed | None:
-        """The key's own average, unless ``stale_after`` steps were recorded since its last."""
+        """The key's own average, unless ``stale_after`` steps were recorded since its shape
+        last ran at its bucket and sampling."""
         observed = self._observed.get(key)
-        if observed is None or self._records - self._recorded_at[key] >= self._stale_after:
+        if observed is None or self._records - self._recorded_at[key[:3]] >= self._stale_after:
             return None
         return observed
 
