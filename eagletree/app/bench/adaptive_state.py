@@ -62,9 +62,12 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
     the ms a step costs by its learned costs (empty for any other engine): beside the row's
     measured tokens per step and ms per step, where its choice went wrong."""
     adaptive = _adaptive_policy(engine)
-    if adaptive is None or adaptive[1].costs is None:
+    if adaptive is None:
         return {}
-    policy, costs = adaptive[1], adaptive[1].costs
+    policy = adaptive[1]
+    costs = policy.costs
+    if costs is None:
+        return {}
     profile = policy.profile(band_of(temperature))
     sampled = temperature > 0
     return {

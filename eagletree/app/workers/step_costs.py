@@ -111,10 +111,11 @@ class LearnedCosts:
     among another shape's, which pay that one's host work, a bench's pause before the
     read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
     priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast
-    as plain decoding. Staleness after 64 steps fixed that, but a bench window of 256 tokens
-    at 5 a step lasts about 50 steps: a window that began on the slower of two close shapes (a
-    chain S5 priced 10 % over its time when the window before ended) stayed on it to the end.
-    After 16 steps a shape is stale, and the next exploration (every 8 drafting steps) times it.
+    as plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps, and a
+    batch as often: a shape must go stale well within that, or a batch that begins on the
+    slower of two close shapes (its rival priced 10 % over its time by the batch before) stays
+    on it to the end (64 steps did that on the H200). Once stale, the next exploration (every
+    8 drafting steps) times it again.
     """
 
     def __init__(
@@ -175,11 +176,10 @@ class LearnedCosts:
         plain step that also extended the draft over its lag."""
         (shape, bucket, sampled, _), rows = self._key(shape, batch_size, sampled)
         key = (shape, bucket, sampled, catch_up)
-        estimate = self._per_bucket(key)
-        value = min(seconds / rows, self._clip * estimate)
         observed = self._fresh(key)
-        if observed is None:
-            observed = self._observed[key] = _Smoothed(estimate, 1)
+        if observed is None:  # a new average, its estimate the first sample
+            observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)
+        value = min(seconds / rows, self._clip * observed.mean)
         observed.add(value, self._weight)
         self._records += 1
         self._recorded_at[key[:3]] = self._records
