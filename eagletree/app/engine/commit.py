@@ -48,7 +48,9 @@ def commit_step(
     stats.num_forwards += output.num_forwards
     if output.observer is not None:  # requests finished meanwhile still tell what was accepted
         decode = slice(output.num_prefill, None)
-        output.observer(output.requests[decode], [row[width + 2 :] for row in rows[decode]])
+        # the observed columns, where the step has any (a plain step's observer times it only)
+        paths = [] if output.observed is None else [row[width + 2 :] for row in rows[decode]]
+        output.observer(output.requests[decode], paths)
 
 
 def count_step(

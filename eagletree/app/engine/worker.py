@@ -25,6 +25,8 @@ class StepOutput:
     ``observed`` (bs, W) int64, with ``observer``: what the worker learns from the step (a
     speculative worker: each accepted path's ranks and offers), read back with the tokens and
     handed to ``observer(decode requests, their host rows)``; prefill rows are not handed over.
+    A step with an ``observer`` and no ``observed`` columns hands it no rows (it learns only
+    that the step was read back).
     """
 
     requests: list[Request]  # the plan's prefill requests first, then its decode requests

@@ -101,7 +101,8 @@ class DecodeWindow:
 class DecodeInputBuffers:
     """Device buffers for up to ``capacity`` rows; ``fill`` writes a step into them.
 
-    ``padding_row`` is a req_to_token row no request owns, with every slot 0.
+    ``padding_row`` is a req_to_token row no request owns, with every slot 0, where ``padded``
+    (else steps are never padded, and ``padding_row`` may be a request's).
     Two pinned staging blocks alternate, so a step's copy never reads a block the host is
     rewriting for the next step.
     """
@@ -114,11 +115,13 @@ class DecodeInputBuffers:
         *,
         device_lengths: bool = False,
         device_tokens: bool = False,
+        padded: bool = True,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"decode input capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.padding_row = padding_row
+        self.padded = padded
         self.device = device
         self._rows_total = len(_INT_FIELDS)
         # ints: (fields, capacity) int64; floats: (2, capacity) float32
@@ -167,6 +170,7 @@ class DecodeInputBuffers:
             padding_row,
             device_lengths=device_lengths,
             device_tokens=device_tokens,
+            padded=padded,
         )
 
     def set_lengths(self, requests: Sequence[Request]) -> None:
@@ -199,6 +203,7 @@ class DecodeInputBuffers:
         *,
         exact_lengths: bool = True,
         lengths: Sequence[int] | None = None,
+        gather: bool = True,
     ) -> DecodeInputs:
         """Write ``requests`` (then padding up to ``padded_size``) and return device views.
 
@@ -206,11 +211,14 @@ class DecodeInputBuffers:
         is gathered from ``committed``; ``exact_lengths`` False: the host's lengths are stale,
         so the views carry no ``seq_lens_cpu``. ``lengths``: the requests' committed lengths
         where the caller knows them better than their ``committed_len``. With device tokens
-        ``last_tokens`` is gathered from ``pending_tokens``.
+        ``last_tokens`` is gathered from ``pending_tokens``. ``gather`` False leaves both
+        gathers to the caller's step (``gather_device_state``).
         """
         bs = len(requests)
         if not bs <= padded_size <= self.capacity:
             raise ValueError(f"{bs} requests padded to {padded_size} > capacity {self.capacity}")
+        if padded_size > bs and not self.padded:
+            raise ValueError(f"{bs} requests padded to {padded_size}: no padding row here")
         ints, floats = self._staging[self._turn]
         self._turn ^= 1
         # one host tensor per block, built from Python lists: a handful of torch calls per step
@@ -238,17 +246,33 @@ class DecodeInputBuffers:
         non_blocking = self.device.type == "cuda"
         self._ints.copy_(ints, non_blocking=non_blocking)
         self._floats.copy_(floats, non_blocking=non_blocking)
-        if self.committed is not None and bs:
-            self._ints[1, :bs] = self.committed[self._ints[0, :bs]]  # padding rows keep 0
-        # one gather, straight into the buffer, over the host's tokens (stale while a step is
-        # in flight); padding rows keep 0
-        if self.pending_tokens is not None and bs:
-            torch.index_select(self.pending_tokens, 0, self._ints[0, :bs], out=self._ints[2, :bs])
         views = self.views(padded_size, bs, mode=sampling_mode(requests))
+        if gather and bs:
+            self.gather_device_state(views)
         if not exact_lengths:
             return views
         seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
         return dataclasses.replace(views, seq_lens_cpu=seq_lens_cpu, seq_lens_sum=sum(lens))
+
+    def gather_device_state(self, inputs: DecodeInputs) -> None:
+        """Overwrite the host's lengths and tokens of ``inputs``' live rows (stale while a step
+        is in flight) with the device's ``committed`` and ``pending_tokens`` where it keeps
+        them; padding rows keep their 0s. Device ops only, whatever the rows: a step runner
+        runs them inside its captured graph, where they cost the host no launch."""
+        if self.committed is None and self.pending_tokens is None:
+            return
+        rows = inputs.rows
+        if not self.padded:  # every row is a request's
+            if self.committed is not None:
+                torch.index_select(self.committed, 0, rows, out=inputs.seq_lens)
+            if self.pending_tokens is not None:
+                torch.index_select(self.pending_tokens, 0, rows, out=inputs.last_tokens)
+            return
+        live = rows != self.padding_row  # (padded,) bool
+        if self.committed is not None:
+            torch.where(live, self.committed[rows], inputs.seq_lens, out=inputs.seq_lens)
+        if self.pending_tokens is not None:
+            torch.where(live, self.pending_tokens[rows], inputs.last_tokens, out=inputs.last_tokens)
 
     def views(
         self,

@@ -40,7 +40,9 @@ class DraftStateStore:
     ``gather`` and ``scatter`` are device ops over rows. The host remembers only which request
     owns each row (``own``), so a stale row (a request retracted, aborted or finished since it
     was written) is never read: ``retain`` drops every row whose owner is not in the step's
-    plan, and ``check_owned`` refuses requests whose rows it does not hold.
+    plan, and ``check_owned`` refuses requests whose rows it does not hold. Of the lags it
+    keeps one bound for all rows (``lag_bound``, ``ran``): a plain step's host work stays the
+    same whatever the batch, and a bound too high only brings a catch-up forward.
     """
 
     def __init__(
@@ -53,7 +55,10 @@ class DraftStateStore:
         lag_width: int = 1,
     ) -> None:
         self._owner: dict[int, int] = {}  # row -> request id
-        self._lag: dict[int, int] = {}  # row -> plain steps whose tokens its draft has not read
+        # plain steps whose tokens some owned row's draft may not have read: at least any
+        # row's lag (a row prefilled since lags less)
+        self._lag_bound = 0
+        self._owned_this_step = 0  # rows the current step's prefill gave an owner
         self.lag = DraftLag(num_rows, lag_width, device)
         self.bonus_tokens = torch.zeros(num_rows, dtype=torch.int64, device=device)
         self.topk_p = torch.zeros(num_rows, topk, dtype=torch.float32, device=device)
@@ -64,10 +69,18 @@ class DraftStateStore:
         return len(self._owner)
 
     def retain(self, live: Sequence[Request]) -> None:
-        """Forget every row not owned by one of ``live`` (the requests of the current plan)."""
+        """A step begins: forget every row not owned by one of ``live`` (the requests of its
+        plan)."""
+        self._owned_this_step = 0
+        owner = self._owner
+        if len(live) == len(owner) and all(
+            r.row is not None and owner.get(r.row) == r.request_id for r in live
+        ):
+            return  # the same requests as the step before: nothing to forget
         keep = {r.row: r.request_id for r in live if r.row is not None}
-        self._owner = {row: rid for row, rid in self._owner.items() if keep.get(row) == rid}
-        self._lag = {row: lag for row, lag in self._lag.items() if row in self._owner}
+        self._owner = {row: rid for row, rid in owner.items() if keep.get(row) == rid}
+        if not self._owner:
+            self._lag_bound = 0
 
     def check_owned(self, requests: Sequence[Request]) -> None:
         """Raise unless the store holds a state written for each of ``requests`` (host only)."""
@@ -75,18 +88,30 @@ class DraftStateStore:
             if request.row is None or self._owner.get(request.row) != request.request_id:
                 raise RuntimeError(f"no draft state for {request}: it was never prefilled")
 
-    def own(self, requests: Sequence[Request], *, lagging: bool = False) -> None:
-        """Record that the rows of ``requests`` now hold their states (host only); ``lagging``:
-        the step left one more token in each row's lag, else the draft has read them all."""
+    def own(self, requests: Sequence[Request]) -> None:
+        """Record that the rows of ``requests``, just prefilled, now hold their states, their
+        lags empty (host only)."""
         for request in requests:
             assert request.row is not None, request
             self._owner[request.row] = request.request_id
-            self._lag[request.row] = self._lag.get(request.row, 0) + 1 if lagging else 0
+        self._owned_this_step += len(requests)
 
-    def lag_of(self, requests: Sequence[Request]) -> int:
-        """The most tokens any of ``requests`` has in its lag (host only: the host counts the
+    def ran(self, decode: Sequence[Request], *, lagging: bool) -> None:
+        """A decode step over ``decode`` (owned rows) ran. ``lagging``: it left one more token
+        in each row's lag; else its draft read each row's whole lag, and when it left out no
+        owned row but the ones prefilled in the same step, no row lags (host only)."""
+        if not decode:
+            return
+        if lagging:
+            self._lag_bound += 1
+        elif len(decode) + self._owned_this_step == len(self._owner):
+            self._lag_bound = 0
+
+    @property
+    def lag_bound(self) -> int:
+        """The most tokens any owned row may have in its lag (host only: the host counts the
         steps that left them, so it never reads the device's counts)."""
-        return max((self._lag.get(r.row, 0) for r in requests if r.row is not None), default=0)
+        return self._lag_bound
 
     def gather(self, rows: torch.Tensor, topk: int | None = None) -> DraftInput:
         """The states at ``rows`` (bs,) int64 device, with the first ``topk`` (default: all)

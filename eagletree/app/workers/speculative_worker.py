@@ -190,7 +190,7 @@ class SpeculativeWorker(StepWorker):
             else:
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
                 tokens, emitted = self._decode_on_host(decode)
-            self._state.own(decode, lagging=lagging)
+            self._state.ran(decode, lagging=lagging)
             if decode:
                 self.shape_steps[shape] += 1
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
@@ -285,7 +285,7 @@ class SpeculativeWorker(StepWorker):
         row lags, it runs the catch-up (the drafting shape waits one step)."""
         if self._catch_up is None:
             return shape, self._runners[shape], False
-        lag = self._state.lag_of(decode)
+        lag = self._state.lag_bound if decode else 0
         if shape.is_plain and lag + 1 < self._state.lag.width:
             return shape, self._runners[shape], True
         if shape.is_plain or lag:

@@ -95,7 +95,7 @@ class DecodeStepRunner:
     ) -> None:
         if buckets and max(buckets) > buffers.capacity:
             raise ValueError(f"bucket {max(buckets)} exceeds the buffers' {buffers.capacity} rows")
-        self._step = step
+        self._decode = step
         self._buffers = buffers
         self._num_coins = num_coins
         self.buckets = tuple(sorted(set(buckets)))
@@ -134,7 +134,12 @@ class DecodeStepRunner:
                 self._capture(bucket, mode)
         padded = bs if bucket is None else bucket
         inputs = self._buffers.fill(
-            requests, padded, self._num_coins, exact_lengths=exact_lengths, lengths=lengths
+            requests,
+            padded,
+            self._num_coins,
+            exact_lengths=exact_lengths,
+            lengths=lengths,
+            gather=False,  # the step gathers: inside the graph
         )
         captured = None if bucket is None else self._graphs.get((bucket, mode))
         if captured is None:
@@ -190,6 +195,12 @@ class DecodeStepRunner:
             if index:
                 times.append(time.perf_counter() - started)
         return sorted(times)[len(times) // 2]
+
+    def _step(self, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
+        """The decode step over ``inputs``, after the device's lengths and tokens of its rows
+        (``gather_device_state``)."""
+        self._buffers.gather_device_state(inputs)
+        return self._decode(inputs)
 
     def _capture(self, bucket: int, mode: SamplingMode) -> None:
         """Capture one graph; the caller holds ``_no_collection_during_capture``."""

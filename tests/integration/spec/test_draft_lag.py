@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from eagletree.app.workers.draft_state import DraftLag, lag_width
+from eagletree.app.workers.draft_state import DraftLag, DraftStateStore, lag_width
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
@@ -184,3 +184,28 @@ def test_a_row_freed_with_tokens_in_its_lag_starts_its_next_request_with_none(
     fresh.engine.step()
     for ours, theirs in zip(_draft_states(spec, live), _draft_states(fresh, again), strict=True):
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_the_lag_bound_covers_every_owned_row_and_clears_only_when_none_was_left_out() -> None:
+    store = DraftStateStore(8, 2, 4, torch.float32, torch.device("cpu"), lag_width=4)
+    a, b, c, d = (Request(i, [1, 2], SamplingParams(max_new_tokens=8), 64) for i in range(4))
+    for row, request in enumerate((a, b, c, d), start=1):
+        request.admit(row, 0.0)
+
+    def step(prefill: list[Request], decode: list[Request], *, lagging: bool) -> int:
+        store.retain([*decode, *prefill])
+        store.own(prefill)
+        store.ran(decode, lagging=lagging)
+        return store.lag_bound
+
+    assert step([a, b], [], lagging=True) == 0  # a prefill alone lags nothing
+    assert step([], [a, b], lagging=True) == 1
+    assert step([c], [a, b], lagging=True) == 2  # c lags less: a bound, not each row's lag
+    assert step([], [a, b, c], lagging=True) == 3
+    store.retain([a, b, c])
+    store.ran([a, b], lagging=False)  # c was left out of the catch-up: it still lags
+    assert store.lag_bound == 3
+    assert step([d], [a, b, c], lagging=False) == 0  # d, prefilled beside it, lags nothing
+    assert step([], [a, b, c, d], lagging=True) == 1
+    store.retain([])  # every row freed
+    assert store.lag_bound == 0 and len(store) == 0

@@ -145,6 +145,40 @@ def test_device_tokens_are_gathered_at_the_rows_and_given_lengths_replace_the_ho
         buffers.fill(requests[:3], 4, num_coins=1, lengths=[1, 2])
 
 
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_runner_gathers_device_lengths_and_tokens_inside_its_step(padded: bool) -> None:
+    pool = TensorReqToTokenPool(8, 32, "cpu")
+    buffers = DecodeInputBuffers.for_pool(
+        pool, padded=padded, device_lengths=True, device_tokens=True
+    )
+    generator = torch.Generator().manual_seed(5)
+    tokens = torch.randint(1, 1000, (pool.size,), generator=generator)
+    lengths = torch.randint(1, 30, (pool.size,), generator=generator)
+    buffers.set_pending_tokens(torch.arange(pool.size), tokens)
+    assert buffers.committed is not None
+    buffers.committed.copy_(lengths)  # the padding row's too: a padding row must not read it
+    free = [row for row in range(pool.size) if not padded or row != buffers.padding_row]
+    rows = [free[i] for i in torch.randperm(len(free), generator=generator)[:3].tolist()]
+    requests = [_request(i, row, 2) for i, row in enumerate(rows)]  # host: length 2, token 3
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def step(inputs: object) -> tuple[torch.Tensor, ...]:
+        seen.append((inputs.seq_lens.clone(), inputs.last_tokens.clone()))  # type: ignore[attr-defined]
+        return (inputs.rows,)  # type: ignore[attr-defined]
+
+    runner = DecodeStepRunner(step, buffers, num_coins=1, buckets=(4,) if padded else ())
+    runner.run(requests, exact_lengths=False)
+    pad = [0] if padded else []  # a padding row keeps the host's zeros
+    ((seq_lens, last_tokens),) = seen
+    assert seq_lens.tolist() == lengths[rows].tolist() + pad
+    assert last_tokens.tolist() == tokens[rows].tolist() + pad
+    filled = buffers.fill(requests, len(requests), num_coins=1, gather=False)
+    assert filled.seq_lens.tolist() == [2, 2, 2] and filled.last_tokens.tolist() == [3, 3, 3]
+    if not padded:
+        with pytest.raises(ValueError, match="no padding row here"):
+            buffers.fill(requests, 4, num_coins=1)
+
+
 def test_a_runner_without_buckets_never_pads() -> None:
     pool = TensorReqToTokenPool(4, 32, "cpu")
     seen: list[int] = []
