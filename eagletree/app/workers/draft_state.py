@@ -68,19 +68,21 @@ class DraftStateStore:
     def __len__(self) -> int:
         return len(self._owner)
 
-    def retain(self, live: Sequence[Request]) -> None:
+    def retain(self, live: Sequence[Request]) -> bool:
         """A step begins: forget every row not owned by one of ``live`` (the requests of its
-        plan)."""
+        plan). Returns whether they are the rows' owners already, every one (then no request
+        of the plan needs ``check_owned``)."""
         self._owned_this_step = 0
         owner = self._owner
         if len(live) == len(owner) and all(
             r.row is not None and owner.get(r.row) == r.request_id for r in live
         ):
-            return  # the same requests as the step before: nothing to forget
+            return True  # the same requests as the step before: nothing to forget
         keep = {r.row: r.request_id for r in live if r.row is not None}
         self._owner = {row: rid for row, rid in owner.items() if keep.get(row) == rid}
         if not self._owner:
             self._lag_bound = 0
+        return False
 
     def check_owned(self, requests: Sequence[Request]) -> None:
         """Raise unless the store holds a state written for each of ``requests`` (host only)."""

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.sampler import sample_next_tokens
+from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_mode
 from eagletree.app.workers.shape_policy import FixedShape, ShapePolicy
 from eagletree.app.workers.step_costs import ReadBackClock, measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
@@ -169,7 +169,7 @@ class SpeculativeWorker(StepWorker):
         step (bs == 0) through every phase, as a data-parallel rank without requests must; a
         group sharing its dense layers runs the phases it agreed on (``plan.phases``), some
         maybe with zero rows."""
-        self._state.retain(plan.live)
+        all_owned = self._state.retain(plan.live)
         self._launched += 1
         phases = plan.phases
         outputs: list[StepOutput] = []
@@ -177,7 +177,8 @@ class SpeculativeWorker(StepWorker):
             outputs.append(self._prefill(plan.prefill))
         if phases.decode or not phases.prefill:
             decode = plan.decode
-            self._state.check_owned(decode)
+            if not all_owned:
+                self._state.check_owned(decode)
             shape = self.policy.choose(decode)
             observed: torch.Tensor | None = None
             lagging = catch_up = False
@@ -187,9 +188,11 @@ class SpeculativeWorker(StepWorker):
                 run = runner.run(decode, exact_lengths=plan.exact_lengths)
                 tokens, emitted, *rest = run
                 observed = rest[0] if rest and not shape.is_plain else None
+                sampled = runner.last_mode is not SamplingMode.GREEDY
             else:
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
                 tokens, emitted = self._decode_on_host(decode)
+                sampled = sampling_mode(decode) is not SamplingMode.GREEDY
             self._state.ran(decode, lagging=lagging)
             if decode:
                 self.shape_steps[shape] += 1
@@ -201,7 +204,9 @@ class SpeculativeWorker(StepWorker):
                 # a step that also prefilled took longer than its shape's step: not timed
                 timed = not phases.prefill
                 paths = observed is not None
-                observer = partial(self._read_back, shape, self._launched, timed, paths, catch_up)
+                observer = partial(
+                    self._read_back, shape, self._launched, timed, paths, catch_up, sampled
+                )
             outputs.append(
                 StepOutput(
                     requests=decode,
@@ -224,15 +229,16 @@ class SpeculativeWorker(StepWorker):
         timed: bool,
         paths: bool,
         catch_up: bool,
+        sampled: bool,
         requests: Sequence[Request],
         rows: list[list[int]],
     ) -> None:
         """What the policy learns from the read-back decode step launched ``launched``-th: the
         time it took (when ``timed``; ``catch_up``: a plain step that extended the draft over
-        its lag), and with ``paths`` its accepted paths (``rows``)."""
+        its lag; ``sampled``: some request sampled), and with ``paths`` its accepted paths
+        (``rows``)."""
         seconds = self._read_back_clock.lap(launched)
         if timed and seconds is not None:
-            sampled = any(not r.params.greedy for r in requests)
             self.policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
             self.policy.observe(shape, requests, rows)

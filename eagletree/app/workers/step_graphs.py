@@ -103,6 +103,7 @@ class DecodeStepRunner:
         self._graphs: dict[tuple[int, SamplingMode], _Captured] = {}
         self._pool = GraphPool() if pool is None else pool
         self.num_replays = 0
+        self.last_mode = SamplingMode.GREEDY  # the sampling mode of the latest ``run``
 
     @property
     def num_graphs(self) -> int:
@@ -127,7 +128,7 @@ class DecodeStepRunner:
         """
         bs = len(requests)
         bucket = bucket_for(bs, self.buckets)
-        mode = sampling_mode(requests)
+        mode = self.last_mode = sampling_mode(requests)
         if bucket is not None and self.use_graphs and (bucket, mode) not in self._graphs:
             _log.info("capturing the %s CUDA graph of batch size %d", mode.value, bucket)
             with _no_collection_during_capture():
