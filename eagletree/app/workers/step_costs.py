@@ -99,9 +99,13 @@ class LearnedCosts:
     overprices drafting against plain steps. A (shape, bucket, sampling) that ran is priced by
     the smoothed seconds it took, starting from its estimate as one sample; one that has not,
     by its measured seconds plus the excess of observed over measured seconds at its bucket and
-    sampling (smoothed over whatever ran there: the host's share is additive), or where nothing
-    ran there yet, at the nearest bucket where something did (the host's share changes slowly
-    with the batch, and a serving batch moves between buckets as requests come and go). Plain
+    sampling (smoothed over the steps of its kind that ran there — plain steps with their
+    catch-ups, or drafting steps: the host's share is additive, and a drafting step's is the
+    larger, its accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced
+    plain steps 35 % over their time by the drafting steps' excess and drafted at 0.8 × plain),
+    or where none ran there yet, at the nearest bucket where one did (the host's share changes
+    slowly with the batch, and a serving batch moves between buckets as requests come and go),
+    else by the other kind's. Plain
     steps and their catch-ups are learned apart and a plain step priced as their mean over a
     run (``StepCosts``). A step that took more than ``clip`` times its estimate counts as that
     (an engine that waited between two steps); ``weight``: how fast an average follows a
@@ -135,9 +139,11 @@ class LearnedCosts:
         # a catch-up's alike: a run of plain steps keeps both kinds fresh)
         self._recorded_at: dict[tuple[DraftShape, int, bool], int] = {}
         self._records = 0
-        self._excess: dict[tuple[int, bool], _Smoothed] = {}
-        # per (bucket, sampling) the excess it borrows, found once per new observed bucket
-        self._borrowed: dict[tuple[int, bool], _Smoothed | None] = {}
+        # per (bucket, sampled, plain): the excess of plain steps (and catch-ups) and that of
+        # drafting steps, apart (a drafting step's host work is the larger by far)
+        self._excess: dict[tuple[int, bool, bool], _Smoothed] = {}
+        # per (bucket, sampled, plain) the excess it borrows, found once per new observed bucket
+        self._borrowed: dict[tuple[int, bool, bool], _Smoothed | None] = {}
         # the bucket of every batch size up to the largest (read a few times every step)
         largest = measured.buckets[-1]
         self._bucket_of = [bucket_for(size, measured.buckets) for size in range(largest + 1)]
@@ -183,9 +189,10 @@ class LearnedCosts:
         observed.add(value, self._weight)
         self._records += 1
         self._recorded_at[key[:3]] = self._records
-        excess = self._excess.get((bucket, sampled))
+        kind = (bucket, sampled, shape.is_plain)
+        excess = self._excess.get(kind)
         if excess is None:
-            excess = self._excess[(bucket, sampled)] = _Smoothed(0.0)
+            excess = self._excess[kind] = _Smoothed(0.0)
             self._borrowed.clear()
         excess.add(value - self._measured(key), self._weight)
 
@@ -217,22 +224,27 @@ class LearnedCosts:
         observed = self._fresh(key)
         if observed is not None:
             return observed.mean
-        excess = self._excess_at(key[1], key[2])
+        shape, bucket, sampled, _ = key
+        excess = self._excess_at(bucket, sampled, shape.is_plain)
+        if excess is None:  # no step of its kind ran anywhere: the other kind's
+            excess = self._excess_at(bucket, sampled, not shape.is_plain)
         return self._measured(key) + (0.0 if excess is None else excess.mean)
 
-    def _excess_at(self, bucket: int, sampled: bool) -> _Smoothed | None:
-        """The excess seen at ``bucket``, else at the nearest bucket where a step of that
-        sampling ran (the smaller of two as near), else None."""
-        own = self._excess.get((bucket, sampled))
+    def _excess_at(self, bucket: int, sampled: bool, plain: bool) -> _Smoothed | None:
+        """The excess of ``plain`` steps (else drafting ones) seen at ``bucket``, else at the
+        nearest bucket where one of that kind and sampling ran (the smaller of two as near),
+        else None."""
+        kind = (bucket, sampled, plain)
+        own = self._excess.get(kind)
         if own is not None:
             return own
-        if (bucket, sampled) not in self._borrowed:
-            seen = [b for b, s in self._excess if s == sampled]
+        if kind not in self._borrowed:
+            seen = [b for b, s, p in self._excess if s == sampled and p == plain]
             nearest = min(seen, key=lambda b: (abs(b - bucket), b), default=None)
-            self._borrowed[(bucket, sampled)] = (
-                None if nearest is None else self._excess[(nearest, sampled)]
+            self._borrowed[kind] = (
+                None if nearest is None else self._excess[(nearest, sampled, plain)]
             )
-        return self._borrowed[(bucket, sampled)]
+        return self._borrowed[kind]
 
     def _key(self, shape: DraftShape, batch_size: int, sampled: bool) -> tuple[_Key, float]:
         """The table's key for a step (not a catch-up) and the factor its time is the bucket's

@@ -1,7 +1,7 @@
 """The costs an adaptive policy prices shapes by, as the running engine corrects them: a shape
 that ran is priced by what its steps took, one that has not by its measured time plus the
-excess the shapes that ran showed at its bucket and sampling; read-back intervals time a step
-only after its predecessor's read-back."""
+excess the steps of its kind (plain, drafting) showed at its bucket and sampling; read-back
+intervals time a step only after its predecessor's read-back."""
 
 from __future__ import annotations
 
@@ -43,8 +43,20 @@ def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess(
     assert costs.of(CHAIN, 1, True) == 2.5
     costs.record(CHAIN, 1, False, 2.0)  # the chain was cheaper than its estimate (3)
     assert costs.of(CHAIN, 1, False) == pytest.approx(2.5)
-    # the excess: 1 (plain's), then chain's 0 (2 − 2) with weight 1/2: 0.5
-    assert costs.of(TREE, 1, False) == pytest.approx(3.5)
+    # a drafting step ran: the tree pays the drafting steps' excess, the chain's 0 (2 − 2)
+    assert costs.of(TREE, 1, False) == pytest.approx(3.0)
+
+
+def test_plain_steps_are_priced_by_the_excess_of_plain_steps_not_of_drafting_ones() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs.record(CHAIN, 1, False, 4.0)  # a drafting step's host work: 2 s over its table
+    # no plain step ran anywhere: plain borrows the drafting steps' excess
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.0 + 2.0)
+    costs.record(PLAIN, 8, False, 2.25)  # a plain step at bucket 8: 0.25 s over its table
+    # now bucket 1's plain steps borrow that, not the drafting excess seen at their bucket
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.0 + 0.25)
+    assert costs.of(TREE, 1, False) == pytest.approx(3.0 + 2.0)
+    assert costs.of(TREE, 8, False) == pytest.approx(6.0 + 2.0)  # its kind's, a bucket away
 
 
 def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None:
@@ -61,9 +73,11 @@ def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None
     assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 0.5)  # 1 is nearer than 32
     assert costs.of(CHAIN, 24, False) == pytest.approx(2.0 + 2.0)  # bucket 32
     assert costs.of(CHAIN, 16, True) == 2.0  # nothing sampled ran anywhere
-    costs.record(TREE, 16, False, 4.0)  # now bucket 16 has its own: 1.0
+    costs.record(TREE, 16, False, 4.0)  # a drafting step: bucket 16 has one of its kind, 1.0
     assert costs.of(CHAIN, 16, False) == pytest.approx(2.0 + 1.0)
-    assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 0.5)  # 8 − 1 < 16 − 8
+    # a drafting step's kind before a nearer bucket's other kind (plain's 0.5 at bucket 1)
+    assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 1.0)
+    assert costs.of(PLAIN, 8, False) == pytest.approx(1.0 + 0.5)  # 8 − 1 < 16 − 8
 
 
 def test_repeated_steps_converge_on_what_they_take() -> None:
