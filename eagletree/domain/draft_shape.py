@@ -109,6 +109,19 @@ class RankProfile:
         return min(value, max(0.0, 1.0 - sum(row)))
 
 
+def mean_profile(first: RankProfile, second: RankProfile) -> RankProfile:
+    """The rank-by-rank mean of two profiles, over the depths and ranks either lists (the
+    other's extrapolated there): a temperature between the two they were measured at."""
+    depths = max(len(first.hit_rates), len(second.hit_rates))
+    rows = []
+    for depth in range(depths):
+        ranks = max(len(p.hit_rates[min(depth, len(p.hit_rates) - 1)]) for p in (first, second))
+        rows.append(
+            tuple(0.5 * (first.rate(depth, j) + second.rate(depth, j)) for j in range(ranks))
+        )
+    return RankProfile(tuple(rows))
+
+
 def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float, RankPath]]:
     """The non-root nodes of ``shape`` as (probability the node is accepted, its rank path),
     best first: a k-wide beam over S depths whose path scores are the profile's products, then

@@ -21,6 +21,7 @@ from eagletree.domain.draft_shape import (
     ShapeChoice,
     choose_shape,
     expected_accepted,
+    mean_profile,
 )
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ class AdaptiveShapes:
     ``hysteresis``: another shape is taken only when it is that fraction faster than the
     current one. ``prior``: the rank profile assumed before any step of a class was read (it
     weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
-    it was trained (``greedy`` and ``sampled``), which replace it: greedy and T ≤ 0.5 requests
-    start from the greedy one, hotter ones from the sampled one. Expected tokens are recomputed
+    it was trained (``greedy`` and ``sampled``, at T 1), which replace it: greedy and T ≤ 0.5
+    requests start from the greedy one, T > 0.85 from the sampled one, those between from
+    their mean. Expected tokens are recomputed
     after ``refresh_steps`` observed steps of a class, then after twice as many, up to 16 times
     as many (a tree's expected tokens cost the host about a millisecond per shape and batch
     class to compute; a settled estimate moves slowly), at once after a probe, and at once with
@@ -167,8 +169,16 @@ class AdaptiveShapes:
         return {band: learned.profile() for band, learned in self._profiles.items()}
 
     def _prior_of(self, band: str) -> RankProfile:
-        measured = "greedy" if band in ("greedy", "T<=0.5") else "sampled"
-        return self._head_priors.get(measured, self._prior)
+        greedy = self._head_priors.get("greedy", self._prior)
+        sampled = self._head_priors.get("sampled", self._prior)
+        if band in ("greedy", "T<=0.5"):
+            return greedy
+        if band == "T>0.85":
+            return sampled
+        # T 0.5–0.85 accepts between the two: on the H200's real pair a T 0.7 tree committed
+        # 4.3 tokens a step, T 0 5.8, T 1 2.9; from the T 1 profile alone, a lone T 0.7
+        # request kept to plain steps (probes move a prior of weight 4 one path at a time)
+        return mean_profile(greedy, sampled)
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         costs = self._costs

@@ -12,7 +12,13 @@ import pytest
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes, temperature_band
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
-from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
+from eagletree.domain.draft_shape import (
+    PLAIN,
+    DraftShape,
+    RankProfile,
+    expected_accepted,
+    mean_profile,
+)
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
 
@@ -53,6 +59,19 @@ def test_a_mixed_batch_is_priced_per_band_as_the_sum_over_its_requests() -> None
         choices.append(policy.choose(batch))
         assert choices[-1] == expected
     assert set(choices) == {CHAIN, PLAIN}  # the two batches were priced differently
+
+
+def test_each_band_starts_from_the_head_prior_of_its_temperature() -> None:
+    greedy, hot = RankProfile(((0.9, 0.05),)), RankProfile(((0.3, 0.2),))
+    policy = AdaptiveShapes(SHAPES, head_priors={"greedy": greedy, "sampled": hot})
+    assert policy.profile("greedy") == greedy and policy.profile("T<=0.5") == greedy
+    assert policy.profile("T>0.85") == hot
+    # between them a temperature accepts between the two measured ones
+    assert policy.profile("T<=0.85") == mean_profile(greedy, hot)
+    assert policy.profile("T<=0.85").rate(0, 0) == pytest.approx(0.6)
+    # a head without measured priors: the policy's own prior for every band
+    bare = AdaptiveShapes(SHAPES, prior=PESSIMISTIC)
+    assert {bare.profile(b) for b in ("greedy", "T<=0.5", "T<=0.85", "T>0.85")} == {PESSIMISTIC}
 
 
 def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:

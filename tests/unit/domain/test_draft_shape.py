@@ -17,6 +17,7 @@ from eagletree.domain.draft_shape import (
     RankProfile,
     choose_shape,
     expected_accepted,
+    mean_profile,
     tree_rank_paths,
 )
 
@@ -236,3 +237,14 @@ def test_the_decay_survives_runs_far_longer_than_a_counts_range() -> None:
         hits = sum(w for w, o in zip(weights, reversed(outcomes), strict=True) if o == rank)
         assert tracker.profile().hit_rates[0][rank] == pytest.approx(hits / total, rel=1e-9)
     assert tracker.exposures(0, 0) == pytest.approx(total, rel=1e-9)
+
+
+def test_the_mean_of_two_profiles_is_taken_rank_by_rank_over_what_either_lists() -> None:
+    cold = RankProfile(((0.8, 0.1, 0.05), (0.7,)))
+    hot = RankProfile(((0.4, 0.2),))
+    mean = mean_profile(cold, hot)
+    # depth 1: hot's third rank extrapolated by its ratio: 0.2 x (0.2 / 0.4)
+    assert mean.hit_rates[0] == pytest.approx((0.6, 0.15, 0.5 * (0.05 + 0.1)))
+    # depth 2: hot repeats its last row; cold's one rank has no ratio to extrapolate (0)
+    assert mean.hit_rates[1] == pytest.approx((0.55, 0.1))
+    assert mean_profile(cold, cold) == cold
