@@ -65,12 +65,11 @@ class AdaptiveShapes:
     weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
     it was trained (``greedy`` and ``sampled``, at T 1), which replace it: greedy and T ≤ 0.5
     requests start from the greedy one, T > 0.85 from the sampled one, those between from
-    their mean. Expected tokens are recomputed
-    after ``refresh_steps`` observed steps of a class, then after twice as many, up to 16 times
-    as many (a tree's expected tokens cost the host about a millisecond per shape and batch
-    class to compute; a settled estimate moves slowly), at once after a probe, and at once with
-    the cadence restarted when the rank-0 chain's expected accepted drafts moved by ``drift``
-    (relative; ``_drifted``).
+    their mean. Expected tokens are recomputed after ``refresh_steps`` observed steps of a
+    class, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
+    host about a millisecond per shape and batch class to compute; a settled estimate moves
+    slowly), at once after a probe, and at once with the cadence restarted when the rank-0
+    chain's expected accepted drafts moved by ``drift`` (relative; ``_drifted``).
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
     ``explore_every`` drafting steps a close runner-up not timed at the batch's size (or timed

@@ -90,36 +90,35 @@ _Key = tuple["DraftShape", int, bool, bool]  # shape, bucket, sampled, a plain s
 
 
 class LearnedCosts:
-    """Step costs as the running engine pays them: the ``measured`` table corrected by the
-    seconds steps took (``record``; ``ReadBackClock``).
+    """Step costs as the running engine pays them: the ``measured`` table corrected by the seconds
+    steps took (``record``; ``ReadBackClock``).
 
     A replayed graph times the device alone; a running step also pays the host's work
     (scheduling, commits, the policy): on a small model that is most of a step, and it differs
-    far less between shapes than the device's time does, so the measured table alone
-    overprices drafting against plain steps. A (shape, bucket, sampling) that ran is priced by
-    the smoothed seconds it took, starting from its estimate as one sample; one that has not,
-    by its measured seconds plus the excess of observed over measured seconds at its bucket and
-    sampling (smoothed over the steps of its kind that ran there — plain steps with their
-    catch-ups, or drafting steps: the host's share is additive, and a drafting step's is the
-    larger, its accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced
-    plain steps 35 % over their time by the drafting steps' excess and drafted at 0.8 × plain),
-    or where none ran there yet, at the nearest bucket where one did (the host's share changes
-    slowly with the batch, and a serving batch moves between buckets as requests come and go),
-    else by the other kind's. Plain
-    steps and their catch-ups are learned apart and a plain step priced as their mean over a
-    run (``StepCosts``). A step that took more than ``clip`` times its estimate counts as that
-    (an engine that waited between two steps); ``weight``: how fast an average follows a
-    change. A shape's own times go stale once ``stale_after`` steps were recorded since its
-    last: it is priced by the table and the excess again, and its next step starts a new
-    average. A shape that stopped running keeps whatever its last steps said — steps
-    among another shape's, which pay that one's host work, a bench's pause before the
-    read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
-    priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast
-    as plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps, and a
-    batch as often: a shape must go stale well within that, or a batch that begins on the
-    slower of two close shapes (its rival priced 10 % over its time by the batch before) stays
-    on it to the end (64 steps did that on the H200). Once stale, the next exploration (every
-    8 drafting steps) times it again.
+    far less between shapes than the device's time does, so the measured table alone overprices
+    drafting against plain steps. A (shape, bucket, sampling) that ran is priced by the smoothed
+    seconds it took, starting from its estimate as one sample; one that has not, by its measured
+    seconds plus the excess of observed over measured seconds at its bucket and sampling
+    (smoothed over the steps of its kind that ran there — plain steps with their catch-ups, or
+    drafting steps: the host's share is additive, and a drafting step's is the larger, its
+    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps
+    35 % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
+    ran there yet, at the nearest bucket where one did (the host's share changes slowly with the
+    batch, and a serving batch moves between buckets as requests come and go), else by the other
+    kind's. Plain steps and their catch-ups are learned apart and a plain step priced as their
+    mean over a run (``StepCosts``). A step that took more than ``clip`` times its estimate
+    counts as that (an engine that waited between two steps); ``weight``: how fast an average
+    follows a change. A shape's own times go stale once ``stale_after`` steps were recorded
+    since its last: it is priced by the table and the excess again, and its next step starts a
+    new average. A shape that stopped running keeps whatever its last steps said — steps among
+    another shape's, which pay that one's host work, a bench's pause before the read-back — and,
+    never chosen again, would never say otherwise: on the H200 a plain step priced 1.2 ms by a
+    few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast as plain decoding. A
+    bench window of 256 tokens at 5 a step lasts about 50 steps, and a batch as often: a shape
+    must go stale well within that, or a batch that begins on the slower of two close shapes
+    (its rival priced 10 % over its time by the batch before) stays on it to the end (64 steps
+    did that on the H200). Once stale, the next exploration (every 8 drafting steps) times it
+    again.
     """
 
     def __init__(
