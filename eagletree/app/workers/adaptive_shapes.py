@@ -119,7 +119,7 @@ class AdaptiveShapes:
         self._profiles: dict[str, AcceptanceProfile] = {}
         self._stale: Counter[str] = Counter()
         self._refreshes: Counter[str] = Counter()
-        self._expected: dict[str, list[float]] = {}
+        self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._costs: LearnedCosts | None = None
         self._current = self.shapes[0]
         self._probe_every = probe_every
@@ -204,16 +204,16 @@ class AdaptiveShapes:
     def _price(self, decode: Sequence[Request], costs: LearnedCosts) -> _Pricing:
         counts = Counter(temperature_band(r) for r in decode)
         bands = list(counts)
-        expected = [self._expected_of(band) for band in bands]
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
         limit = self._stall_ratio * min(seconds)
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
+        expected = [self._expected_of(band, kept) for band in bands]
         chosen = choose_shape(
             [self.shapes[i] for i in kept],
             [seconds[i] for i in kept],
-            [[e[i] for e in expected] for i in kept],
+            [[_known(e[i]) for e in expected] for i in kept],
             self._current,
             self._hysteresis,
             counts=[counts[band] for band in bands],
@@ -315,23 +315,34 @@ class AdaptiveShapes:
         now = _chain_expectation(profile.top_rates())
         return abs(now - then) > self._drift * max(then, 1e-3)
 
-    def _expected_of(self, band: str) -> list[float]:
-        """Expected accepted drafts per shape for a request of ``band`` (cached)."""
+    def _expected_of(self, band: str, wanted: Sequence[int]) -> list[float | None]:
+        """Expected accepted drafts per shape for a request of ``band`` (cached), known at
+        least for the shapes at indices ``wanted``: those a batch can run (a wide tree's
+        cost the host 0.2–0.3 ms a computation on the CI's CPU, and past the stall ratio at
+        a batch's size it is never priced there)."""
         cached = self._expected.get(band)
         if cached is None or self._stale[band] >= self._refresh_threshold(band):
-            profile = self.profile(band)
-            cached = [expected_accepted(shape, profile) for shape in self.shapes]
             learned = self._profiles.get(band)
             if learned is not None:
                 self._refreshed_at[band] = _chain_expectation(learned.top_rates())
             if band in self._expected:
                 self._refreshes[band] += 1
-            self._expected[band] = cached
+            cached = self._expected[band] = [None] * len(self.shapes)
             self._stale[band] = 0
+        missing = [i for i in wanted if cached[i] is None]
+        if missing:
+            profile = self.profile(band)
+            for i in missing:
+                cached[i] = expected_accepted(self.shapes[i], profile)
         return cached
 
     def _refresh_threshold(self, band: str) -> int:
         return self._refresh_steps << min(self._refreshes[band], 4)
+
+
+def _known(expected: float | None) -> float:
+    assert expected is not None, "a shape priced before its expected tokens were computed"
+    return expected
 
 
 def _chain_expectation(top_rates: Sequence[float]) -> float:

@@ -319,3 +319,34 @@ def test_a_profile_that_moves_is_priced_again_at_once() -> None:
     # (every 64 observed steps by then: the 252nd, 52 steps into the batch of eight)
     assert _steps_until_plain(0.1) <= fresh + 2
     assert _steps_until_plain(float("inf")) >= fresh + 30
+
+
+def test_a_shape_past_the_stall_ratio_at_a_batch_size_costs_no_expected_tokens_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import eagletree.app.workers.adaptive_shapes as module
+
+    wide = DraftShape(3, 2, 6)
+    shapes = (CHAIN, PLAIN, wide)
+    # the wide tree costs 3 plain steps at bucket 1 (within 3.5 x) and 5 at bucket 8 (past it)
+    seconds = {CHAIN: (2.0, 2.0), PLAIN: (1.0, 1.0), wide: (3.0, 5.0)}
+    costs = StepCosts(
+        (1, 8),
+        {(s, b, sampled): seconds[s][b > 1] for s in shapes for b in (1, 8)
+         for sampled in (False, True)},
+    )  # fmt: skip
+    computed: list[DraftShape] = []
+
+    def counted(shape: DraftShape, profile: RankProfile) -> float:
+        computed.append(shape)
+        return expected_accepted(shape, profile)
+
+    monkeypatch.setattr(module, "expected_accepted", counted)
+    policy = AdaptiveShapes(shapes, stall_ratio=3.5, reprice_every=1)
+    policy.use_costs(costs)
+    policy.choose(_requests([0.0] * 8))
+    assert sorted(map(str, computed)) == sorted(map(str, (CHAIN, PLAIN)))  # not the tree's
+    policy.choose(_requests([0.0]))  # at bs 1 the tree may run: its tokens are needed now
+    assert computed.count(wide) == 1
+    policy.choose(_requests([0.0]))  # cached until the band's next refresh
+    assert len(computed) == 3
