@@ -10,15 +10,16 @@ writes only slot 0 and the padding row's draft state, never a live request's mem
 
 With ``device_lengths`` the buffers also keep every row's committed length on the device
 (``committed``): a prefill sets it (``set_lengths``), the decode step advances it
-(``advance_lengths``), and ``fill`` gathers the step's ``seq_lens`` from it, so a step can be
-launched before the host has read the previous step's accept lengths (the engine's overlap
-mode). The host's ``committed_len`` is then only a lower bound, and a step without exact host
-lengths carries no ``seq_lens_cpu``.
+(``advance_lengths``), and the step gathers its ``seq_lens`` from it (``gather_device_state``:
+``fill`` does, or a step runner inside its graph), so a step can be launched before the host
+has read the previous step's accept lengths (the engine's overlap mode). The host's
+``committed_len`` is then only a lower bound, and a step without exact host lengths carries no
+``seq_lens_cpu``.
 
 With ``device_tokens`` they keep every row's pending token on the device (``pending_tokens``):
-a prefill and each decode step write the token they sampled (``set_pending_tokens``) and
-``fill`` gathers the step's ``last_tokens`` from it, so a step can be launched before the host
-has read the tokens of the previous one. (The plain worker's lengths need no device table: each
+a prefill and each decode step write the token they sampled (``set_pending_tokens``) and the
+step gathers its ``last_tokens`` from it, so a step can be launched before the host has read
+the tokens of the previous one. (The plain worker's lengths need no device table: each
 of its decode steps commits exactly one token, so the host passes exact ``lengths`` to ``fill``.)
 
 ``DecodeWindow`` is what the phases of a speculative step read of the inputs: rows, committed
