@@ -297,6 +297,14 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
             assert row["speedup"] == pytest.approx(row["tokens_per_s"] / plain["tokens_per_s"])
     assert "| config | bs | T | tok/s | ÷ plain |" in out
     assert "| adaptive (mostly " in out
+    # and against the fixed engines, cell by cell, in the printed report and the written one
+    assert "The adaptive policy against the fixed configurations of each cell:" in out
+    for temperature in ("0", "1"):
+        for bs in (1, 2):
+            assert f"\n| {temperature} | {bs} | " in out
+    assert "Geometric mean over the 4 cells of tok/s" in out
+    assert out.count("Geometric mean") == 1
+    assert "Geometric mean over the 4 cells" in (tmp_path / "run.md").read_text()
 
 
 def test_prompts_cut_from_documents_are_measured_and_each_engine_times_its_first_request(

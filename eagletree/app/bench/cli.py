@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Measure, print and write the report; ``args`` as ``parser()`` makes them."""
+    from eagletree.app.bench.adaptive_table import adaptive_lines
     from eagletree.app.bench.configs import parse_configs
     from eagletree.app.bench.measure import MeasurementError
     from eagletree.app.bench.plan import plan_run
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             breakdown=args.breakdown,
             first_requests=m.first_requests,
         )
+        markdown += "".join(f"{line}\n" for line in adaptive_lines(m.rows))
     print(markdown, end="", file=out)
     if args.out is not None:
         rows = m.arrival_rows if args.arrivals is not None else m.rows

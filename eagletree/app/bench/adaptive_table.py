@@ -1,0 +1,91 @@
+"""Application: the adaptive engine against the fixed ones of the same run, cell by cell.
+
+A bench run with ``--policy adaptive`` measures plain decoding, each fixed shape and the adaptive
+policy over them at every (batch size, temperature). What a reader asks of it — is the policy
+at least as fast as plain decoding, how close is it to the best fixed shape of each cell, what
+did it run, does any request see a stall — is one division per cell, done here once, so that
+every run's report answers it the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from eagletree.app.bench.report import BenchRow
+
+ADAPTIVE = "adaptive"
+PLAIN = "plain"
+
+
+def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
+    """Markdown lines (empty without an adaptive row): per (temperature, batch size) the
+    adaptive engine's tok/s over the best fixed drafting shape's (named) and over plain
+    decoding's, the two shapes it ran most with their shares of its steps and its worst over
+    median step; then, per configuration, the geometric mean over the cells of its tok/s over
+    the cell's best fixed engine (plain included)."""
+    cells: dict[tuple[float, int], dict[str, BenchRow]] = {}
+    for row in rows:
+        cells.setdefault((row.temperature, row.batch_size), {})[row.config] = row
+    measured = {key: cell for key, cell in sorted(cells.items()) if ADAPTIVE in cell}
+    if not measured:
+        return []
+    lines = [
+        "",
+        "The adaptive policy against the fixed configurations of each cell:",
+        "",
+        "| T | bs | ÷ best fixed shape (which) | ÷ plain | ran (share of its steps) "
+        "| worst ÷ median step |",
+        "|---|---|---|---|---|---|",
+    ]
+    over_best: dict[str, list[float]] = {}
+    for (temperature, batch_size), cell in measured.items():
+        adaptive = cell[ADAPTIVE]
+        fixed = {name: row for name, row in cell.items() if name != ADAPTIVE}
+        drafting = [row for name, row in fixed.items() if name != PLAIN]
+        best = max(drafting, key=lambda r: r.tokens_per_s, default=None)
+        plain = fixed.get(PLAIN)
+        lines.append(
+            f"| {temperature:g} | {batch_size} | {_over(adaptive, best, named=True)} "
+            f"| {_over(adaptive, plain)} | {_ran(adaptive)} | {_worst(adaptive)} |"
+        )
+        if fixed:
+            top = max(row.tokens_per_s for row in fixed.values())
+            for name, row in cell.items():
+                over_best.setdefault(name, []).append(row.tokens_per_s / top)
+    complete = {name: ratios for name, ratios in over_best.items() if len(ratios) == len(measured)}
+    if complete:
+        means = sorted(
+            ((_geometric_mean(ratios), name) for name, ratios in complete.items()),
+            reverse=True,
+        )
+        lines += [
+            "",
+            f"Geometric mean over the {len(measured)} cells of tok/s ÷ the cell's best fixed "
+            "engine: " + ", ".join(f"{name} {mean:.3f}" for mean, name in means) + ".",
+        ]
+    return lines
+
+
+def _over(row: BenchRow, base: BenchRow | None, named: bool = False) -> str:
+    if base is None or base.tokens_per_s <= 0:
+        return "n/a"
+    ratio = f"{row.tokens_per_s / base.tokens_per_s:.2f}"
+    return f"{ratio} ({base.config})" if named else ratio
+
+
+def _ran(row: BenchRow) -> str:
+    total = sum(row.shape_steps.values())
+    if not total:
+        return "n/a"
+    most = sorted(row.shape_steps.items(), key=lambda item: -item[1])[:2]
+    return ", ".join(f"{shape} {100 * steps / total:.0f} %" for shape, steps in most)
+
+
+def _worst(row: BenchRow) -> str:
+    worst = row.worst_over_median
+    return "n/a" if worst is None else f"{worst:.2f}"
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))

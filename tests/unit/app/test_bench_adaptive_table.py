@@ -1,0 +1,67 @@
+"""The adaptive policy's table in a bench report: each cell's ratios against the best fixed
+drafting shape and plain decoding, what it ran, its worst step, and the geometric means."""
+
+from __future__ import annotations
+
+import math
+
+from eagletree.app.bench.adaptive_table import adaptive_lines
+from eagletree.app.bench.report import BenchRow
+
+
+def _row(config: str, bs: int, temperature: float, tok_s: float, **extra: object) -> BenchRow:
+    return BenchRow(config, bs, tok_s, 1.0, 1.0, temperature=temperature, **extra)  # type: ignore[arg-type]
+
+
+def test_each_cell_divides_the_adaptive_engine_by_the_best_fixed_shape_and_by_plain() -> None:
+    rows = [
+        _row("plain", 1, 0.0, 100.0),
+        _row("chain S3", 1, 0.0, 250.0),
+        _row("tree S5 k4 N16", 1, 0.0, 300.0),
+        _row("adaptive", 1, 0.0, 270.0, shape_steps={"tree S5 k4 N16": 30, "chain S3": 10},
+             step_ms=(1.0, 1.0, 2.5)),
+        _row("plain", 8, 1.0, 800.0),
+        _row("chain S3", 8, 1.0, 600.0),
+        _row("tree S5 k4 N16", 8, 1.0, 400.0),
+        _row("adaptive", 8, 1.0, 760.0,
+             shape_steps={"plain": 95, "chain S3": 4, "tree S5 k4 N16": 1}),
+    ]  # fmt: skip
+    lines = adaptive_lines(rows)
+    cells = [line for line in lines if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert cells == [
+        "| 0 | 1 | 0.90 (tree S5 k4 N16) | 2.70 | tree S5 k4 N16 75 %, chain S3 25 % | 2.50 |",
+        "| 1 | 8 | 1.27 (chain S3) | 0.95 | plain 95 %, chain S3 4 % | n/a |",
+    ]
+    # ÷ the best fixed engine of each cell, plain included: 300 at bs 1, 800 at bs 8
+    means = lines[-1]
+    expected = {
+        "adaptive": math.sqrt(270 / 300 * 760 / 800),
+        "plain": math.sqrt(100 / 300 * 1.0),
+        "chain S3": math.sqrt(250 / 300 * 600 / 800),
+        "tree S5 k4 N16": math.sqrt(1.0 * 400 / 800),
+    }
+    order = sorted(expected, key=lambda name: -expected[name])
+    assert means == (
+        "Geometric mean over the 2 cells of tok/s ÷ the cell's best fixed engine: "
+        + ", ".join(f"{name} {expected[name]:.3f}" for name in order)
+        + "."
+    )
+
+
+def test_a_run_without_the_adaptive_policy_adds_nothing() -> None:
+    assert adaptive_lines([_row("plain", 1, 0.0, 100.0), _row("chain S3", 1, 0.0, 200.0)]) == []
+
+
+def test_a_configuration_missing_from_some_cell_has_no_mean() -> None:
+    rows = [
+        _row("plain", 1, 0.0, 100.0),
+        _row("adaptive", 1, 0.0, 150.0),
+        _row("plain", 8, 0.0, 400.0),
+        _row("chain S3", 8, 0.0, 800.0),
+        _row("adaptive", 8, 0.0, 600.0),
+    ]
+    lines = adaptive_lines(rows)
+    assert "| 0 | 1 | n/a | 1.50 | n/a | n/a |" in lines  # no drafting shape to compare with
+    assert "chain S3" not in lines[-1]
+    assert lines[-1].startswith("Geometric mean over the 2 cells")
+    assert f"adaptive {math.sqrt(1.5 * 0.75):.3f}" in lines[-1]
