@@ -286,8 +286,11 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
             steps = row["shape_steps"]
             assert next(iter(steps)) == row["chosen"]
             assert sum(steps.values()) >= row["num_steps"]  # (the warm-up steps counted too)
+            # and which one each timed step launched, as many as its timed steps
+            assert len(row["step_shapes"]) == len(row["step_ms"]) == row["num_steps"]
+            assert set(row["step_shapes"]) <= set(steps)
         else:
-            assert row["shape_steps"] == {}
+            assert row["shape_steps"] == {} and row["step_shapes"] == []
         if row["config"] != "plain":  # against the plain row of the same bs and temperature
             plain = next(
                 r for r in rows

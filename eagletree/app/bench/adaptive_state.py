@@ -1,6 +1,7 @@
-"""Application: what `eagletree bench` reads from an adaptive engine — the steps each shape ran,
-and, after its windows, the step costs it measured and learned and the rank profiles it learned
-(the JSON's ``adaptive``, which ``benchmarks/projected.py`` applies to another cost table)."""
+"""Application: what `eagletree bench` reads from an adaptive engine — the steps each shape ran
+(and which one each timed step launched), and, after its windows, the step costs it measured
+and learned and the rank profiles it learned (the JSON's ``adaptive``, which
+``benchmarks/projected.py`` applies to another cost table)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,14 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
         }
         for shape in policy.shapes
     }
+
+
+def last_shape(engine: Engine) -> str | None:
+    """The shape of the latest decode step an adaptive engine launched (None for any other
+    engine, or before its first)."""
+    adaptive = _adaptive_policy(engine)
+    shape = None if adaptive is None else adaptive[0].last_shape
+    return None if shape is None else shape.label
 
 
 def shape_steps(engine: Engine) -> Counter[DraftShape]:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from eagletree.app.bench.adaptive_state import last_shape
 from eagletree.app.bench.lockstep import ALONE, Lockstep
 from eagletree.app.bench.profiling import (
     PROFILE_WARMUP_STEPS,
@@ -64,6 +65,9 @@ class DecodeMeasurement:
     ended_early_reason: str | None = None
     # each timed step's wall time, from one step's return to the next (this replica's clock)
     step_seconds: tuple[float, ...] = ()
+    # an adaptive engine's: the shape each timed step launched (with overlap a step's time is
+    # mostly the device's work on the one launched before it)
+    step_shapes: tuple[str, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -89,6 +93,7 @@ def merged(windows: Sequence[DecodeMeasurement]) -> DecodeMeasurement:
         num_ended_early=sum(w.num_ended_early for w in windows),
         ended_early_reason=reasons[0] if reasons else None,
         step_seconds=tuple(t for w in windows for t in w.step_seconds),
+        step_shapes=tuple(s for w in windows for s in w.step_shapes),
     )
 
 
@@ -176,6 +181,7 @@ def _measure(
     synchronize(cuda)
     started = last = time.perf_counter()
     step_seconds = []
+    step_shapes = []
     problem = None
     while True:
         least, all_kept = lockstep.minimum([generated(), problem is None])
@@ -192,6 +198,9 @@ def _measure(
         now = time.perf_counter()
         step_seconds.append(now - last)
         last = now
+        shape = last_shape(engine)
+        if shape is not None:
+            step_shapes.append(shape)
         num_steps += 1
         problem = retraction_problem(engine, retracted_before, "the timed decode steps")
     synchronize(cuda)
@@ -230,6 +239,7 @@ def _measure(
         int(num_ended),
         _reason(ended[0]) if ended else None,
         tuple(step_seconds),
+        tuple(step_shapes),
     )
 
 

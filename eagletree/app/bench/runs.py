@@ -281,6 +281,7 @@ def _row(
         num_ended_early=m.num_ended_early,
         ended_early_reason=m.ended_early_reason,
         step_ms=tuple(1000.0 * t for t in m.step_seconds),
+        step_shapes=m.step_shapes,
     )
 
 

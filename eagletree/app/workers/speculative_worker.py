@@ -113,6 +113,7 @@ class SpeculativeWorker(StepWorker):
         # the decode steps each shape ran (a catch-up in place of a chosen drafting shape, and
         # every catch-up, counts as plain): what /metrics and the bench report
         self.shape_steps: Counter[DraftShape] = Counter()
+        self.last_shape: DraftShape | None = None  # of the latest decode step launched
         # the steps launched, and when each decode step was read back: what the policy learns
         # each shape's running cost from
         self._launched = 0
@@ -196,6 +197,7 @@ class SpeculativeWorker(StepWorker):
             self._state.ran(decode, lagging=lagging)
             if decode:
                 self.shape_steps[shape] += 1
+                self.last_shape = shape
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
             # a plain step's catch-up)
             forwards = 1 + (0 if lagging else max(shape.num_steps, 1))
