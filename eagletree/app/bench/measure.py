@@ -18,7 +18,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from eagletree.app.bench.adaptive_state import last_shape
 from eagletree.app.bench.lockstep import ALONE, Lockstep
 from eagletree.app.bench.profiling import (
     PROFILE_WARMUP_STEPS,
@@ -111,6 +110,7 @@ def measure_decode(
     lockstep: Lockstep = ALONE,
     trace: Path | None = None,
     temperature: float = 0.0,
+    launched: Callable[[], str | None] = lambda: None,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
@@ -121,7 +121,8 @@ def measure_decode(
     none); the replicas step together and the measurement is the group's: its batch, its
     tokens, its slowest replica's seconds, the window ending when its slowest request has
     ``new_tokens``. The profile is this replica's; ``trace`` names a Chrome trace file for
-    it (the profiled steps' host and device timelines)."""
+    it (the profiled steps' host and device timelines). ``launched``: the shape of the step
+    the engine launched last, read after every timed step (None: not recorded)."""
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
@@ -138,7 +139,7 @@ def measure_decode(
     try:
         measurement = _measure(
             engine, requests, new_tokens, warmup_steps, profile_steps, cuda, on_tokens, lockstep,
-            trace,
+            trace, launched,
         )  # fmt: skip
     except MeasurementError:  # raised on every replica together: they drain together too
         release_requests(engine, requests, lockstep)
@@ -161,6 +162,7 @@ def _measure(
     on_tokens: Callable[[int], None],
     lockstep: Lockstep,
     trace: Path | None,
+    launched: Callable[[], str | None],
 ) -> DecodeMeasurement:
     step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
     retracted_before = engine.stats.num_retracted
@@ -198,7 +200,7 @@ def _measure(
         now = time.perf_counter()
         step_seconds.append(now - last)
         last = now
-        shape = last_shape(engine)
+        shape = launched()
         if shape is not None:
             step_shapes.append(shape)
         num_steps += 1

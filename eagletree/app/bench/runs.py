@@ -11,10 +11,16 @@ import dataclasses
 import gc
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
-from eagletree.app.bench.adaptive_state import adaptive_state, policy_view, shape_steps
+from eagletree.app.bench.adaptive_state import (
+    adaptive_state,
+    last_shape,
+    policy_view,
+    shape_steps,
+)
 from eagletree.app.parallel.launch import with_parallel
 
 if TYPE_CHECKING:
@@ -154,6 +160,7 @@ def _measure_windows(
                         if replica == 0 and first
                         else None,
                         temperature=temperature,
+                        launched=partial(last_shape, engine),
                     )
                 )
             m = merged(windows)
