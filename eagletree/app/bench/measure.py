@@ -110,7 +110,7 @@ def measure_decode(
     lockstep: Lockstep = ALONE,
     trace: Path | None = None,
     temperature: float = 0.0,
-    launched: Callable[[], str | None] = lambda: None,
+    launched: Callable[[], str | None] | None = None,
 ) -> DecodeMeasurement:
     """Measure ``len(prompts)`` requests decoding together; ``on_tokens`` gets the tokens per
     request generated so far in the timed window after every step. ``max_new_tokens`` replaces
@@ -122,7 +122,8 @@ def measure_decode(
     tokens, its slowest replica's seconds, the window ending when its slowest request has
     ``new_tokens``. The profile is this replica's; ``trace`` names a Chrome trace file for
     it (the profiled steps' host and device timelines). ``launched``: the shape of the step
-    the engine launched last, read after every timed step (None: not recorded)."""
+    the engine launched last, read after every timed step (None, or its returning None: not
+    recorded)."""
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
@@ -162,7 +163,7 @@ def _measure(
     on_tokens: Callable[[int], None],
     lockstep: Lockstep,
     trace: Path | None,
-    launched: Callable[[], str | None],
+    launched: Callable[[], str | None] | None,
 ) -> DecodeMeasurement:
     step_until(engine, lockstep, lambda: all(r.is_prefilled for r in requests), "prefill")
     retracted_before = engine.stats.num_retracted
@@ -200,7 +201,7 @@ def _measure(
         now = time.perf_counter()
         step_seconds.append(now - last)
         last = now
-        shape = launched()
+        shape = None if launched is None else launched()
         if shape is not None:
             step_shapes.append(shape)
         num_steps += 1

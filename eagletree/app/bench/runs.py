@@ -160,7 +160,9 @@ def _measure_windows(
                         if replica == 0 and first
                         else None,
                         temperature=temperature,
-                        launched=partial(last_shape, engine),
+                        # only an adaptive engine's steps differ in shape: no other engine's
+                        # timed loop pays the lookup
+                        launched=partial(last_shape, engine) if config.adaptive else None,
                     )
                 )
             m = merged(windows)
