@@ -33,18 +33,20 @@ def commit_step(
     rows = pending.rows()
     now = clock()
     width = output.tokens.shape[1]
+    num_prefill, speculative = output.num_prefill, output.speculative
+    generated = 0
     for index, (request, row) in enumerate(zip(output.requests, rows, strict=True)):
-        tokens, (num_emitted, num_committed) = row[:width], row[width : width + 2]
         if request.finish_reason is not None:  # finished, aborted or released meanwhile
             continue
-        if index < output.num_prefill:  # its KV was committed at launch
+        num_emitted, num_committed = row[width], row[width + 1]
+        if index < num_prefill:  # its KV was committed at launch
             num_committed = 0
-        elif output.speculative:
+        elif speculative:
             request.emitted_per_step.append(num_emitted)
-        kept = request.append_tokens(tokens[:num_emitted], eos_token_ids, now)
-        stats.num_generated_tokens += kept
+        generated += request.append_tokens(row[:num_emitted], eos_token_ids, now)
         # a path cut at EOS or max_new_tokens commits no KV past the request's last token
         request.commit(min(num_committed, request.num_tokens - request.committed_len))
+    stats.num_generated_tokens += generated
     stats.num_forwards += output.num_forwards
     if output.observer is not None:  # requests finished meanwhile still tell what was accepted
         decode = slice(output.num_prefill, None)

@@ -221,17 +221,20 @@ class Scheduler:
 
     def _grow_windows(self, targets: Sequence[tuple[Request, int]]) -> None:
         """Back ``req_to_token[row, allocated:target]`` with fresh slots, in one allocation."""
-        growing = [(r, target) for r, target in targets if target > r.allocated_len]
-        if not growing:
-            return
         # the req_to_token cell of each new slot, request by request, built in Python: a few
         # hundred ints cost less host time than a chain of small torch calls
         cells: list[int] = []
+        growing = []
         width = self._req_to_token_pool.req_to_token.shape[1]
-        for request, target in growing:
-            assert request.row is not None, request
-            base = request.row * width
-            cells.extend(range(base + request.allocated_len, base + target))
+        for request, target in targets:
+            allocated = request.allocated_len
+            if target > allocated:
+                assert request.row is not None, request
+                base = request.row * width
+                cells.extend(range(base + allocated, base + target))
+                growing.append((request, target))
+        if not growing:
+            return
         total = len(cells)
         slots = self._allocator.alloc(total)
         if slots is None:

@@ -205,6 +205,7 @@ class DecodeInputBuffers:
         exact_lengths: bool = True,
         lengths: Sequence[int] | None = None,
         gather: bool = True,
+        mode: SamplingMode | None = None,
     ) -> DecodeInputs:
         """Write ``requests`` (then padding up to ``padded_size``) and return device views.
 
@@ -213,7 +214,8 @@ class DecodeInputBuffers:
         so the views carry no ``seq_lens_cpu``. ``lengths``: the requests' committed lengths
         where the caller knows them better than their ``committed_len``. With device tokens
         ``last_tokens`` is gathered from ``pending_tokens``. ``gather`` False leaves both
-        gathers to the caller's step (``gather_device_state``).
+        gathers to the caller's step (``gather_device_state``). ``mode``: the requests'
+        ``sampling_mode``, where the caller computed it already.
         """
         bs = len(requests)
         if not bs <= padded_size <= self.capacity:
@@ -226,7 +228,8 @@ class DecodeInputBuffers:
         # whatever the batch (each call costs microseconds of host time on the hot path)
         pad = padded_size - bs
         zeros = [0] * pad
-        sampling_ints, sampling_floats = sampling_rows(requests, num_coins)
+        mode = sampling_mode(requests) if mode is None else mode
+        sampling_ints, sampling_floats = sampling_rows(requests, num_coins, mode)
         known = [r.committed_len for r in requests] if lengths is None else list(lengths)
         if len(known) != bs:
             raise ValueError(f"{len(known)} lengths for {bs} requests")
@@ -247,7 +250,7 @@ class DecodeInputBuffers:
         non_blocking = self.device.type == "cuda"
         self._ints.copy_(ints, non_blocking=non_blocking)
         self._floats.copy_(floats, non_blocking=non_blocking)
-        views = self.views(padded_size, bs, mode=sampling_mode(requests))
+        views = self.views(padded_size, bs, mode=mode)
         if gather and bs:
             self.gather_device_state(views)
         if not exact_lengths:

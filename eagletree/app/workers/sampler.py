@@ -32,7 +32,7 @@ class SamplingMode(enum.Enum):
 
 def sampling_mode(requests: Sequence[Request]) -> SamplingMode:
     """The mode a batch of ``requests`` runs in."""
-    sampling = [r.params for r in requests if not r.params.greedy]
+    sampling = [r.params for r in requests if r.params.temperature != 0.0]  # not greedy
     if not sampling:
         return SamplingMode.GREEDY
     if any(p.top_k or (p.top_p is not None and p.top_p < 1.0) for p in sampling):
@@ -80,10 +80,17 @@ class SamplingInputs:
         return source(self.seeds, self.coin_offsets, count)
 
 
-def sampling_rows(requests: Sequence[Request], num_coins: int) -> tuple[list[int], list[float]]:
+def sampling_rows(
+    requests: Sequence[Request], num_coins: int, mode: SamplingMode | None = None
+) -> tuple[list[int], list[float]]:
     """Host values of ``SamplingInputs`` for ``requests``: ints (top_k, seed, coin offset per
     request, concatenated by field) and floats (temperature, top_p). Reserves ``num_coins``
-    coins of every sampling request (greedy requests take none)."""
+    coins of every sampling request (greedy requests take none). ``mode``: the batch's
+    ``sampling_mode``, where the caller knows it: a GREEDY batch reads none of these values,
+    so they are the neutral ones, written without a walk over the requests."""
+    if mode is SamplingMode.GREEDY:
+        bs = len(requests)
+        return [0] * (3 * bs), [0.0] * bs + [1.0] * bs
     top_k, seeds, offsets, temperature, top_p = [], [], [], [], []
     for request in requests:
         params = request.params

@@ -104,8 +104,13 @@ class LearnedCosts:
     accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps
     35 % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
     ran there yet, at the nearest bucket where one did (the host's share changes slowly with the
-    batch, and a serving batch moves between buckets as requests come and go), else by the other
-    kind's. Plain steps and their catch-ups are learned apart and a plain step priced as their
+    batch, and a serving batch moves between buckets as requests come and go), else that of its
+    kind with the other sampling (the host's share hardly depends on it). Where no step of its
+    kind ran at all, a drafting shape borrows the plain steps' excess and a plain step has none:
+    an estimate too low is corrected the first time the step runs, one too high never is, since
+    nothing chooses the step (a plain step priced by the drafting steps' excess, 0.79 ms where
+    it took 0.57 on the H200 at T 1, bs 8, kept a batch on drafting shapes slower than plain
+    decoding). Plain steps and their catch-ups are learned apart and a plain step priced as their
     mean over a run (``StepCosts``). A step that took more than ``clip`` times its estimate
     counts as that (an engine that waited between two steps); ``weight``: how fast an average
     follows a change. A shape's own times go stale once ``stale_after`` steps were recorded
@@ -224,9 +229,12 @@ class LearnedCosts:
         if observed is not None:
             return observed.mean
         shape, bucket, sampled, _ = key
-        excess = self._excess_at(bucket, sampled, shape.is_plain)
-        if excess is None:  # no step of its kind ran anywhere: the other kind's
-            excess = self._excess_at(bucket, sampled, not shape.is_plain)
+        plain = shape.is_plain
+        excess = self._excess_at(bucket, sampled, plain)
+        if excess is None:  # none of its kind ran with its sampling: with the other one
+            excess = self._excess_at(bucket, not sampled, plain)
+        if excess is None and not plain:  # no drafting step ran yet: plain steps' excess
+            excess = self._excess_at(bucket, sampled, True)
         return self._measured(key) + (0.0 if excess is None else excess.mean)
 
     def _excess_at(self, bucket: int, sampled: bool, plain: bool) -> _Smoothed | None:

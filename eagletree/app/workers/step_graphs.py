@@ -141,6 +141,7 @@ class DecodeStepRunner:
             exact_lengths=exact_lengths,
             lengths=lengths,
             gather=False,  # the step gathers: inside the graph
+            mode=mode,
         )
         captured = None if bucket is None else self._graphs.get((bucket, mode))
         if captured is None:

@@ -13,7 +13,12 @@ import dataclasses
 import pytest
 import torch
 
-from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_inputs
+from eagletree.app.workers.sampler import (
+    SamplingMode,
+    sample_next_tokens,
+    sampling_inputs,
+    sampling_rows,
+)
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
@@ -145,3 +150,25 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort_and_gets_the_same_distrib
     cut = sampling_inputs(requests_of([plain, TARGETS["top-k"]], [1, 2]), 1, CPU)
     assert cut.mode is SamplingMode.FILTERED
     assert [int((row > 0).sum()) for row in cut.probs(logits[:2])] == [VOCAB, 5]
+
+
+def test_a_greedy_batch_reads_no_request_and_gets_the_same_tokens_as_the_walked_rows() -> None:
+    # greedy requests with filters set: their values, walked, are not the neutral ones
+    greedy = [dataclasses.replace(TARGETS["greedy"], top_k=3, top_p=0.5)] * 3
+    requests = requests_of(greedy, [1, 2, 3])
+    walked = sampling_rows(requests, 5)
+    fast = sampling_rows(requests, 5, SamplingMode.GREEDY)
+    assert fast == ([0] * 9, [0.0] * 3 + [1.0] * 3)
+    assert walked != fast  # the fast path skipped the walk (the values it would have read)
+    assert [r.coin_offset for r in requests] == [0, 0, 0]  # greedy requests take no coins
+    logits = long_tailed_logits(3) + torch.randn(3, VOCAB)
+    tokens = sample_next_tokens(logits, requests, REFERENCE_KERNELS)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+
+
+def test_a_sampled_batch_walks_its_requests_whatever_mode_is_passed_for_it() -> None:
+    requests = requests_of([TARGETS["top-k"], TARGETS["greedy"]], [1, 2])
+    ints, floats = sampling_rows(requests, 4, SamplingMode.FILTERED)
+    assert ints[:2] == [5, 0]  # top_k of each
+    assert floats[:2] == [0.7, 0.0]  # temperatures
+    assert requests[0].coin_offset == 4 and requests[1].coin_offset == 0

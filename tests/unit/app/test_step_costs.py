@@ -50,8 +50,9 @@ def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess(
 def test_plain_steps_are_priced_by_the_excess_of_plain_steps_not_of_drafting_ones() -> None:
     costs = LearnedCosts(MEASURED, weight=0.5)
     costs.record(CHAIN, 1, False, 4.0)  # a drafting step's host work: 2 s over its table
-    # no plain step ran anywhere: plain borrows the drafting steps' excess
-    assert costs.of(PLAIN, 1, False) == pytest.approx(1.0 + 2.0)
+    # no plain step ran anywhere: plain is priced by its table alone (too low is corrected
+    # when it runs; too high would never be, as nothing would choose it)
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.0)
     costs.record(PLAIN, 8, False, 2.25)  # a plain step at bucket 8: 0.25 s over its table
     # now bucket 1's plain steps borrow that, not the drafting excess seen at their bucket
     assert costs.of(PLAIN, 1, False) == pytest.approx(1.0 + 0.25)
@@ -72,7 +73,9 @@ def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None
     costs.record(PLAIN, 1, False, 1.5)  # excess 0.5 at bucket 1
     assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 0.5)  # 1 is nearer than 32
     assert costs.of(CHAIN, 24, False) == pytest.approx(2.0 + 2.0)  # bucket 32
-    assert costs.of(CHAIN, 16, True) == 2.0  # nothing sampled ran anywhere
+    # nothing sampled ran: a drafting shape takes its kind's unsampled excess (none yet), else
+    # plain's sampled (none): its table
+    assert costs.of(CHAIN, 16, True) == 2.0
     costs.record(TREE, 16, False, 4.0)  # a drafting step: bucket 16 has one of its kind, 1.0
     assert costs.of(CHAIN, 16, False) == pytest.approx(2.0 + 1.0)
     # a drafting step's kind before a nearer bucket's other kind (plain's 0.5 at bucket 1)
@@ -85,7 +88,18 @@ def test_repeated_steps_converge_on_what_they_take() -> None:
     for _ in range(60):
         costs.record(CHAIN, 8, True, 7.0)
     assert costs.of(CHAIN, 8, True) == pytest.approx(7.0, rel=1e-3)
-    assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + (7.0 - 4.5), rel=1e-3)
+    assert costs.of(TREE, 8, True) == pytest.approx(6.5 + (7.0 - 4.5), rel=1e-3)
+    assert costs.of(PLAIN, 8, True) == 2.5  # no plain step ran: not the drafting excess
+
+
+def test_a_kind_seen_only_with_the_other_sampling_lends_its_excess_across() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs.record(PLAIN, 8, False, 2.5)  # unsampled plain: 0.5 over its table (2)
+    costs.record(CHAIN, 8, True, 6.5)  # sampled drafting: 2 over its table (4.5)
+    assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.5)  # plain's, unsampled
+    assert costs.of(TREE, 8, False) == pytest.approx(6.0 + 2.0)  # drafting's, sampled
+    costs.record(PLAIN, 8, True, 2.75)  # now a sampled plain step: its own kind and sampling
+    assert costs.of(PLAIN, 1, True) == pytest.approx(1.5 + 0.25)
 
 
 def test_a_step_far_longer_than_its_estimate_counts_as_clip_times_it() -> None:

@@ -1,0 +1,158 @@
+"""Benchmark: where a decode step's host time goes, per engine, from ``cProfile``.
+
+A small model at a large batch is host-bound (the device waits for the Python loop), so two
+engines whose graphs take the same device time can differ by what their loops do around them.
+This builds each engine of ``--engines`` over one checkpoint (random weights at the given
+dimensions by default: ``eagletree init-random`` options), runs ``--batch-size`` requests of
+``--new-tokens`` under ``cProfile`` after a warm-up generate, and prints the wall time per step
+and the functions that took the most host time of their own (µs per step), engine by engine.
+An engine is ``plain``, a fixed shape (``chain:S5``, ``tree:S6,k8,N32``) or ``adaptive:`` and
+the candidate shapes separated by ``/`` (``adaptive:chain:S5/tree:S6,k8,N32``: without plain,
+an adaptive engine over a head that accepts nothing still drafts).
+
+    python -m benchmarks.host_profile --out host_profile.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from eagletree.config.settings import EngineSettings
+
+DEFAULT_ENGINES = ("chain:S5", "adaptive:chain:S5/tree:S6,k8,N32")
+# the real pair's dimensions (benchmarks/real_pair): a 12-layer Llama of width 768
+REAL_PAIR_DIMS = (
+    "--arch llama --draft eagle3 --vocab-size 16384 --hidden-size 768 --intermediate-size 2048 "
+    "--num-layers 12 --num-heads 12 --num-kv-heads 4"
+)
+
+
+def _settings(
+    target: Path, draft: Path, algorithm: str, engine: str, batch_size: int, context: int
+) -> EngineSettings:
+    """Settings of ``engine`` (see the module's docstring) over the checkpoint."""
+    from eagletree.config.settings import EngineSettings
+    from eagletree.config.shape_policy import parse_shape
+
+    base = EngineSettings()
+    if engine == "plain":
+        speculative = base.speculative.model_copy(update={"algorithm": "none"})
+        window = 2
+    else:
+        adaptive = engine.startswith("adaptive:")
+        specs = engine.removeprefix("adaptive:").split("/") if adaptive else [engine]
+        shapes = [parse_shape(spec) for spec in specs]
+        first = next(s for s in shapes if not s.is_plain)
+        update = {
+            "algorithm": algorithm,
+            "num_steps": first.num_steps,
+            "eagle_topk": first.topk,
+            "num_draft_tokens": first.num_draft_tokens,
+            "policy": "adaptive" if adaptive else "fixed",
+            "candidate_shapes": specs if adaptive else None,
+        }
+        speculative = base.speculative.model_copy(update=update)
+        window = 2 * max(s.window_len for s in shapes)
+    model = base.model.model_copy(
+        update={
+            "target_path": str(target),
+            "draft_path": str(draft),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "max_context_len": context + window,
+        }
+    )
+    memory = base.memory.model_copy(
+        update={
+            "max_running_requests": batch_size,
+            "max_total_tokens": batch_size * (context + window + 16),
+        }
+    )
+    return base.model_copy(update={"model": model, "speculative": speculative, "memory": memory})
+
+
+def profile_engine(
+    target: Path, draft: Path, algorithm: str, engine: str, args: argparse.Namespace
+) -> list[str]:
+    """The report lines of one engine: wall per step, then its top functions by own time."""
+    from eagletree.app.composition.container import build_engine
+
+    context = args.prompt_len + args.new_tokens + 8
+    settings = _settings(target, draft, algorithm, engine, args.batch_size, context)
+    engine_obj = build_engine(settings)
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        torch.randint(0, engine_obj.vocab_size, (args.prompt_len,), generator=generator).tolist()
+        for _ in range(args.batch_size)
+    ]
+    engine_obj.generate(prompts, max_new_tokens=16, temperature=args.temperature, seed=0)
+    steps_before = engine_obj.stats.num_steps
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    engine_obj.generate(
+        prompts, max_new_tokens=args.new_tokens, temperature=args.temperature, seed=0
+    )
+    profiler.disable()
+    elapsed = time.perf_counter() - started
+    steps = engine_obj.stats.num_steps - steps_before
+    engine_obj.close()
+    stats = pstats.Stats(profiler)
+    table: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = stats.stats  # type: ignore[attr-defined]
+    rows = sorted(table.items(), key=lambda item: -item[1][2])[: args.top]
+    lines = [
+        f"### {engine} (bs {args.batch_size}, T {args.temperature}): {steps} steps, "
+        f"{1e3 * elapsed / steps:.3f} ms a step under the profiler",
+        "",
+        "| function | calls/step | own µs/step | total µs/step |",
+        "|---|---|---|---|",
+    ]
+    for (filename, line, name), (_, calls, own, total, _) in rows:
+        where = f"{Path(filename).name}:{line} {name}" if line else name
+        lines.append(
+            f"| `{where}` | {calls / steps:.1f} | {1e6 * own / steps:.1f} | "
+            f"{1e6 * total / steps:.1f} |"
+        )
+    return [*lines, ""]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", type=Path, help="target checkpoint (default: random)")
+    parser.add_argument("--draft-dir", type=Path, help="draft checkpoint (with --target)")
+    parser.add_argument("--algorithm", default="eagle3", choices=["eagle", "eagle3"])
+    parser.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES))
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--top", type=int, default=25, help="functions listed per engine")
+    parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as scratch:
+        target, draft = args.target, args.draft_dir
+        if target is None:
+            from eagletree.app.cli.init_random import main as init_random
+
+            init_random([*REAL_PAIR_DIMS.split(), "--out", scratch])
+            target, draft = Path(scratch) / "target", Path(scratch) / "draft"
+        lines = []
+        for engine in args.engines:
+            lines += profile_engine(target, draft, args.algorithm, engine, args)
+            print("\n".join(lines[-args.top - 6 :]), flush=True)
+    if args.out is not None:
+        args.out.write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
