@@ -250,6 +250,8 @@ def build_engine_container(
     """
     settings = resolve_platform(settings)
     startup.check_engine_settings(settings)
+    # before anything reads the checkpoint: a launch error says how to launch, whatever the path
+    distributed.check_world(settings.parallel.tp_size, settings.parallel.dp_size)
     apply_cpu_threads(settings, partial(target_hidden_size, settings.model.target_path))
     container = Container(settings=providers.Object(settings), progress=providers.Object(progress))
     container.config.from_dict(settings.model_dump())

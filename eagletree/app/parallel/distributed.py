@@ -48,19 +48,12 @@ class ParallelGroups:
     dense_group: dist.ProcessGroup | None = None
 
 
-def parallel_groups(
-    tp_size: int,
-    dp_size: int,
-    dense_over_dp: bool = False,
-    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
-) -> ParallelGroups:
-    """The tensor- and data-parallel groups over the (already joined) default group of
-    ``tp_size · dp_size`` ranks; no group at all for one rank; with ``dense_over_dp`` (and
-    dp_size > 1) also the data-parallel ranks' device-backend group. Every rank must call it
-    (each ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
+def check_world(tp_size: int, dp_size: int) -> None:
+    """Raise ConfigurationError unless this process is one of a joined group of exactly
+    ``tp_size · dp_size`` ranks (nothing to check for one rank)."""
     world = tp_size * dp_size
     if world == 1:
-        return ParallelGroups()
+        return
     if not in_process_group():
         raise ConfigurationError(
             f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} needs {world} "
@@ -73,6 +66,21 @@ def parallel_groups(
             f"parallel.tp_size = {tp_size} × parallel.dp_size = {dp_size} = {world} ranks, "
             f"but the process group has {world_size}: launch exactly tp_size · dp_size processes"
         )
+
+
+def parallel_groups(
+    tp_size: int,
+    dp_size: int,
+    dense_over_dp: bool = False,
+    timeout: datetime.timedelta = COLLECTIVE_TIMEOUT,
+) -> ParallelGroups:
+    """The tensor- and data-parallel groups over the (already joined) default group of
+    ``tp_size · dp_size`` ranks; no group at all for one rank; with ``dense_over_dp`` (and
+    dp_size > 1) also the data-parallel ranks' device-backend group. Every rank must call it
+    (each ``new_group`` is a collective of the whole world, made in the same order everywhere)."""
+    if tp_size * dp_size == 1:
+        return ParallelGroups()
+    check_world(tp_size, dp_size)
     dp_rank, tp_rank = divmod(dist.get_rank(), tp_size)
     tp_group = dp_group = dense_group = None
     if tp_size > 1:

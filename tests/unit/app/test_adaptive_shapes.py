@@ -177,8 +177,9 @@ def test_plain_steps_that_cost_more_than_measured_make_drafting_pay() -> None:
     assert policy.costs is not None
     assert policy.costs.of(CHAIN, len(batch), True) == pytest.approx(2.6, rel=1e-3)
     assert policy.choose(batch) == CHAIN
-    # greedy steps are priced as measured still; the other bucket borrows this one's excess
-    assert policy.costs.of(PLAIN, 8, False) == 1.0
+    # greedy plain steps, none timed, borrow the sampled ones' excess (the host's share hardly
+    # depends on the sampling), and so does the other bucket
+    assert policy.costs.of(PLAIN, 8, False) == pytest.approx(1.6, rel=1e-3)
     assert policy.costs.of(PLAIN, 1, True) == pytest.approx(1.6, rel=1e-3)
 
 
