@@ -1,0 +1,47 @@
+"""benchmarks/host_profile.py on the CPU: a section per engine — fixed, adaptive without plain,
+plain — with its steps, its time per step, and the functions of the engine's loop that took the
+most host time, the engine's own and torch's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import host_profile
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.adapters.models.random_checkpoint_config import ModelSizes
+
+
+def test_each_engine_gets_its_steps_and_its_costliest_host_functions(tmp_path: Path) -> None:
+    pytest.importorskip("dependency_injector")
+    sizes = ModelSizes(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
+                       num_heads=2, num_kv_heads=1, head_dim=16)  # fmt: skip
+    target, draft = write_random_checkpoint(
+        tmp_path, "llama", "eagle", sizes=sizes, dtype=torch.float32
+    )
+    assert draft is not None
+    out = tmp_path / "host_profile.md"
+    engines = ["chain:S2", "adaptive:chain:S2/tree:S2,k2,N4", "plain"]
+    host_profile.main([
+        "--target", str(target), "--draft-dir", str(draft), "--algorithm", "eagle",
+        "--engines", *engines, "--batch-size", "3", "--prompt-len", "4", "--new-tokens", "6",
+        "--top", "50", "--out", str(out),
+    ])  # fmt: skip
+    text = out.read_text()
+    heads = re.findall(r"^### (\S+) \(bs 3, T 0\.0\): (\d+) steps, ([\d.]+) ms a step", text, re.M)
+    assert [engine for engine, _, _ in heads] == engines
+    # a prefill and at least one decode step each; six tokens take at most six steps after it
+    assert all(2 <= int(steps) <= 7 and float(ms) > 0 for _, steps, ms in heads)
+    sections = text.split("### ")[1:]
+    for section in sections:
+        rows = re.findall(r"^\| `(.+)` \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", section, re.M)
+        assert len(rows) == 50
+        own = [float(r[2]) for r in rows]
+        assert own == sorted(own, reverse=True)  # the costliest first
+        assert all(float(total) >= float(o) for _, _, o, total in rows)
+        # the engine's own functions are there by file and line, beside torch's built-ins
+        assert any(re.fullmatch(r"\w+\.py:\d+ \w+", name) for name, *_ in rows)
+        assert any(name.startswith("<built-in method torch.") for name, *_ in rows)
