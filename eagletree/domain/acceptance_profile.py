@@ -12,6 +12,8 @@ for ``prior_weight`` exposures until real ones outweigh it.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 
 from eagletree.domain.draft_shape import RankProfile
@@ -37,7 +39,13 @@ class AcceptanceProfile:
         self._hits = [
             [prior_weight * prior.rate(d, j) for j in range(max_rank)] for d in range(max_depth)
         ]
-        self._exposures = [[prior_weight] * max_rank for _ in range(max_depth)]
+        # per depth, the decayed paths that reached it by how many ranks the tree offered there
+        # (at most max_rank; the prior's as offering all): rank j's exposures are those of the
+        # counts above j, summed when read, so that recording a path costs one addition per
+        # depth whatever the tree's width (it runs every step; the sums, when the estimate is
+        # refreshed); ``_reached``: their total, rank 0's exposures, read every step
+        self._offers = [[0.0] * max_rank + [prior_weight] for _ in range(max_depth)]
+        self._reached = [prior_weight] * max_depth
         # what a count recorded now weighs: the counts decay by new ones weighing ever more (one
         # multiplication per step instead of one per count; only ratios are read)
         self._weight = 1.0
@@ -50,31 +58,28 @@ class AcceptanceProfile:
         self._weight /= self._decay
         if self._weight > _RESCALE_ABOVE:
             self._rescale()
+        weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank
+        offers, reached, hits = self._offers, self._reached, self._hits
         for ranks, offered in paths:
-            self._record_path(ranks, offered)
-
-    def _record_path(self, ranks: Sequence[int], offered: Sequence[int]) -> None:
-        weight = self._weight
-        for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
-            if depth >= self.max_depth or count <= 0:
-                break
-            exposures = self._exposures[depth]
-            for j in range(min(count, self.max_rank)):
-                exposures[j] += weight
-            if rank < 0:
-                break
-            if rank < self.max_rank:
-                self._hits[depth][rank] += weight
+            for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
+                if depth >= depths or count <= 0:
+                    break
+                offers[depth][min(count, ranks_kept)] += weight
+                reached[depth] += weight
+                if rank < 0:
+                    break
+                if rank < ranks_kept:
+                    hits[depth][rank] += weight
 
     def exposures(self, depth: int, rank: int) -> float:
         """The decayed exposures of ``rank`` at ``depth`` (0-based), in steps' worth now."""
-        return self._exposures[depth][rank] / self._weight
+        return math.fsum(self._offers[depth][rank + 1 :]) / self._weight
 
     def top_rates(self) -> list[float]:
         """Per depth, the rate of rank 0 (hits / exposures): a cheap sign of how far the
         profile has moved."""
-        pairs = zip(self._hits, self._exposures, strict=True)
-        return [hits[0] / exposures[0] if exposures[0] > 0 else 0.0 for hits, exposures in pairs]
+        pairs = zip(self._hits, self._reached, strict=True)
+        return [hits[0] / reached if reached > 0 else 0.0 for hits, reached in pairs]
 
     def profile(self) -> RankProfile:
         """The current estimate: per depth, each rank's hits / exposures, capped by the rate of
@@ -88,7 +93,8 @@ class AcceptanceProfile:
         the excess from the ranks that carry it, and keep a row non-increasing as the draft's
         ranking is."""
         rows = []
-        for hits, exposures in zip(self._hits, self._exposures, strict=True):
+        for hits, offers in zip(self._hits, self._offers, strict=True):
+            exposures = list(itertools.accumulate(reversed(offers)))[::-1][1:]  # per rank
             row: list[float] = []
             left = cap = 1.0
             for h, e in zip(hits, exposures, strict=True):
@@ -101,9 +107,8 @@ class AcceptanceProfile:
     def _rescale(self) -> None:
         """Divide every count and the weight by the weight (before it could overflow)."""
         scale = 1.0 / self._weight
-        for counts in (*self._hits, *self._exposures):
-            for j in range(self.max_rank):
-                counts[j] *= scale
+        for counts in (*self._hits, *self._offers, self._reached):
+            counts[:] = [count * scale for count in counts]
         self._weight = 1.0
 
 

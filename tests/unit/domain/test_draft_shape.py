@@ -119,6 +119,32 @@ def test_more_verified_nodes_never_expect_fewer_tokens(
     assert all(len(p) == 1 or p[:-1] in paths for p in paths)
 
 
+@given(
+    rates=st.lists(
+        st.lists(
+            st.sampled_from([0.0, 0.03, 0.06, 0.12]) | st.floats(0.0, 0.12), max_size=8
+        ).filter(bool),
+        min_size=1,
+        max_size=6,
+    ),
+    num_steps=st.integers(1, 7),
+    topk=st.integers(1, 8),
+    data=st.data(),
+)
+def test_the_expected_drafts_are_the_sum_of_the_trees_node_scores(
+    rates: list[list[float]], num_steps: int, topk: int, data: st.DataObject
+) -> None:
+    # the sum is computed on scores alone; tied scores (drawn often here) must not change it
+    profile = RankProfile(tuple(tuple(row) for row in rates))
+    most = topk + (num_steps - 1) * topk * topk
+    n = num_steps + 1 if topk == 1 else data.draw(st.integers(2, most + 1))
+    shape = DraftShape(num_steps, topk, n)
+    nodes = tree_rank_paths(shape, profile)
+    assert expected_accepted(shape, profile) == pytest.approx(
+        math.fsum(score for score, _ in nodes), rel=1e-12, abs=1e-15
+    )
+
+
 def test_the_choice_is_the_fastest_in_committed_tokens_per_second() -> None:
     candidates = [PLAIN, DraftShape.chain(3), DraftShape(5, 4, 8)]
     seconds = [1.0, 1.5, 2.0]
@@ -248,3 +274,46 @@ def test_the_mean_of_two_profiles_is_taken_rank_by_rank_over_what_either_lists()
     # depth 2: hot repeats its last row; cold's one rank has no ratio to extrapolate (0)
     assert mean.hit_rates[1] == pytest.approx((0.55, 0.1))
     assert mean_profile(cold, cold) == cold
+
+
+@given(
+    steps=st.lists(
+        st.lists(
+            st.lists(st.tuples(st.integers(-1, 5), st.integers(0, 6)), min_size=1, max_size=5),
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_profile_counts_as_a_walk_over_every_offered_rank_would(
+    steps: list[list[list[tuple[int, int]]]],
+) -> None:
+    # the profile keeps offers per count and sums them when read: against the direct count,
+    # each path exposing every rank offered, with the same decay and prior
+    depths, ranks, prior_weight, decay = 3, 4, 2.0, 0.5 ** (1 / 64)
+    prior = RankProfile(((0.5, 0.2), (0.6,)))
+    tracker = AcceptanceProfile(depths, ranks, prior, prior_weight=prior_weight)
+    hits = [[prior_weight * prior.rate(d, j) for j in range(ranks)] for d in range(depths)]
+    exposures = [[prior_weight] * ranks for _ in range(depths)]
+    for step in steps:
+        paths = [([r for r, _ in path], [c for _, c in path]) for path in step]
+        tracker.record(paths)
+        for row in (*hits, *exposures):
+            row[:] = [count * decay for count in row]
+        for taken, offered in paths:
+            for depth, (rank, count) in enumerate(zip(taken, offered, strict=True)):
+                if depth >= depths or count <= 0:
+                    break
+                for j in range(min(count, ranks)):
+                    exposures[depth][j] += 1.0
+                if rank < 0:
+                    break
+                if rank < ranks:
+                    hits[depth][rank] += 1.0
+    for depth in range(depths):
+        for rank in range(ranks):
+            assert tracker.exposures(depth, rank) == pytest.approx(exposures[depth][rank])
+        top = hits[depth][0] / exposures[depth][0]
+        assert tracker.top_rates()[depth] == pytest.approx(top)
+        assert tracker.profile().hit_rates[depth][0] == pytest.approx(top)
