@@ -202,6 +202,12 @@ class AdaptiveShapes:
         return choice
 
     def _price(self, decode: Sequence[Request], costs: LearnedCosts) -> _Pricing:
+        """Every candidate's committed tokens per second for ``decode``, and the choice. From
+        plain steps, a drafting shape's step is priced with half a catch-up's excess over a
+        plain step spread over the steps a pricing stands for: the switch runs the catch-up
+        first, of which the plain steps' own schedule would have paid part later (on the H200
+        a T 1 batch of 8, its drafting shapes within 3 % of plain, went back and forth, each
+        return to drafting paying a catch-up: 0.92 x plain with 86 % of its steps plain)."""
         counts = Counter(temperature_band(r) for r in decode)
         bands = list(counts)
         sampled = any(band != "greedy" for band in bands)
@@ -210,9 +216,16 @@ class AdaptiveShapes:
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
         expected = [self._expected_of(band, kept) for band in bands]
+        step_seconds = [seconds[i] for i in kept]
+        if self._current.is_plain:  # drafting again first catches the draft up (``_price``)
+            switch = 0.5 * costs.catch_up_excess(len(decode), sampled) / self._reprice_every
+            step_seconds = [
+                t if self.shapes[i].is_plain else t + switch
+                for i, t in zip(kept, step_seconds, strict=True)
+            ]
         chosen = choose_shape(
             [self.shapes[i] for i in kept],
-            [seconds[i] for i in kept],
+            step_seconds,
             [[_known(e[i]) for e in expected] for i in kept],
             self._current,
             self._hysteresis,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from eagletree.app.workers.sampler import SamplingMode
 from eagletree.app.workers.step_graphs import bucket_for
+from eagletree.domain.draft_shape import PLAIN
 
 if TYPE_CHECKING:
     from eagletree.app.workers.step_graphs import DecodeStepRunner
@@ -161,6 +162,15 @@ class LearnedCosts:
         step: its share of a run of plain steps with their catch-ups)."""
         key, rows = self._key(shape, batch_size, sampled)
         return self._run_mean(key, self._per_bucket) * rows
+
+    def catch_up_excess(self, batch_size: int, sampled: bool) -> float:
+        """How much longer a catch-up takes over ``batch_size`` requests than a plain step
+        that leaves its token in the lag (0 where plain steps need no catch-up)."""
+        if not self.measured.catch_up:
+            return 0.0
+        (_, bucket, _, _), rows = self._key(PLAIN, batch_size, sampled)
+        lagging = self._per_bucket((PLAIN, bucket, sampled, False))
+        return max(0.0, self._per_bucket((PLAIN, bucket, sampled, True)) - lagging) * rows
 
     def measured_of(self, shape: DraftShape, batch_size: int, sampled: bool) -> float:
         """``of`` by the measured table alone."""

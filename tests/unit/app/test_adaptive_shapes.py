@@ -351,3 +351,28 @@ def test_a_shape_past_the_stall_ratio_at_a_batch_size_costs_no_expected_tokens_t
     assert computed.count(wide) == 1
     policy.choose(_requests([0.0]))  # cached until the band's next refresh
     assert len(computed) == 3
+
+
+def test_from_plain_steps_drafting_pays_its_catch_up_and_from_drafting_it_does_not() -> None:
+    # plain steps cost 1 s, a catch-up 3 s (a plain step that extends the draft), a chain 2 s;
+    # from plain the chain's step is priced 2 + 0.5 x (3 - 1) / 4 = 2.25 s (the switch's
+    # catch-up, half of it, over the 4 steps a pricing stands for)
+    costs = StepCosts(COSTS.buckets, COSTS.seconds, {(b, s): 3.0 for b in (1, 8)
+                      for s in (False, True)}, catch_up_every=16)  # fmt: skip
+    batch = _requests([0.0])
+
+    def policy_with(rate: float, current: DraftShape) -> AdaptiveShapes:
+        # a greedy prior whose chain accepts its first two drafts at ``rate``, not its third
+        prior = RankProfile(((rate,), (rate,), (0.0,)))
+        policy = AdaptiveShapes((current, *(s for s in SHAPES if s != current)), prior=prior,
+                                hysteresis=0.0, probe_every=1000, reprice_every=4)  # fmt: skip
+        policy.use_costs(costs)
+        return policy
+
+    plain_rate = 1.0 / ((15 * 1.0 + 3.0) / 16)  # plain steps with their catch-ups: 1.125 s
+    close = 1 + 0.6 + 0.6**2  # the chain's tokens a step at rate 0.6: 1.96
+    assert close / 2.0 > plain_rate > close / 2.25  # faster than plain, not by the switch
+    assert policy_with(0.6, current=PLAIN).choose(batch) == PLAIN
+    assert policy_with(0.6, current=CHAIN).choose(batch) == CHAIN
+    assert plain_rate < (1 + 0.9 + 0.9**2) / 2.25  # by more than the switch: it drafts
+    assert policy_with(0.9, current=PLAIN).choose(batch) == CHAIN

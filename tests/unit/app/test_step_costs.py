@@ -181,3 +181,19 @@ def test_read_back_intervals_time_a_step_only_after_its_predecessor() -> None:
     assert clock.lap(3) == 0.75
     assert clock.lap(5) is None  # step 4 (a prefill alone) was not read back here
     assert clock.lap(6) == 0.5
+
+
+def test_a_catch_ups_excess_over_a_plain_step_follows_both_as_they_run() -> None:
+    with_catch_ups = StepCosts(
+        BUCKETS, MEASURED.seconds, {(b, s): 4.0 * b for b in BUCKETS for s in (False, True)}, 16
+    )
+    costs = LearnedCosts(with_catch_ups, weight=0.5)
+    assert costs.catch_up_excess(1, False) == pytest.approx(4.0 - 1.0)  # the tables'
+    assert costs.catch_up_excess(8, True) == pytest.approx(32.0 - 2.5)
+    assert costs.catch_up_excess(16, True) == pytest.approx(2 * (32.0 - 2.5))  # per row past 8
+    costs.record(PLAIN, 1, False, 2.0)  # a plain step took 2: its mean 1.5
+    # a catch-up took 6: its estimate (its table's 4 + the plain excess 1) as one sample, then
+    # 6: the mean 5.5
+    costs.record(PLAIN, 1, False, 6.0, catch_up=True)
+    assert costs.catch_up_excess(1, False) == pytest.approx(5.5 - 1.5)
+    assert LearnedCosts(MEASURED).catch_up_excess(8, False) == 0.0  # plain steps need none
