@@ -217,7 +217,7 @@ class AdaptiveShapes:
         kept = [i for i, ok in enumerate(short) if ok]
         expected = [self._expected_of(band, kept) for band in bands]
         step_seconds = [seconds[i] for i in kept]
-        if self._current.is_plain:  # drafting again first catches the draft up (``_price``)
+        if self._current.is_plain:  # a switch to drafting runs a catch-up first (see above)
             switch = 0.5 * costs.catch_up_excess(len(decode), sampled) / self._reprice_every
             step_seconds = [
                 t if self.shapes[i].is_plain else t + switch
