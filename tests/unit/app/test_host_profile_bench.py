@@ -31,10 +31,17 @@ def test_each_engine_gets_its_steps_and_its_costliest_host_functions(tmp_path: P
         "--top", "50", "--out", str(out),
     ])  # fmt: skip
     text = out.read_text()
-    heads = re.findall(r"^### (\S+) \(bs 3, T 0\.0\): (\d+) steps, ([\d.]+) ms a step", text, re.M)
-    assert [engine for engine, _, _ in heads] == engines
+    heads = re.findall(
+        r"^### (\S+) \(bs 3, T 0\.0\): (\d+) steps, ([\d.]+) ms a step under the profiler, "
+        r"([\d.]+) µs of it waiting for the device$",
+        text,
+        re.M,
+    )
+    assert [engine for engine, *_ in heads] == engines
     # a prefill and at least one decode step each; six tokens take at most six steps after it
-    assert all(2 <= int(steps) <= 7 and float(ms) > 0 for _, steps, ms in heads)
+    assert all(2 <= int(steps) <= 7 and float(ms) > 0 for _, steps, ms, _ in heads)
+    # on the CPU every operator runs before it returns: the loop never waits for a device
+    assert [float(waited) for *_, waited in heads] == [0.0] * len(engines)
     sections = text.split("### ")[1:]
     for section in sections:
         rows = re.findall(r"^\| `(.+)` \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", section, re.M)
