@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes, band_of
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.band_acceptance import band_of
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
 from eagletree.domain.draft_shape import expected_accepted
 

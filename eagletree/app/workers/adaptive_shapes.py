@@ -1,7 +1,8 @@
 """The adaptive shape policy: ``AdaptiveShapes`` chooses, for every step, the candidate shape
 (plain decoding included) that commits the most tokens per second for the batch at hand: each
 request's expected accepted drafts under a shape come from the rank profile of its class
-(greedy, or its temperature band), learned from the steps committed so far; a shape's time
+(greedy, or its temperature band), learned from the steps committed so far
+(``band_acceptance``); a shape's time
 comes from the step costs measured at start, corrected by the seconds the engine's steps took
 (``step_costs``). The choice is made on the host from what was read back — with overlap,
 statistics through the step before the one in flight — so it never waits for the device.
@@ -14,23 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
-from eagletree.domain.acceptance_profile import AcceptanceProfile
-from eagletree.domain.draft_shape import (
-    RankProfile,
-    ShapeChoice,
-    choose_shape,
-    expected_accepted,
-    mean_profile,
+from eagletree.app.workers.band_acceptance import (
+    DEFAULT_PRIOR,
+    BandAcceptance,
+    Path,
+    temperature_band,
 )
+from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
+from eagletree.domain.draft_shape import ShapeChoice, choose_shape
 
 if TYPE_CHECKING:
-    from eagletree.domain.draft_shape import DraftShape
+    from eagletree.domain.draft_shape import DraftShape, RankProfile
     from eagletree.domain.request import Request
-
-# a head nobody measured yet: the rank profile the first steps assume (greedy drafting of a
-# trained head accepts its top candidate about two times in three)
-DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
 
 
 @dataclass(slots=True)
@@ -45,33 +41,15 @@ class _Pricing:
     age: int = 0
 
 
-def temperature_band(request: Request) -> str:
-    """The class whose acceptance a request shares: greedy, or its temperature's band."""
-    return band_of(request.params.temperature)
-
-
-def band_of(temperature: float) -> str:
-    """``greedy`` at 0, else the band of ``temperature``: T<=0.5, T<=0.85 or T>0.85."""
-    if temperature <= 0:
-        return "greedy"
-    return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
-
-
 class AdaptiveShapes:
     """The fastest of ``shapes`` for each batch, from measured costs and learned acceptance.
 
     ``hysteresis``: another shape is taken only when it is that fraction faster than the
-    current one. ``prior``: the rank profile assumed before any step of a class was read (it
-    weighs as ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when
-    it was trained (``greedy`` and ``sampled``, at T 1), which replace it: greedy and T ≤ 0.5
-    requests start from the greedy one, T > 0.85 from the sampled one, those between from
-    their mean. Expected tokens are recomputed after ``refresh_steps`` observed steps of a
-    class, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
-    host about a millisecond per shape and batch class to compute; a settled estimate moves
-    slowly), at once after a probe, and at once with the cadence restarted when the rank-0
-    chain's expected accepted drafts moved by ``drift`` (relative; ``_drifted``).
-    ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
-    plain steps (``_probe_due``); ``observe_per_step``: requests recorded per step; every
+    current one. ``prior``, ``head_priors``, ``prior_weight``, ``refresh_steps``, ``drift``:
+    what a request of each temperature band is expected to accept (``BandAcceptance``, whose
+    expected tokens are recomputed at once after a probe is read back). ``probe_every``: a
+    band whose estimate keeps choosing plain drafts once after that many plain steps
+    (``_probe_due``); ``observe_per_step``: requests recorded per step; every
     ``explore_every`` drafting steps a close runner-up not timed at the batch's size (or timed
     too long ago, ``LearnedCosts``) runs once (``_untried_near``). Plain steps explore
     nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
@@ -109,17 +87,15 @@ class AdaptiveShapes:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
         self.shapes = tuple(shapes)
-        self._prior = prior
-        self._head_priors = dict(head_priors or {})
-        self._prior_weight = prior_weight
+        self.acceptance = BandAcceptance(
+            self.shapes,
+            prior=prior,
+            head_priors=head_priors,
+            prior_weight=prior_weight,
+            refresh_steps=refresh_steps,
+            drift=drift,
+        )
         self._hysteresis = hysteresis
-        self._refresh_steps = refresh_steps
-        self._depth = max(s.num_steps for s in self.shapes)
-        self._rank = max(s.topk for s in self.shapes)
-        self._profiles: dict[str, AcceptanceProfile] = {}
-        self._stale: Counter[str] = Counter()
-        self._refreshes: Counter[str] = Counter()
-        self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._costs: LearnedCosts | None = None
         self._current = self.shapes[0]
         self._probe_every = probe_every
@@ -134,8 +110,6 @@ class AdaptiveShapes:
         self._reprice_every = reprice_every
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
-        self._drift = drift
-        self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
 
     @property
     def costs(self) -> LearnedCosts | None:
@@ -160,24 +134,11 @@ class AdaptiveShapes:
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (the prior before any of its steps)."""
-        learned = self._profiles.get(band)
-        return self._prior_of(band) if learned is None else learned.profile()
+        return self.acceptance.profile(band)
 
     def learned_profiles(self) -> dict[str, RankProfile]:
         """The rank profile of every band a step was read back for."""
-        return {band: learned.profile() for band, learned in self._profiles.items()}
-
-    def _prior_of(self, band: str) -> RankProfile:
-        greedy = self._head_priors.get("greedy", self._prior)
-        sampled = self._head_priors.get("sampled", self._prior)
-        if band in ("greedy", "T<=0.5"):
-            return greedy
-        if band == "T>0.85":
-            return sampled
-        # T 0.5–0.85 accepts between the two: on the H200's real pair a T 0.7 tree committed
-        # 4.3 tokens a step, T 0 5.8, T 1 2.9; from the T 1 profile alone, a lone T 0.7
-        # request kept to plain steps (probes move a prior of weight 4 one path at a time)
-        return mean_profile(greedy, sampled)
+        return self.acceptance.learned_profiles()
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         costs = self._costs
@@ -215,7 +176,7 @@ class AdaptiveShapes:
         limit = self._stall_ratio * min(seconds)
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
-        expected = [self._expected_of(band, kept) for band in bands]
+        expected = [self.acceptance.expected(band, kept) for band in bands]
         step_seconds = [seconds[i] for i in kept]
         if self._current.is_plain:  # a switch to drafting runs a catch-up first (see above)
             switch = 0.5 * costs.catch_up_excess(len(decode), sampled) / self._reprice_every
@@ -290,7 +251,7 @@ class AdaptiveShapes:
         if depth == 0 or not requests:
             return
         probed, self._probe = self._probe is not None, None
-        by_band: dict[str, list[tuple[Sequence[int], Sequence[int]]]] = {}
+        by_band: dict[str, list[Path]] = {}
         self._observed_steps += 1
         size = len(requests)
         start = self._observed_steps * self._observe_per_step
@@ -300,68 +261,13 @@ class AdaptiveShapes:
             observed = by_band.setdefault(temperature_band(requests[index]), [])
             observed.append((path[:depth], path[depth : 2 * depth]))
         for band, observed in by_band.items():
-            profile = self._profiles.get(band)
-            if profile is None:
-                profile = AcceptanceProfile(
-                    self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
-                )
-                self._profiles[band] = profile
-            profile.record(observed)
-            self._stale[band] += 1
-            drifted = self._drifted(band, profile)
-            if drifted:  # new text, new requests: follow them closely
-                self._refreshes[band] = 0
-            if drifted or probed:  # what was learned decides the next step
-                self._stale[band] = self._refresh_threshold(band)
+            # what a probe learned decides the next step; so does a drifted estimate
+            if self.acceptance.record(band, observed, refresh=probed):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every
-
-    def _drifted(self, band: str, profile: AcceptanceProfile) -> bool:
-        """Whether the band's profile moved past ``drift`` since its expected tokens were last
-        computed: the rank-0 chain through every depth, the estimate's bulk, expects that
-        much more or fewer accepted drafts (relative). A refresh cadence grown to 64 steps
-        would otherwise price a new batch by the last one's acceptance for that long."""
-        then = self._refreshed_at.get(band)
-        if then is None:
-            return False
-        now = _chain_expectation(profile.top_rates())
-        return abs(now - then) > self._drift * max(then, 1e-3)
-
-    def _expected_of(self, band: str, wanted: Sequence[int]) -> list[float | None]:
-        """Expected accepted drafts per shape for a request of ``band`` (cached), known at
-        least for the shapes at indices ``wanted``: those a batch can run (a wide tree's
-        cost the host 0.2–0.3 ms a computation on the CI's CPU, and past the stall ratio at
-        a batch's size it is never priced there)."""
-        cached = self._expected.get(band)
-        if cached is None or self._stale[band] >= self._refresh_threshold(band):
-            learned = self._profiles.get(band)
-            if learned is not None:
-                self._refreshed_at[band] = _chain_expectation(learned.top_rates())
-            if band in self._expected:
-                self._refreshes[band] += 1
-            cached = self._expected[band] = [None] * len(self.shapes)
-            self._stale[band] = 0
-        missing = [i for i in wanted if cached[i] is None]
-        if missing:
-            profile = self.profile(band)
-            for i in missing:
-                cached[i] = expected_accepted(self.shapes[i], profile)
-        return cached
-
-    def _refresh_threshold(self, band: str) -> int:
-        return self._refresh_steps << min(self._refreshes[band], 4)
 
 
 def _known(expected: float | None) -> float:
     assert expected is not None, "a shape priced before its expected tokens were computed"
     return expected
-
-
-def _chain_expectation(top_rates: Sequence[float]) -> float:
-    """Expected accepted drafts of a chain through every depth: Σ_d Π_{e ≤ d} r_e."""
-    total, reach = 0.0, 1.0
-    for rate in top_rates:
-        reach *= rate
-        total += reach
-    return total

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes, temperature_band
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.band_acceptance import temperature_band
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import (
@@ -107,7 +108,8 @@ def test_each_step_records_a_bounded_sample_of_its_requests(batch_size: int) -> 
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, prior_weight=0.0, observe_per_step=8)
     batch = _requests([0.0] * batch_size)
     policy.observe(CHAIN, batch, ACCEPTING * batch_size)
-    profile = policy._profiles["greedy"]
+    profile = policy.acceptance.learned("greedy")
+    assert profile is not None
     # one exposure per recorded request at depth 1 (the prior weighs nothing)
     assert profile.exposures(0, 0) == pytest.approx(min(batch_size, 8))
 
@@ -115,7 +117,7 @@ def test_each_step_records_a_bounded_sample_of_its_requests(batch_size: int) -> 
 def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import eagletree.app.workers.adaptive_shapes as module
+    import eagletree.app.workers.band_acceptance as module
 
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 
@@ -129,7 +131,7 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     batch = _requests([0.0] * 10 + [1.0] * 10)  # the bands in two blocks
     for _ in range(5):
         policy.observe(CHAIN, batch, ACCEPTING * len(batch))
-    per_band = {id(policy._profiles[b]): 0 for b in ("greedy", "T>0.85")}
+    per_band = {id(policy.acceptance.learned(b)): 0 for b in ("greedy", "T>0.85")}
     for profile, count in recorded:
         per_band[profile] += count
     # 8 a step from a start that moves 8 on: 40 picks, every request twice, each band 20
@@ -138,7 +140,7 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagletree.app.workers.adaptive_shapes as module
+    import eagletree.app.workers.band_acceptance as module
 
     computed = []
 
@@ -325,7 +327,7 @@ def test_a_profile_that_moves_is_priced_again_at_once() -> None:
 def test_a_shape_past_the_stall_ratio_at_a_batch_size_costs_no_expected_tokens_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import eagletree.app.workers.adaptive_shapes as module
+    import eagletree.app.workers.band_acceptance as module
 
     wide = DraftShape(3, 2, 6)
     shapes = (CHAIN, PLAIN, wide)

@@ -1,0 +1,165 @@
+"""What a request is expected to accept, by its temperature band: ``BandAcceptance`` learns a
+rank profile per band (greedy, or the band of its temperature) from the accepted paths read
+back, and keeps every candidate shape's expected accepted drafts under it, recomputed on a
+cadence that thins as the estimate settles and at once when it drifts. The adaptive shape
+policy (``adaptive_shapes``) prices a batch's shapes by these."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from eagletree.domain.acceptance_profile import AcceptanceProfile
+from eagletree.domain.draft_shape import RankProfile, expected_accepted, mean_profile
+
+if TYPE_CHECKING:
+    from eagletree.domain.draft_shape import DraftShape
+    from eagletree.domain.request import Request
+
+# a head nobody measured yet: the rank profile the first steps assume (greedy drafting of a
+# trained head accepts its top candidate about two times in three)
+DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
+
+# a path read back: the rank accepted at each depth, then the ranks offered there
+Path = tuple[Sequence[int], Sequence[int]]
+
+
+def temperature_band(request: Request) -> str:
+    """The class whose acceptance a request shares: greedy, or its temperature's band."""
+    return band_of(request.params.temperature)
+
+
+def band_of(temperature: float) -> str:
+    """``greedy`` at 0, else the band of ``temperature``: T<=0.5, T<=0.85 or T>0.85."""
+    if temperature <= 0:
+        return "greedy"
+    return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
+
+
+class BandAcceptance:
+    """Per band, a learned rank profile and each of ``shapes``' expected accepted drafts.
+
+    ``prior``: the rank profile assumed before any path of a band was read (it weighs as
+    ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when it was
+    trained (``greedy`` and ``sampled``, at T 1), which replace it: greedy and T ≤ 0.5
+    requests start from the greedy one, T > 0.85 from the sampled one, those between from
+    their mean. Expected tokens are recomputed after ``refresh_steps`` recorded steps of a
+    band, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
+    host a tenth of a millisecond per shape and band; a settled estimate moves slowly), at once
+    when ``record`` is told to (a probe was read back), and at once with the cadence restarted
+    when the rank-0 chain's expected accepted drafts moved by ``drift`` (relative;
+    ``_drifted``).
+    """
+
+    def __init__(
+        self,
+        shapes: Sequence[DraftShape],
+        *,
+        prior: RankProfile = DEFAULT_PRIOR,
+        head_priors: Mapping[str, RankProfile] | None = None,
+        prior_weight: float = 4.0,
+        refresh_steps: int = 4,
+        drift: float = 0.1,
+    ) -> None:
+        self.shapes = tuple(shapes)
+        self._prior = prior
+        self._head_priors = dict(head_priors or {})
+        self._prior_weight = prior_weight
+        self._refresh_steps = refresh_steps
+        self._drift = drift
+        self._depth = max(s.num_steps for s in self.shapes)
+        self._rank = max(s.topk for s in self.shapes)
+        self._profiles: dict[str, AcceptanceProfile] = {}
+        self._stale: Counter[str] = Counter()
+        self._refreshes: Counter[str] = Counter()
+        self._expected: dict[str, list[float | None]] = {}  # per band, per shape
+        self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
+
+    def profile(self, band: str) -> RankProfile:
+        """The rank profile learned for ``band`` (its prior before any of its paths)."""
+        learned = self._profiles.get(band)
+        return self._prior_of(band) if learned is None else learned.profile()
+
+    def learned(self, band: str) -> AcceptanceProfile | None:
+        """The counts learned for ``band``, if any of its paths was recorded."""
+        return self._profiles.get(band)
+
+    def learned_profiles(self) -> dict[str, RankProfile]:
+        """The rank profile of every band a path was recorded for."""
+        return {band: learned.profile() for band, learned in self._profiles.items()}
+
+    def record(self, band: str, paths: Sequence[Path], *, refresh: bool = False) -> bool:
+        """One step's ``paths`` of ``band``'s requests. Returns whether its expected tokens are
+        to be recomputed before they are next read: the estimate drifted, or ``refresh``."""
+        profile = self._profiles.get(band)
+        if profile is None:
+            profile = AcceptanceProfile(
+                self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
+            )
+            self._profiles[band] = profile
+        profile.record(paths)
+        self._stale[band] += 1
+        drifted = self._drifted(band, profile)
+        if drifted:  # new text, new requests: follow them closely
+            self._refreshes[band] = 0
+        if drifted or refresh:
+            self._stale[band] = self._refresh_threshold(band)
+            return True
+        return False
+
+    def expected(self, band: str, wanted: Sequence[int]) -> list[float | None]:
+        """Expected accepted drafts per shape for a request of ``band`` (cached), known at
+        least for the shapes at indices ``wanted``: those a batch can run (a wide tree costs
+        the most to compute, and past the policy's stall ratio at a batch's size it is never
+        priced there)."""
+        cached = self._expected.get(band)
+        if cached is None or self._stale[band] >= self._refresh_threshold(band):
+            learned = self._profiles.get(band)
+            if learned is not None:
+                self._refreshed_at[band] = _chain_expectation(learned.top_rates())
+            if band in self._expected:
+                self._refreshes[band] += 1
+            cached = self._expected[band] = [None] * len(self.shapes)
+            self._stale[band] = 0
+        missing = [i for i in wanted if cached[i] is None]
+        if missing:
+            profile = self.profile(band)
+            for i in missing:
+                cached[i] = expected_accepted(self.shapes[i], profile)
+        return cached
+
+    def _prior_of(self, band: str) -> RankProfile:
+        greedy = self._head_priors.get("greedy", self._prior)
+        sampled = self._head_priors.get("sampled", self._prior)
+        if band in ("greedy", "T<=0.5"):
+            return greedy
+        if band == "T>0.85":
+            return sampled
+        # T 0.5–0.85 accepts between the two: on the H200's real pair a T 0.7 tree committed
+        # 4.3 tokens a step, T 0 5.8, T 1 2.9; from the T 1 profile alone, a lone T 0.7
+        # request kept to plain steps (probes move a prior of weight 4 one path at a time)
+        return mean_profile(greedy, sampled)
+
+    def _drifted(self, band: str, profile: AcceptanceProfile) -> bool:
+        """Whether the band's profile moved past ``drift`` since its expected tokens were last
+        computed: the rank-0 chain through every depth, the estimate's bulk, expects that
+        much more or fewer accepted drafts (relative). A refresh cadence grown to 64 steps
+        would otherwise price a new batch by the last one's acceptance for that long."""
+        then = self._refreshed_at.get(band)
+        if then is None:
+            return False
+        now = _chain_expectation(profile.top_rates())
+        return abs(now - then) > self._drift * max(then, 1e-3)
+
+    def _refresh_threshold(self, band: str) -> int:
+        return self._refresh_steps << min(self._refreshes[band], 4)
+
+
+def _chain_expectation(top_rates: Sequence[float]) -> float:
+    """Expected accepted drafts of a chain through every depth: Σ_d Π_{e ≤ d} r_e."""
+    total, reach = 0.0, 1.0
+    for rate in top_rates:
+        reach *= rate
+        total += reach
+    return total
