@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from eagletree.app.workers.band_acceptance import (
     DEFAULT_PRIOR,
     BandAcceptance,
-    Path,
+    RankedPath,
     temperature_band,
 )
 from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
@@ -251,7 +251,7 @@ class AdaptiveShapes:
         if depth == 0 or not requests:
             return
         probed, self._probe = self._probe is not None, None
-        by_band: dict[str, list[Path]] = {}
+        by_band: dict[str, list[RankedPath]] = {}
         self._observed_steps += 1
         size = len(requests)
         start = self._observed_steps * self._observe_per_step

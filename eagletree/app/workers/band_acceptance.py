@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_PRIOR = RankProfile(((0.65, 0.12, 0.05), (0.6, 0.12, 0.05)))
 
 # a path read back: the rank accepted at each depth, then the ranks offered there
-Path = tuple[Sequence[int], Sequence[int]]
+RankedPath = tuple[Sequence[int], Sequence[int]]
 
 
 def temperature_band(request: Request) -> str:
@@ -89,7 +89,7 @@ class BandAcceptance:
         """The rank profile of every band a path was recorded for."""
         return {band: learned.profile() for band, learned in self._profiles.items()}
 
-    def record(self, band: str, paths: Sequence[Path], *, refresh: bool = False) -> bool:
+    def record(self, band: str, paths: Sequence[RankedPath], *, refresh: bool = False) -> bool:
         """One step's ``paths`` of ``band``'s requests. Returns whether its expected tokens are
         to be recomputed before they are next read: the estimate drifted, or ``refresh``."""
         profile = self._profiles.get(band)
