@@ -9,13 +9,11 @@ every run's report answers it the same way.
 
 from __future__ import annotations
 
-import math
+import statistics
 from collections.abc import Sequence
 
+from eagletree.app.bench.configs import ADAPTIVE_NAME, PLAIN
 from eagletree.app.bench.report import BenchRow
-
-ADAPTIVE = "adaptive"
-PLAIN = "plain"
 
 
 def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
@@ -27,7 +25,7 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     cells: dict[tuple[float, int], dict[str, BenchRow]] = {}
     for row in rows:
         cells.setdefault((row.temperature, row.batch_size), {})[row.config] = row
-    measured = {key: cell for key, cell in sorted(cells.items()) if ADAPTIVE in cell}
+    measured = {key: cell for key, cell in sorted(cells.items()) if ADAPTIVE_NAME in cell}
     if not measured:
         return []
     lines = [
@@ -40,11 +38,11 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     ]
     over_best: dict[str, list[float]] = {}
     for (temperature, batch_size), cell in measured.items():
-        adaptive = cell[ADAPTIVE]
-        fixed = {name: row for name, row in cell.items() if name != ADAPTIVE}
-        drafting = [row for name, row in fixed.items() if name != PLAIN]
+        adaptive = cell[ADAPTIVE_NAME]
+        fixed = {name: row for name, row in cell.items() if name != ADAPTIVE_NAME}
+        drafting = [row for name, row in fixed.items() if name != PLAIN.name]
         best = max(drafting, key=lambda r: r.tokens_per_s, default=None)
-        plain = fixed.get(PLAIN)
+        plain = fixed.get(PLAIN.name)
         lines.append(
             f"| {temperature:g} | {batch_size} | {_over(adaptive, best, named=True)} "
             f"| {_over(adaptive, plain)} | {_ran(adaptive)} | {_worst(adaptive)} |"
@@ -56,7 +54,7 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     complete = {name: ratios for name, ratios in over_best.items() if len(ratios) == len(measured)}
     if complete:
         means = sorted(
-            ((_geometric_mean(ratios), name) for name, ratios in complete.items()),
+            ((statistics.geometric_mean(ratios), name) for name, ratios in complete.items()),
             reverse=True,
         )
         lines += [
@@ -85,7 +83,3 @@ def _ran(row: BenchRow) -> str:
 def _worst(row: BenchRow) -> str:
     worst = row.worst_over_median
     return "n/a" if worst is None else f"{worst:.2f}"
-
-
-def _geometric_mean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -15,6 +15,8 @@ from eagletree.config.shape_policy import SHAPE_EXAMPLES, parse_shape
 from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.errors import ConfigurationError
 
+ADAPTIVE_NAME = "adaptive"  # the adaptive configuration's name in the rows and tables
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -34,7 +36,7 @@ class BenchConfig:
 
     @property
     def name(self) -> str:
-        return "adaptive" if self.adaptive else self.shape.label
+        return ADAPTIVE_NAME if self.adaptive else self.shape.label
 
     @property
     def max_tokens_per_step(self) -> int:
