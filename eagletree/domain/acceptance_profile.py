@@ -13,7 +13,6 @@ for ``prior_weight`` exposures until real ones outweigh it.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 
 from eagletree.domain.draft_shape import RankProfile
@@ -73,7 +72,7 @@ class AcceptanceProfile:
 
     def exposures(self, depth: int, rank: int) -> float:
         """The decayed exposures of ``rank`` at ``depth`` (0-based), in steps' worth now."""
-        return math.fsum(self._offers[depth][rank + 1 :]) / self._weight
+        return _rank_exposures(self._offers[depth])[rank] / self._weight
 
     def top_rates(self) -> list[float]:
         """Per depth, the rate of rank 0 (hits / exposures): a cheap sign of how far the
@@ -94,7 +93,7 @@ class AcceptanceProfile:
         ranking is."""
         rows = []
         for hits, offers in zip(self._hits, self._offers, strict=True):
-            exposures = list(itertools.accumulate(reversed(offers)))[::-1][1:]  # per rank
+            exposures = _rank_exposures(offers)
             row: list[float] = []
             left = cap = 1.0
             for h, e in zip(hits, exposures, strict=True):
@@ -113,3 +112,9 @@ class AcceptanceProfile:
 
 
 _RESCALE_ABOVE = 1e12
+
+
+def _rank_exposures(offers: list[float]) -> list[float]:
+    """Per rank j, the paths whose tree offered more than j ranks: the sums of ``offers``
+    (indexed by how many were offered, 0 unused) from j + 1 on."""
+    return list(itertools.accumulate(reversed(offers)))[::-1][1:]
