@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from eagletree.app.bench.checkpoints import DraftKind
+    from eagletree.app.bench.configs import BenchConfig
     from eagletree.config.settings import EngineSettings
 
 DEFAULT_ENGINES = ("chain:S5", "adaptive:chain:S5/tree:S6,k8,N32")
@@ -37,37 +39,34 @@ REAL_PAIR_DIMS = (
 )
 
 
-def _settings(
-    target: Path, draft: Path, algorithm: str, engine: str, batch_size: int, context: int
-) -> EngineSettings:
-    """Settings of ``engine`` (see the module's docstring) over the checkpoint."""
-    from eagletree.config.settings import EngineSettings
-    from eagletree.config.shape_policy import parse_shape
+def _config(engine: str) -> BenchConfig:
+    """The bench configuration ``engine`` names (see the module's docstring)."""
+    from eagletree.app.bench.configs import BenchConfig, parse_config
 
+    if not engine.startswith("adaptive:"):
+        return parse_config(engine)
+    specs = engine.removeprefix("adaptive:").split("/")
+    shapes = tuple(parse_config(spec).shape for spec in specs)
+    return BenchConfig(next(s for s in shapes if not s.is_plain), shapes)
+
+
+def _settings(
+    target: Path, draft: Path, algorithm: DraftKind, engine: str, batch_size: int, context: int
+) -> EngineSettings:
+    """Settings of ``engine`` over the checkpoint, its speculation as `eagletree bench` sets it,
+    the pool sized for ``batch_size`` requests of ``context`` tokens."""
+    from eagletree.app.bench.plan import BenchPlan, settings_for
+    from eagletree.config.settings import EngineSettings
+
+    config = _config(engine)
+    window = 2 * max(s.window_len for s in (config.shape, *config.candidates))
     base = EngineSettings()
-    if engine == "plain":
-        speculative = base.speculative.model_copy(update={"algorithm": "none"})
-        window = 2
-    else:
-        adaptive = engine.startswith("adaptive:")
-        specs = engine.removeprefix("adaptive:").split("/") if adaptive else [engine]
-        shapes = [parse_shape(spec) for spec in specs]
-        first = next(s for s in shapes if not s.is_plain)
-        update = {
-            "algorithm": algorithm,
-            "num_steps": first.num_steps,
-            "eagle_topk": first.topk,
-            "num_draft_tokens": first.num_draft_tokens,
-            "policy": "adaptive" if adaptive else "fixed",
-            "candidate_shapes": specs if adaptive else None,
-        }
-        speculative = base.speculative.model_copy(update=update)
-        window = 2 * max(s.window_len for s in shapes)
+    cuda = torch.cuda.is_available()
     model = base.model.model_copy(
         update={
             "target_path": str(target),
             "draft_path": str(draft),
-            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "device": "cuda" if cuda else "cpu",
             "max_context_len": context + window,
         }
     )
@@ -77,11 +76,12 @@ def _settings(
             "max_total_tokens": batch_size * (context + window + 16),
         }
     )
-    return base.model_copy(update={"model": model, "speculative": speculative, "memory": memory})
+    base = base.model_copy(update={"model": model, "memory": memory})
+    return settings_for(BenchPlan(base, target, draft, algorithm, cuda), config)
 
 
 def profile_engine(
-    target: Path, draft: Path, algorithm: str, engine: str, args: argparse.Namespace
+    target: Path, draft: Path, algorithm: DraftKind, engine: str, args: argparse.Namespace
 ) -> list[str]:
     """The report lines of one engine: wall per step, then its top functions by own time."""
     from eagletree.app.composition.container import build_engine
