@@ -14,6 +14,7 @@ import torch
 
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.text.byte_tokenizer import write_byte_level_tokenizer
+from eagletree.app.bench.adaptive_state import CATCH_UP
 from eagletree.app.bench.checkpoints import ensure_preset_checkpoint
 from eagletree.app.bench.cli import resolved_value
 from eagletree.app.cli import main as cli
@@ -271,6 +272,11 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     # greedy and sampled, and a rank profile for each temperature it ran
     (learned,) = data["adaptive"].values()
     costs = learned["step_costs"]
+    # and its catch-up, a plain step's that extends the draft over the lag
+    assert {(c["bucket"], c["sampled"]) for c in learned["catch_ups"]} == {
+        (c["bucket"], c["sampled"]) for c in costs if c["shape"] == "plain"
+    }
+    assert all(c["measured_ms"] > 0 and c["every"] > 1 for c in learned["catch_ups"])
     assert {(c["shape"], c["sampled"]) for c in costs} == {
         (shape, sampled) for shape in ("plain", "chain S2", TREE) for sampled in (False, True)
     }
@@ -294,7 +300,8 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
             assert sum(steps.values()) >= row["num_steps"]  # (the warm-up steps counted too)
             # and which one each timed step launched, as many as its timed steps
             assert len(row["step_shapes"]) == len(row["step_ms"]) == row["num_steps"]
-            assert set(row["step_shapes"]) <= set(steps)
+            # (a plain step that caught the draft up named apart)
+            assert set(row["step_shapes"]) <= set(steps) | {CATCH_UP}
         else:
             assert row["shape_steps"] == {} and row["step_shapes"] == []
         if row["config"] != "plain":  # against the plain row of the same bs and temperature

@@ -29,7 +29,8 @@ def _adaptive_policy(engine: Engine) -> tuple[SpeculativeWorker, AdaptiveShapes]
 def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     """An adaptive engine's step costs (ms per step, per shape, bucket and sampling: as
     measured at start and as learned from its steps; a plain step's, its share of a run of
-    plain steps with their catch-ups) and its learned rank profiles per band;
+    plain steps with their catch-ups), its catch-up step as measured at start (one every
+    ``every`` plain steps) and its learned rank profiles per band;
     None for any other engine."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
@@ -51,11 +52,18 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
                     "learned_ms": 1e3 * costs.of(shape, bucket, sampled),
                 }
             )
+    catch_ups = []
+    if costs is not None:
+        every = costs.measured.catch_up_every
+        for (bucket, sampled), seconds in costs.measured.catch_up.items():
+            catch_ups.append(
+                {"bucket": bucket, "sampled": sampled, "measured_ms": 1e3 * seconds, "every": every}
+            )
     profiles = {
         band: [list(row) for row in profile.hit_rates]
         for band, profile in policy.learned_profiles().items()
     }
-    return {"step_costs": rows, "rank_profiles": profiles}
+    return {"step_costs": rows, "catch_ups": catch_ups, "rank_profiles": profiles}
 
 
 def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:
@@ -81,12 +89,19 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
     }
 
 
+# how a timed step that caught the draft up over its lag is named among the shapes
+CATCH_UP = "plain catch-up"
+
+
 def last_shape(engine: Engine) -> str | None:
-    """The shape of the latest decode step an adaptive engine launched (None for any other
-    engine, or before its first)."""
+    """The shape of the latest decode step an adaptive engine launched, ``CATCH_UP`` where it
+    was a plain step that caught the draft up (None for any other engine, or before its
+    first)."""
     adaptive = _adaptive_policy(engine)
-    shape = None if adaptive is None else adaptive[0].last_shape
-    return None if shape is None else shape.label
+    worker = None if adaptive is None else adaptive[0]
+    if worker is None or worker.last_shape is None:
+        return None
+    return CATCH_UP if worker.last_caught_up else worker.last_shape.label
 
 
 def shape_steps(engine: Engine) -> Counter[DraftShape]:

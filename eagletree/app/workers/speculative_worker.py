@@ -114,6 +114,7 @@ class SpeculativeWorker(StepWorker):
         # every catch-up, counts as plain): what /metrics and the bench report
         self.shape_steps: Counter[DraftShape] = Counter()
         self.last_shape: DraftShape | None = None  # of the latest decode step launched
+        self.last_caught_up = False  # whether that step was a catch-up
         # the steps launched, and when each decode step was read back: what the policy learns
         # each shape's running cost from
         self._launched = 0
@@ -197,7 +198,7 @@ class SpeculativeWorker(StepWorker):
             self._state.ran(decode, lagging=lagging)
             if decode:
                 self.shape_steps[shape] += 1
-                self.last_shape = shape
+                self.last_shape, self.last_caught_up = shape, catch_up
             # the verify and the draft's forwards (a tree's S − 1 draft steps and its extend;
             # a plain step's catch-up)
             forwards = 1 + (0 if lagging else max(shape.num_steps, 1))
