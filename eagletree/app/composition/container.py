@@ -26,6 +26,7 @@ from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
 from eagletree.adapters.kernels.triton import path_ranks as triton_path_ranks
+from eagletree.adapters.kernels.triton import plain_step_writes as triton_plain_step_writes
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
@@ -92,6 +93,7 @@ class Container(PoolProviders):
             compaction_plan=triton_compaction.compaction_plan,
             verify_greedy=triton_tree_verify.verify_tree_greedy,
             path_ranks=triton_path_ranks.accepted_path_ranks,
+            plain_step_writes=triton_plain_step_writes.plain_step_writes,
         ),
     )
     cuda_graphs = providers.Singleton(

@@ -95,6 +95,8 @@ class DecodeWindow:
 
     def slots(self, req_to_token: torch.Tensor, width: int) -> torch.Tensor:
         """``req_to_token[row_b, L_b : L_b + width]`` of every request → (bs, width) int64."""
+        if width == 1:  # one gather, without the columns' arange and add
+            return req_to_token[self.req_pool_indices, self.seq_lens].to(torch.int64).unsqueeze(1)
         columns = self.seq_lens.unsqueeze(1) + torch.arange(width, device=self.seq_lens.device)
         return req_to_token[self.req_pool_indices.unsqueeze(1), columns].to(torch.int64)
 

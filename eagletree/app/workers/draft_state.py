@@ -138,7 +138,8 @@ class DraftStateStore:
 class DraftLag:
     """Per req_to_token row, up to ``width`` (token, target feature) pairs that the draft has not
     extended over yet, in the draft convention: pair i is the token at position p + 1 with the
-    target's feature at p. ``count`` is each row's number of pairs (device)."""
+    target's feature at p. ``count`` is each row's number of pairs (device). A plain step
+    appends its pairs with its other per-row writes (``domain.draft_lag``)."""
 
     def __init__(self, num_rows: int, width: int, device: torch.device) -> None:
         if width < 1:
@@ -147,20 +148,16 @@ class DraftLag:
         self.tokens = torch.zeros(num_rows, width, dtype=torch.int64, device=device)
         self.count = torch.zeros(num_rows, dtype=torch.int64, device=device)
         # (num_rows, width, F): F (the target's hidden or aux width) and dtype are known at the
-        # first record, which a graph capture's eager warm-up always runs before capturing
+        # first plain step (``features_for``)
         self.features: torch.Tensor | None = None
 
-    def record(self, rows: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor) -> None:
-        """Append each row's pair: ``rows``, ``tokens`` (bs,) int64, ``features`` (bs, F).
-        Device ops only; a full row (only a padding row, which nobody reads) overwrites its
-        last pair."""
+    def features_for(self, features: torch.Tensor) -> torch.Tensor:
+        """The pairs' features (num_rows, width, F), made at the first call from ``features``
+        (bs, F): their width and dtype (a graph capture's eager warm-up always calls first)."""
         if self.features is None:
             shape = (*self.tokens.shape, features.shape[-1])
             self.features = torch.zeros(shape, dtype=features.dtype, device=features.device)
-        column = self.count[rows].clamp(max=self.width - 1)  # (bs,) int64
-        self.tokens[rows, column] = tokens
-        self.features[rows, column] = features.to(self.features.dtype)
-        self.count[rows] = column + 1
+        return self.features
 
     def read(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The pairs of ``rows`` (bs,) as extend-block inputs: tokens (bs·width,) int64,

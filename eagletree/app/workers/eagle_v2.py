@@ -109,14 +109,25 @@ class EagleWorkerV2(TreeWorker):
         tokens = sample_tokens(out.logits, inputs.sampling, self._kernels).to(torch.int64)
         features = self._extender.target_features(out.hidden_states, out.aux_hidden_states)
         lag = self._state.lag
-        lag.record(inputs.rows, tokens, features)
+        committed = self._steps.buffers.committed
+        assert committed is not None, "a speculative step keeps its lengths on the device"
+        # the pair joins the lag, the length grows by one and, unless the catch-up proposes
+        # the next pending token, the token is pending: one launch where the kernels are fused
+        self._kernels.plain_step_writes(
+            inputs.rows,
+            tokens,
+            features,
+            window.seq_lens,
+            lag.tokens,
+            lag.features_for(features),
+            lag.count,
+            committed,
+            None if catch_up else self._state.bonus_tokens,
+        )
         if catch_up:
             self._state.scatter(inputs.rows, self._extend_over_lag(window, inputs.rows))
             lag.clear(inputs.rows)
-        else:
-            self._state.bonus_tokens[inputs.rows] = tokens
         accepted = torch.ones_like(tokens)
-        self._steps.buffers.advance_lengths(inputs.rows, inputs.seq_lens + accepted)
         if not self.policy.observes:
             return tokens.unsqueeze(1), accepted
         return tokens.unsqueeze(1), accepted, tokens.new_zeros(bs, 0)

@@ -15,6 +15,7 @@ import torch
 from eagletree.domain.accepted_path import accepted_path_ranks
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
+from eagletree.domain.draft_lag import plain_step_writes
 from eagletree.domain.sampling import greedy_tokens, top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
@@ -49,12 +50,15 @@ PathRanks = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
 ]
+# domain.draft_lag.plain_step_writes's signature: (rows, tokens, features, seq_lens, lag_tokens,
+# lag_features, lag_count, committed, pending or None) -> None, writing the last five
+PlainStepWrites = Callable[..., None]
 
 
 class StepKernels(NamedTuple):
     """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
-    greedy tree verification, the compaction plan and the accepted path's ranks (defaults:
-    the torch references)."""
+    greedy tree verification, the compaction plan, the accepted path's ranks and a plain
+    step's per-row writes (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
@@ -64,6 +68,7 @@ class StepKernels(NamedTuple):
     compaction_plan: PlanCompaction = compaction_plan
     verify_greedy: GreedyVerify = verify_tree_greedy
     path_ranks: PathRanks = accepted_path_ranks
+    plain_step_writes: PlainStepWrites = plain_step_writes
 
 
 REFERENCE_KERNELS = StepKernels()

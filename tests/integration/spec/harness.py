@@ -24,6 +24,7 @@ from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.shape_policy import ShapePolicy
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.request import Request
 from eagletree.domain.tree import TreeMaskMode
@@ -182,11 +183,12 @@ def speculative_engine(
     overlap: bool = False,
     prefill_step: PrefillStep = "with_decode",
     policy: ShapePolicy | None = None,
+    kernels: StepKernels = REFERENCE_KERNELS,
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
     ``graph_buckets``, ``use_cuda_graphs`` and ``prefill_step`` as ``plain_engine``'s;
     ``overlap``: the engine keeps one step in flight; ``policy``: the worker's shape policy
-    (its first shape must be (S, k, N))."""
+    (its first shape must be (S, k, N)); ``kernels``: the step's fused functions."""
     shapes = [DraftShape(num_steps, topk, num_draft_tokens)]
     if policy is not None:
         shapes = list(policy.shapes)
@@ -209,6 +211,7 @@ def speculative_engine(
         graph_buckets=graph_buckets,
         use_cuda_graphs=use_cuda_graphs,
         policy=policy,
+        kernels=kernels,
     )
     engine = Engine(
         worker,

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from eagletree.app.workers.draft_state import DraftLag, DraftStateStore, lag_width
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
+from tests.conftest import requires_triton
 from tests.integration.spec.harness import (
     SIZES,
     RecordingPolicy,
@@ -53,13 +55,16 @@ def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _run(
-    models: SpecModels, script: Sequence[DraftShape], lag_width: int | None
+    models: SpecModels,
+    script: Sequence[DraftShape],
+    lag_width: int | None,
+    kernels: StepKernels = REFERENCE_KERNELS,
 ) -> tuple[SpecEngine, ScriptedShapes, list[Request]]:
     """Three requests (the third joins at the fourth decode step) stepped through ``script``;
     with ``lag_width`` the worker's lag is replaced by one that wide (1: a catch-up every
     step)."""
     policy = ScriptedShapes((TREE, PLAIN, CHAIN), script)
-    spec = speculative_engine(models, 3, 2, 6, policy=policy)
+    spec = speculative_engine(models, 3, 2, 6, policy=policy, kernels=kernels)
     if lag_width is not None:
         state = spec.worker._state
         state.lag = DraftLag(state.bonus_tokens.shape[0], lag_width, state.bonus_tokens.device)
@@ -112,6 +117,34 @@ def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
     assert lagging_policy.observed == eager_policy.observed
     assert len(lagging_policy.observed) >= 3 * 3  # three requests through the last three trees
     assert torch.all(lagging.worker._state.lag.count == 0)  # the draft read every pair
+
+
+def test_the_fused_plain_step_writes_leave_the_state_the_reference_writes_leave(
+    models: SpecModels,
+) -> None:
+    # runs of plain steps past the lag, catch-ups, a row joining mid-run: the Triton kernel of
+    # a plain step's writes in the worker (interpreted on the CPU) against the torch reference
+    requires_triton("cpu")
+    from eagletree.adapters.kernels.triton.plain_step_writes import plain_step_writes
+
+    fused = REFERENCE_KERNELS._replace(plain_step_writes=plain_step_writes)
+    script = [TREE, *[PLAIN] * (LAG + 3), CHAIN, CHAIN, *[PLAIN] * 4]
+    reference, _, reference_requests = _run(models, script, None)
+    kernel, _, kernel_requests = _run(models, script, None, fused)
+    assert [r.output_ids for r in kernel_requests] == [r.output_ids for r in reference_requests]
+    ours, theirs = kernel.worker._state, reference.worker._state
+    for got, want in zip(
+        _draft_states(kernel, kernel_requests),
+        _draft_states(reference, reference_requests),
+        strict=True,
+    ):
+        assert torch.equal(got, want)
+    rows = torch.tensor([r.row for r in kernel_requests])
+    assert torch.equal(ours.lag.count[rows], theirs.lag.count[rows])
+    assert int(ours.lag.count[rows].max()) > 0  # the last plain steps left pairs behind
+    assert ours.lag.features is not None and theirs.lag.features is not None
+    assert torch.equal(ours.lag.features[rows], theirs.lag.features[rows])
+    assert torch.equal(ours.lag.tokens[rows], theirs.lag.tokens[rows])
 
 
 def test_each_read_back_decode_step_reports_the_time_of_the_shape_it_ran(
