@@ -91,15 +91,24 @@ def run_decoder_stack(
     h = embed_tokens(input_ids)
     rope = rotary(positions, h.dtype)
     residual: torch.Tensor | None = None
-    captured: dict[int, torch.Tensor] = {}
+    # the captured streams are written into their columns of one (num_tokens, n·H) tensor as
+    # they pass: a copy each (the fused path updates the stream in place), and no concatenation
+    aux = h.new_empty(h.shape[0], len(aux_layer_ids) * h.shape[-1]) if aux_layer_ids else None
+    columns: dict[int, list[torch.Tensor]] = {}
+    if aux is not None:
+        for k, column in enumerate(aux.chunk(len(aux_layer_ids), dim=-1)):
+            columns.setdefault(aux_layer_ids[k], []).append(column)
     for i, layer in enumerate(layers):
-        if i in aux_layer_ids:  # a copy: the fused path updates the stream in place
-            captured[i] = h.clone() if residual is None else residual + h
+        for column in columns.get(i, ()):
+            if residual is None:
+                column.copy_(h)
+            else:
+                torch.add(residual, h, out=column)
         h, residual = layer(h, residual, rope, ctx)
     if residual is None:  # no layers: the embedding is the output
         normed, stream = norm(h), h
     else:
         normed, stream = norm.add(h, residual)
-    captured[len(layers)] = stream
-    aux = torch.cat([captured[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
+    for column in columns.get(len(layers), ()):
+        column.copy_(stream)
     return TargetHidden(normed, aux)
