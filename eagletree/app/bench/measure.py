@@ -123,7 +123,8 @@ def measure_decode(
     ``new_tokens``. The profile is this replica's; ``trace`` names a Chrome trace file for
     it (the profiled steps' host and device timelines). ``launched``: the shape of the step
     the engine launched last, read after every timed step (None, or its returning None: not
-    recorded)."""
+    recorded). With the engine's overlap, each timed step is named after the step launched
+    before it, whose tokens it read back."""
     budget = max_new_tokens or token_budget(
         new_tokens, warmup_steps, profile_steps, max_tokens_per_step
     )
@@ -185,6 +186,10 @@ def _measure(
     started = last = time.perf_counter()
     step_seconds = []
     step_shapes = []
+    # with overlap a step returns the tokens of the step launched before it, and waits for
+    # them: its interval is that step's as much as its own, so it is named after that one
+    shifted = launched is not None and engine.overlap
+    read_back = launched() if launched is not None and shifted else None
     problem = None
     while True:
         least, all_kept = lockstep.minimum([generated(), problem is None])
@@ -203,7 +208,8 @@ def _measure(
         last = now
         shape = None if launched is None else launched()
         if shape is not None:
-            step_shapes.append(shape)
+            step_shapes.append(read_back if shifted and read_back is not None else shape)
+            read_back = shape
         num_steps += 1
         problem = retraction_problem(engine, retracted_before, "the timed decode steps")
     synchronize(cuda)

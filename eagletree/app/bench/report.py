@@ -50,7 +50,8 @@ class BenchRow:
     shape_steps: dict[str, int] = dataclasses.field(default_factory=dict)
     speedup: float | None = None  # tok/s ÷ the plain row's at the same bs and temperature
     step_ms: tuple[float, ...] = ()  # each timed step's wall time, in order (JSON only)
-    step_shapes: tuple[str, ...] = ()  # an adaptive engine's: the shape each one launched
+    # an adaptive engine's: the shape each one ran (with overlap: the step it read back)
+    step_shapes: tuple[str, ...] = ()
     # an adaptive engine's policy after the window, per candidate: the tokens per step and ms
     # per step it expects at this batch size and temperature (JSON only; adaptive_state)
     policy_view: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)

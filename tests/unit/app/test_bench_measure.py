@@ -39,8 +39,15 @@ class ScriptedEngine:
     """Prefills one request per step; then every running request emits ``accept`` tokens per
     step, recorded as a speculative step when ``speculative``. Counts the steps it ran."""
 
-    def __init__(self, accept: int, speculative: bool, finish_after: int | None = None) -> None:
+    def __init__(
+        self,
+        accept: int,
+        speculative: bool,
+        finish_after: int | None = None,
+        overlap: bool = False,
+    ) -> None:
         self.accept = accept
+        self.overlap = overlap
         self.speculative = speculative
         self.finish_after = finish_after  # decode steps after which request 0 ends (EOS)
         self.requests: list[Request] = []
@@ -123,6 +130,28 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     assert not engine.has_work()
     budget = token_budget(7, 2, 1, 4)
     assert all(r.params.max_new_tokens == budget for r in engine.requests)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_timed_step_is_named_after_the_step_whose_tokens_it_read_back(
+    overlap: bool,
+) -> None:
+    # the scripted engine's decode steps launch shapes "s1", "s2", ...; with overlap a step
+    # returns the previous one's tokens, so its interval is named after that one
+    engine = ScriptedEngine(1, True, overlap=overlap)
+    m = measure_decode(
+        cast(Engine, engine),
+        [[5, 6, 7]] * 2,
+        new_tokens=4,
+        max_tokens_per_step=4,
+        warmup_steps=2,
+        profile_steps=0,
+        cuda=False,
+        launched=lambda: f"s{engine.num_decode_steps}",
+    )
+    timed = [f"s{2 + i}" for i in range(1, m.num_steps + 1)]  # after 2 warm-up steps
+    assert m.num_steps == 4
+    assert list(m.step_shapes) == (["s2", *timed[:-1]] if overlap else timed)
 
 
 def test_a_request_that_ends_inside_the_window_is_accounted_for_not_fatal() -> None:
