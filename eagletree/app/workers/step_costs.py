@@ -89,6 +89,13 @@ class _Smoothed:
 
 _Key = tuple["DraftShape", int, bool, bool]  # shape, bucket, sampled, a plain step's catch-up
 
+# the least share of its measured seconds a step not yet run is priced at: a table that
+# overstates the steps (measured on a loaded host, or before the clocks rose) leaves a negative
+# excess, and one borrowed whole from a larger bucket or a dearer shape could price a step at
+# nothing or less (on the CPU a plain step at bucket 24 came to -0.2 ms from bucket 32's excess,
+# and no candidate was left to choose)
+_FLOOR = 0.25
+
 
 class LearnedCosts:
     """Step costs as the running engine pays them: the ``measured`` table corrected by the seconds
@@ -102,8 +109,8 @@ class LearnedCosts:
     seconds plus the excess of observed over measured seconds at its bucket and sampling
     (smoothed over the steps of its kind that ran there — plain steps with their catch-ups, or
     drafting steps: the host's share is additive, and a drafting step's is the larger, its
-    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps
-    35 % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
+    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps 35
+    % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
     ran there yet, at the nearest bucket where one did (the host's share changes slowly with the
     batch, and a serving batch moves between buckets as requests come and go), else that of its
     kind with the other sampling (the host's share hardly depends on it). Where no step of its
@@ -111,20 +118,21 @@ class LearnedCosts:
     an estimate too low is corrected the first time the step runs, one too high never is, since
     nothing chooses the step (a plain step priced by the drafting steps' excess, 0.79 ms where
     it took 0.57 on the H200 at T 1, bs 8, kept a batch on drafting shapes slower than plain
-    decoding). Plain steps and their catch-ups are learned apart and a plain step priced as their
-    mean over a run (``StepCosts``). A step that took more than ``clip`` times its estimate
-    counts as that (an engine that waited between two steps); ``weight``: how fast an average
-    follows a change. A shape's own times go stale once ``stale_after`` steps were recorded
-    since its last: it is priced by the table and the excess again, and its next step starts a
-    new average. A shape that stopped running keeps whatever its last steps said — steps among
-    another shape's, which pay that one's host work, a bench's pause before the read-back — and,
-    never chosen again, would never say otherwise: on the H200 a plain step priced 1.2 ms by a
-    few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast as plain decoding. A
-    bench window of 256 tokens at 5 a step lasts about 50 steps, and a batch as often: a shape
-    must go stale well within that, or a batch that begins on the slower of two close shapes
-    (its rival priced 10 % over its time by the batch before) stays on it to the end (64 steps
-    did that on the H200). Once stale, the next exploration (every 8 drafting steps) times it
-    again.
+    decoding). Such a price is never below ``_FLOOR`` of the table's (an excess is negative
+    where the table overstates). Plain steps and their catch-ups are learned apart and a plain
+    step priced as their mean over a run (``StepCosts``). A step that took more than ``clip``
+    times its estimate counts as that (an engine that waited between two steps); ``weight``: how
+    fast an average follows a change. A shape's own times go stale once ``stale_after`` steps
+    were recorded since its last: it is priced by the table and the excess again, and its next
+    step starts a new average. A shape that stopped running keeps whatever its last steps said —
+    steps among another shape's, which pay that one's host work, a bench's pause before the
+    read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
+    priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast as
+    plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps, and a batch
+    as often: a shape must go stale well within that, or a batch that begins on the slower of
+    two close shapes (its rival priced 10 % over its time by the batch before) stays on it to
+    the end (64 steps did that on the H200). Once stale, the next exploration (every 8 drafting
+    steps) times it again.
     """
 
     def __init__(
@@ -245,7 +253,8 @@ class LearnedCosts:
             excess = self._excess_at(bucket, not sampled, plain)
         if excess is None and not plain:  # no drafting step ran yet: plain steps' excess
             excess = self._excess_at(bucket, sampled, True)
-        return self._measured(key) + (0.0 if excess is None else excess.mean)
+        measured = self._measured(key)
+        return max(measured + (0.0 if excess is None else excess.mean), _FLOOR * measured)
 
     def _excess_at(self, bucket: int, sampled: bool, plain: bool) -> _Smoothed | None:
         """The excess of ``plain`` steps (else drafting ones) seen at ``bucket``, else at the

@@ -83,6 +83,18 @@ def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None
     assert costs.of(PLAIN, 8, False) == pytest.approx(1.0 + 0.5)  # 8 − 1 < 16 − 8
 
 
+def test_a_table_that_overstates_never_prices_a_step_at_nothing_or_less() -> None:
+    # bucket 8's plain steps take 0.1 s against a table's 2 (excess -1.9): bucket 1's plain
+    # step (table 1 s) and chain (2 s) would borrow it whole and cost -0.9 and 0.1 s
+    costs = LearnedCosts(MEASURED, weight=1.0)
+    costs.record(PLAIN, 8, False, 0.1)
+    costs.record(PLAIN, 8, False, 0.1)
+    assert costs.of(PLAIN, 8, False) == pytest.approx(0.1)  # its own steps: as they ran
+    assert costs.of(PLAIN, 1, False) == pytest.approx(0.25 * 1.0)  # a quarter of the table
+    assert costs.of(CHAIN, 1, False) == pytest.approx(0.25 * 2.0)
+    assert costs.of(TREE, 1, False) == pytest.approx(3.0 - 1.9)  # above its floor: whole
+
+
 def test_repeated_steps_converge_on_what_they_take() -> None:
     costs = LearnedCosts(MEASURED, weight=0.2)
     for _ in range(60):
