@@ -19,6 +19,7 @@ from eagletree.app.workers.band_acceptance import (
     DEFAULT_PRIOR,
     BandAcceptance,
     RankedPath,
+    band_of,
     temperature_band,
 )
 from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
@@ -37,6 +38,7 @@ class _Pricing:
     bands: list[str]
     sampled: bool
     batch_size: int
+    bucket: int  # the costs' bucket of batch_size
     short: list[bool]  # per candidate: whether its step is short enough to run at all
     age: int = 0
 
@@ -55,9 +57,11 @@ class AdaptiveShapes:
     nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
     whether drafting pays is the probes' (on the H200, explorations among plain steps were
     one step in eight at T 1, bs 32, each a tree step three times a plain one). The shapes
-    are priced again every ``reprice_every`` steps, when the batch's size changes and after a
-    probe is read back; in between the last pricing stands (pricing every candidate is most of
-    the policy's host time, and a step's estimates move by one smoothed sample). No step runs
+    are priced again every ``reprice_every`` steps, when the batch moves to another bucket of
+    the step costs and after a probe is read back; in between the last pricing stands (pricing
+    every candidate is most of the policy's host time, a step's estimates move by one smoothed
+    sample, and within a bucket every shape's step costs the same: a serving batch, whose size
+    changes whenever a request ends, would be priced every step). No step runs
     a shape — chosen, probed or explored — priced above ``stall_ratio`` × the cheapest
     candidate's step at the batch's size: the median step a request sees is at least that
     cheapest one, so no request's worst step reaches 3 × its median (among plain steps of
@@ -145,7 +149,8 @@ class AdaptiveShapes:
         if not decode or costs is None:
             return self._current
         priced = self._priced
-        if priced is None or priced.batch_size != len(decode) or priced.age >= self._reprice_every:
+        bucket = costs.bucket(len(decode))
+        if priced is None or priced.bucket != bucket or priced.age >= self._reprice_every:
             priced = self._priced = self._price(decode, costs)
         priced.age += 1
         chosen, bands = priced.choice, priced.bands
@@ -169,7 +174,10 @@ class AdaptiveShapes:
         first, of which the plain steps' own schedule would have paid part later (on the H200
         a T 1 batch of 8, its drafting shapes within 3 % of plain, went back and forth, each
         return to drafting paying a catch-up: 0.92 x plain with 86 % of its steps plain)."""
-        counts = Counter(temperature_band(r) for r in decode)
+        # by temperature first: a batch holds few, and a band per request costs a call each
+        counts: Counter[str] = Counter()
+        for temperature, count in Counter(r.params.temperature for r in decode).items():
+            counts[band_of(temperature)] += count
         bands = list(counts)
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
@@ -196,7 +204,7 @@ class AdaptiveShapes:
         for i, rate in zip(kept, chosen.rates, strict=True):
             rates[i] = rate
         choice = ShapeChoice(chosen.shape, chosen.tokens_per_second, tuple(rates))
-        return _Pricing(choice, bands, sampled, len(decode), short)
+        return _Pricing(choice, bands, sampled, len(decode), costs.bucket(len(decode)), short)
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""

@@ -165,6 +165,11 @@ class LearnedCosts:
     def buckets(self) -> tuple[int, ...]:
         return self.measured.buckets
 
+    def bucket(self, batch_size: int) -> int:
+        """The bucket whose costs price a step of ``batch_size`` requests (above the largest:
+        the largest's, scaled by the rows)."""
+        return self._key(PLAIN, batch_size, False)[0][1]
+
     def of(self, shape: DraftShape, batch_size: int, sampled: bool) -> float:
         """The expected seconds of one step of ``shape`` over ``batch_size`` requests (a plain
         step: its share of a run of plain steps with their catch-ups)."""

@@ -223,14 +223,15 @@ def test_a_pricing_stands_for_reprice_every_steps_of_one_batch_size() -> None:
     assert policy.choose(batch) == PLAIN
     for _ in range(40):
         policy.observe_time(PLAIN, len(batch), True, 1.6)
-    # a batch of another size is priced at once; the same size after 4 steps of a pricing
-    assert policy.choose(batch[:7]) == CHAIN
+    # a batch of another bucket is priced at once (bucket 1 borrows bucket 8's plain excess);
+    # one of the same bucket, or the same batch, after 4 steps of a pricing
+    assert policy.choose(batch[:1]) == CHAIN
     policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000)
     policy.use_costs(COSTS)
     assert policy.choose(batch) == PLAIN
     for _ in range(40):
         policy.observe_time(PLAIN, len(batch), True, 1.6)
-    assert [policy.choose(batch) for _ in range(4)] == [PLAIN] * 3 + [CHAIN]
+    assert [policy.choose(b) for b in (batch, batch[:7], batch[:5], batch)] == [PLAIN] * 3 + [CHAIN]
 
 
 @pytest.mark.parametrize(("stall_ratio", "drafted"), [(2.5, CHAIN), (3.5, DraftShape(3, 2, 6))])
