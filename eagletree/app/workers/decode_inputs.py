@@ -296,7 +296,12 @@ class DecodeInputBuffers:
             self._views[key] = cached
         if seq_lens_cpu is None and cached.batch_size == batch_size:
             return cached
-        return dataclasses.replace(cached, batch_size=batch_size, seq_lens_cpu=seq_lens_cpu)
+        views = dataclasses.replace(cached, batch_size=batch_size, seq_lens_cpu=seq_lens_cpu)
+        if seq_lens_cpu is None:
+            # kept for the next step of this batch size: a capture's views of no rows would
+            # otherwise be replaced at every step
+            self._views[key] = views
+        return views
 
     def _make_views(self, padded_size: int, mode: SamplingMode) -> DecodeInputs:
         ints, floats = self._ints[:, :padded_size], self._floats[:, :padded_size]

@@ -327,7 +327,10 @@ def _joined(outputs: list[StepOutput], num_prefill: int) -> StepOutput:
     """One ``StepOutput`` of the phases' rows, in order; a speculative step's (the tokens of
     every phase padded to the widest, the observed columns of the decode rows kept)."""
     if len(outputs) == 1:  # one phase: its tensors as they are (no joining kernels)
-        return dataclasses.replace(outputs[0], num_prefill=num_prefill, speculative=True)
+        only = outputs[0]
+        if only.num_prefill == num_prefill and only.speculative:  # a decode step's, as made
+            return only
+        return dataclasses.replace(only, num_prefill=num_prefill, speculative=True)
     width = max(part.tokens.shape[1] for part in outputs)
     tokens = [F.pad(part.tokens, (0, width - part.tokens.shape[1])) for part in outputs]
     prefill, decode = outputs
