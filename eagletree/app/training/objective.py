@@ -99,19 +99,22 @@ class Objective:
         assert features is not None, "an EAGLE-3 head needs the target's aux states"
         next_logits = out.logits[:, 1:]  # (batch, T − 1, V): the target at q + 1
         next_feature = out.hidden[:, 1:]
-        choice = next_logits.argmax(-1)
+        choice = next_logits.argmax(-1)  # the first maximum, in any dtype the logits come in
         if is_eagle3:
             assert self._draft_ids is not None and self._target_of_draft is not None
-            draft_logits = next_logits[..., self._target_of_draft]
             choice = self._draft_ids[choice]  # −1 where the draft vocabulary lacks the token
             in_vocab = choice >= 0
         else:
-            draft_logits = next_logits
             in_vocab = torch.ones_like(choice, dtype=torch.bool)
-        # (batch, T − 1, draft V): over the draft vocabulary, renormalised; hard labels skip it
+        # (batch, T − 1, draft V) float32: over the draft vocabulary, renormalised; hard labels
+        # skip it (at 64 × 511 rows of 16k tokens, the gather and the upcast are 2 GB each)
         probs = None
         if self.weights.labels != "hard":
-            probs = functional.softmax(draft_logits, dim=-1)
+            draft_logits = next_logits
+            if is_eagle3:
+                assert self._target_of_draft is not None
+                draft_logits = next_logits[..., self._target_of_draft]
+            probs = functional.softmax(draft_logits.float(), dim=-1)
         seq_len = next_logits.shape[1]
         with self._autocast():
             embeds = self.target.embed_tokens(ids[:, 1:])

@@ -19,7 +19,9 @@ from torch import nn
 class TargetBatch(NamedTuple):
     """One forward of the target over (batch, seq_len) tokens."""
 
-    logits: torch.Tensor  # (batch, seq_len, V) float32: the distribution of the next token
+    # (batch, seq_len, V) in the target's dtype: the distribution of the next token (an
+    # argmax reads it as it is; a probability upcasts what it reads)
+    logits: torch.Tensor
     hidden: torch.Tensor  # (batch, seq_len, H) final-normed (the lm_head input)
     aux: torch.Tensor | None  # (batch, seq_len, n·H) captured layer inputs, or None
 
@@ -91,7 +93,7 @@ class HFTarget:
         self._captured.clear()
         out = self.model.model(input_ids=input_ids.to(self.device), use_cache=False)
         hidden: torch.Tensor = out.last_hidden_state
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
         aux = None
         if self.aux_layer_ids:
             aux = torch.cat([self._captured[i] for i in self.aux_layer_ids], dim=-1)

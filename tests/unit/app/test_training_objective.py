@@ -138,3 +138,39 @@ def test_the_objective_hands_the_cross_entropy_the_logits_in_the_precision_it_na
         head = BFloat16Head(shape, 1, lm_head)
         result = module.Objective(head, Target(), 2, weights, None)(tokens)  # type: ignore[arg-type]
         assert seen == [dtype, dtype] and torch.isfinite(result.loss)
+
+
+@pytest.mark.parametrize("labels", ["hard", "soft", "mixed"])
+def test_the_targets_logits_are_read_in_their_own_dtype_as_if_upcast(labels: str) -> None:
+    # a bfloat16 target hands its logits over as they are (no float32 copy of batch × seq ×
+    # vocab): the labels and the loss are those of the same values upcast first
+    from eagletree.app.training.head_modules import HeadShape
+    from eagletree.app.training.heads import EagleHead
+    from eagletree.app.training.objective import Objective
+    from eagletree.app.training.target_features import TargetBatch
+
+    torch.manual_seed(0)
+    shape = HeadShape(16, 32, 2, 1, 8, 1e-6, 10_000.0)
+    embed, lm_head = torch.nn.Embedding(24, 16), torch.nn.Linear(16, 24, bias=False)
+
+    class Target:
+        device = torch.device("cpu")
+        embed_tokens = embed
+
+        def __init__(self, upcast: bool) -> None:
+            self.upcast = upcast
+
+        def __call__(self, tokens: torch.Tensor) -> TargetBatch:
+            hidden = embed(tokens)
+            logits = lm_head(hidden).to(torch.bfloat16)
+            return TargetBatch(logits.float() if self.upcast else logits, hidden, None)
+
+    head = EagleHead(shape, 1, lm_head)
+    tokens = torch.randint(0, 24, (2, 6), generator=torch.Generator().manual_seed(1))
+    weights = LossWeights(labels=labels)  # type: ignore[arg-type]
+    results = [
+        Objective(head, Target(upcast), 2, weights, None)(tokens)  # type: ignore[arg-type]
+        for upcast in (False, True)
+    ]
+    assert results[0].accuracy == results[1].accuracy
+    assert torch.equal(results[0].loss, results[1].loss) and torch.isfinite(results[0].loss)
