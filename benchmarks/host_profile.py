@@ -16,11 +16,12 @@ an adaptive engine over a head that accepts nothing still drafts).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,7 +51,7 @@ def _config(engine: str) -> BenchConfig:
     return BenchConfig(next(s for s in shapes if not s.is_plain), shapes)
 
 
-def _settings(
+def engine_settings(
     target: Path, draft: Path, algorithm: DraftKind, engine: str, batch_size: int, context: int
 ) -> EngineSettings:
     """Settings of ``engine`` over the checkpoint, its speculation as `eagletree bench` sets it,
@@ -87,7 +88,7 @@ def profile_engine(
     from eagletree.app.composition.container import build_engine
 
     context = args.prompt_len + args.new_tokens + 8
-    settings = _settings(target, draft, algorithm, engine, args.batch_size, context)
+    settings = engine_settings(target, draft, algorithm, engine, args.batch_size, context)
     engine_obj = build_engine(settings)
     generator = torch.Generator().manual_seed(0)
     prompts = [
@@ -134,12 +135,32 @@ def profile_engine(
     return [*lines, ""]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_checkpoint_options(parser: argparse.ArgumentParser, engines: Sequence[str]) -> None:
+    """The options naming the checkpoint (random at the real pair's dimensions by default) and
+    the engines to build over it."""
     parser.add_argument("--target", type=Path, help="target checkpoint (default: random)")
     parser.add_argument("--draft-dir", type=Path, help="draft checkpoint (with --target)")
     parser.add_argument("--algorithm", default="eagle3", choices=["eagle", "eagle3"])
-    parser.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES))
+    parser.add_argument("--engines", nargs="+", default=list(engines))
+
+
+@contextlib.contextmanager
+def checkpoint(args: argparse.Namespace) -> Iterator[tuple[Path, Path]]:
+    """The (target, draft) directories ``args`` name, or a random pair at the real pair's
+    dimensions, written into a temporary directory for as long as the block runs."""
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.target is not None:
+            yield args.target, args.draft_dir
+            return
+        from eagletree.app.cli.init_random import main as init_random
+
+        init_random([*REAL_PAIR_DIMS.split(), "--out", scratch])
+        yield Path(scratch) / "target", Path(scratch) / "draft"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_checkpoint_options(parser, DEFAULT_ENGINES)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -147,14 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed per engine")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch:
-        target, draft = args.target, args.draft_dir
-        if target is None:
-            from eagletree.app.cli.init_random import main as init_random
-
-            init_random([*REAL_PAIR_DIMS.split(), "--out", scratch])
-            target, draft = Path(scratch) / "target", Path(scratch) / "draft"
-        lines = []
+    lines = []
+    with checkpoint(args) as (target, draft):
         for engine in args.engines:
             lines += profile_engine(target, draft, args.algorithm, engine, args)
             print("\n".join(lines[-args.top - 8 :]), flush=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from benchmarks.host_profile import DEFAULT_ENGINES, REAL_PAIR_DIMS, _settings
+from benchmarks.host_profile import (
+    DEFAULT_ENGINES,
+    add_checkpoint_options,
+    checkpoint,
+    engine_settings,
+)
 
 if TYPE_CHECKING:
     from eagletree.app.bench.checkpoints import DraftKind
@@ -108,7 +112,9 @@ def measure_engine(
 
     budget = args.warmup + args.steps + 8
     context = args.prompt_len + budget
-    built = build_engine(_settings(target, draft, algorithm, engine, args.batch_size, context))
+    built = build_engine(
+        engine_settings(target, draft, algorithm, engine, args.batch_size, context)
+    )
     generator = torch.Generator().manual_seed(0)
     for index in range(args.batch_size):
         prompt = torch.randint(0, built.vocab_size, (args.prompt_len,), generator=generator)
@@ -150,10 +156,7 @@ def report(results: dict[str, dict[str, float]], args: argparse.Namespace) -> li
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", type=Path, help="target checkpoint (default: random)")
-    parser.add_argument("--draft-dir", type=Path, help="draft checkpoint (with --target)")
-    parser.add_argument("--algorithm", default="eagle3", choices=["eagle", "eagle3"])
-    parser.add_argument("--engines", nargs="+", default=["plain", *DEFAULT_ENGINES])
+    add_checkpoint_options(parser, ["plain", *DEFAULT_ENGINES])
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -161,13 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=128, help="decode steps timed")
     parser.add_argument("--out", type=Path, help="also write the report here (markdown)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as scratch:
-        target, draft = args.target, args.draft_dir
-        if target is None:
-            from eagletree.app.cli.init_random import main as init_random
-
-            init_random([*REAL_PAIR_DIMS.split(), "--out", scratch])
-            target, draft = Path(scratch) / "target", Path(scratch) / "draft"
+    with checkpoint(args) as (target, draft):
         results = {
             engine: measure_engine(target, draft, args.algorithm, engine, args)
             for engine in args.engines

@@ -7,22 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-import torch
-
 from benchmarks import host_profile
-from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.adapters.models.random_checkpoint_config import ModelSizes
 
 
-def test_each_engine_gets_its_steps_and_its_costliest_host_functions(tmp_path: Path) -> None:
-    pytest.importorskip("dependency_injector")
-    sizes = ModelSizes(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
-                       num_heads=2, num_kv_heads=1, head_dim=16)  # fmt: skip
-    target, draft = write_random_checkpoint(
-        tmp_path, "llama", "eagle", sizes=sizes, dtype=torch.float32
-    )
-    assert draft is not None
+def test_each_engine_gets_its_steps_and_its_costliest_host_functions(
+    tmp_path: Path, tiny_eagle_pair: tuple[Path, Path]
+) -> None:
+    target, draft = tiny_eagle_pair
     out = tmp_path / "host_profile.md"
     engines = ["chain:S2", "adaptive:chain:S2/tree:S2,k2,N4", "plain"]
     host_profile.main([

@@ -7,22 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from benchmarks import host_sections
-from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.adapters.models.random_checkpoint_config import ModelSizes
 from eagletree.app.engine.loop import Engine
 
 
-def test_each_engine_gets_the_host_time_of_each_section(tmp_path: Path) -> None:
-    pytest.importorskip("dependency_injector")
-    sizes = ModelSizes(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=2,
-                       num_heads=2, num_kv_heads=1, head_dim=16)  # fmt: skip
-    target, draft = write_random_checkpoint(
-        tmp_path, "llama", "eagle", sizes=sizes, dtype=torch.float32
-    )
-    assert draft is not None
+def test_each_engine_gets_the_host_time_of_each_section(
+    tmp_path: Path, tiny_eagle_pair: tuple[Path, Path]
+) -> None:
+    target, draft = tiny_eagle_pair
     step = Engine.step
     out = tmp_path / "host_sections.md"
     engines = ["plain", "adaptive:plain/chain:S2"]
