@@ -379,3 +379,19 @@ def test_from_plain_steps_drafting_pays_its_catch_up_and_from_drafting_it_does_n
     assert policy_with(0.6, current=CHAIN).choose(batch) == CHAIN
     assert plain_rate < (1 + 0.9 + 0.9**2) / 2.25  # by more than the switch: it drafts
     assert policy_with(0.9, current=PLAIN).choose(batch) == CHAIN
+
+
+def test_a_table_that_overstates_every_step_still_leaves_a_shape_to_choose() -> None:
+    # the start-up table: a plain step 1 s at bucket 1 and 4 s at bucket 8, a chain step twice
+    # that; the engine's plain steps at bucket 8 take 0.5 s. A batch of one (bucket 1) borrows
+    # that excess (-3.5 s), which would price both its steps below zero and keep no candidate
+    table = {(s, b, sampled): (2.0 if s == CHAIN else 1.0) * (1 if b == 1 else 4)
+             for s in SHAPES for b in (1, 8) for sampled in (False, True)}  # fmt: skip
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, probe_every=1000, reprice_every=1)
+    policy.use_costs(StepCosts((1, 8), table))
+    batch = _requests([1.0] * 8)
+    for _ in range(8):
+        policy.observe_time(PLAIN, len(batch), True, 0.5)
+    assert policy.choose(batch[:1]) == PLAIN  # the chain would commit 1.25 tokens for 2 steps
+    assert policy.costs is not None  # each step priced at a quarter of its table
+    assert [policy.costs.of(s, 1, True) for s in SHAPES] == [0.25 * 2.0, 0.25 * 1.0]
