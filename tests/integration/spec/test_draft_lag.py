@@ -59,12 +59,15 @@ def _run(
     script: Sequence[DraftShape],
     lag_width: int | None,
     kernels: StepKernels = REFERENCE_KERNELS,
+    graph_buckets: Sequence[int] = (),
 ) -> tuple[SpecEngine, ScriptedShapes, list[Request]]:
     """Three requests (the third joins at the fourth decode step) stepped through ``script``;
     with ``lag_width`` the worker's lag is replaced by one that wide (1: a catch-up every
-    step)."""
+    step); ``graph_buckets``: steps padded to them (eagerly, on the CPU)."""
     policy = ScriptedShapes((TREE, PLAIN, CHAIN), script)
-    spec = speculative_engine(models, 3, 2, 6, policy=policy, kernels=kernels)
+    spec = speculative_engine(
+        models, 3, 2, 6, policy=policy, kernels=kernels, graph_buckets=graph_buckets
+    )
     if lag_width is not None:
         state = spec.worker._state
         state.lag = DraftLag(state.bonus_tokens.shape[0], lag_width, state.bonus_tokens.device)
@@ -119,18 +122,21 @@ def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
     assert torch.all(lagging.worker._state.lag.count == 0)  # the draft read every pair
 
 
+@pytest.mark.parametrize("graph_buckets", [(), (4,)], ids=["exact", "padded"])
 def test_the_fused_plain_step_writes_leave_the_state_the_reference_writes_leave(
-    models: SpecModels,
+    models: SpecModels, graph_buckets: tuple[int, ...]
 ) -> None:
-    # runs of plain steps past the lag, catch-ups, a row joining mid-run: the Triton kernel of
-    # a plain step's writes in the worker (interpreted on the CPU) against the torch reference
+    # runs of plain steps past the lag, catch-ups, a row joining mid-run (padded: batches of 2
+    # and 3 padded to 4 with the padding row repeated): the Triton kernel of a plain step's
+    # writes in the worker (interpreted on the CPU) against the torch reference
     requires_triton("cpu")
     from eagletree.adapters.kernels.triton.plain_step_writes import plain_step_writes
 
     fused = REFERENCE_KERNELS._replace(plain_step_writes=plain_step_writes)
     script = [TREE, *[PLAIN] * (LAG + 3), CHAIN, CHAIN, *[PLAIN] * 4]
-    reference, _, reference_requests = _run(models, script, None)
-    kernel, _, kernel_requests = _run(models, script, None, fused)
+    reference, _, reference_requests = _run(models, script, None, graph_buckets=graph_buckets)
+    kernel, _, kernel_requests = _run(models, script, None, fused, graph_buckets)
+    assert kernel.worker._steps.buffers.padded == bool(graph_buckets)
     assert [r.output_ids for r in kernel_requests] == [r.output_ids for r in reference_requests]
     ours, theirs = kernel.worker._state, reference.worker._state
     for got, want in zip(
