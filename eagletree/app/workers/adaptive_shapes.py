@@ -151,7 +151,7 @@ class AdaptiveShapes:
         priced = self._priced
         bucket = costs.bucket(len(decode))
         if priced is None or priced.bucket != bucket or priced.age >= self._reprice_every:
-            priced = self._priced = self._price(decode, costs)
+            priced = self._priced = self._price(decode, costs, bucket)
         priced.age += 1
         chosen, bands = priced.choice, priced.bands
         choice = self._current = chosen.shape
@@ -167,8 +167,9 @@ class AdaptiveShapes:
             choice = self._untried_near(priced) or choice
         return choice
 
-    def _price(self, decode: Sequence[Request], costs: LearnedCosts) -> _Pricing:
-        """Every candidate's committed tokens per second for ``decode``, and the choice. From
+    def _price(self, decode: Sequence[Request], costs: LearnedCosts, bucket: int) -> _Pricing:
+        """Every candidate's committed tokens per second for ``decode`` (of the costs'
+        ``bucket``), and the choice. From
         plain steps, a drafting shape's step is priced with half a catch-up's excess over a
         plain step spread over the steps a pricing stands for: the switch runs the catch-up
         first, of which the plain steps' own schedule would have paid part later (on the H200
@@ -204,7 +205,7 @@ class AdaptiveShapes:
         for i, rate in zip(kept, chosen.rates, strict=True):
             rates[i] = rate
         choice = ShapeChoice(chosen.shape, chosen.tokens_per_second, tuple(rates))
-        return _Pricing(choice, bands, sampled, len(decode), costs.bucket(len(decode)), short)
+        return _Pricing(choice, bands, sampled, len(decode), bucket, short)
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""
