@@ -32,7 +32,8 @@ class SamplingMode(enum.Enum):
 
 def sampling_mode(requests: Sequence[Request]) -> SamplingMode:
     """The mode a batch of ``requests`` runs in."""
-    sampling = [r.params for r in requests if r.params.temperature != 0.0]  # not greedy
+    # ``not params.greedy``, without a property call per request of every step's batch
+    sampling = [r.params for r in requests if r.params.temperature != 0.0]
     if not sampling:
         return SamplingMode.GREEDY
     if any(p.top_k or (p.top_p is not None and p.top_p < 1.0) for p in sampling):

@@ -109,8 +109,8 @@ class LearnedCosts:
     seconds plus the excess of observed over measured seconds at its bucket and sampling
     (smoothed over the steps of its kind that ran there — plain steps with their catch-ups, or
     drafting steps: the host's share is additive, and a drafting step's is the larger, its
-    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps 35
-    % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
+    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps
+    35 % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
     ran there yet, at the nearest bucket where one did (the host's share changes slowly with the
     batch, and a serving batch moves between buckets as requests come and go), else that of its
     kind with the other sampling (the host's share hardly depends on it). Where no step of its
