@@ -15,6 +15,7 @@ from eagletree.domain.verify import verify_tree_sampling
 
 from ..brute_force.tree import child_lists, links_from_child_lists
 from ..strategies import DEVICES
+from .draws import chi_square_p_value
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,6 @@ def target_probs(case: LosslessCase, paths: list[tuple[int, ...]]) -> torch.Tens
         torch.full((count,), case.top_k),
         torch.full((count,), case.top_p),
     )
-
-
-def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson's test, cells with an expected count below 5 pooled; p from gammaincc."""
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
-    keep = exp > 0
-    statistic = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = torch.tensor((int(keep.sum()) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, statistic / 2))
 
 
 @pytest.mark.parametrize("device", DEVICES)

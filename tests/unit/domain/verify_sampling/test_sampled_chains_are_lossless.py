@@ -1,0 +1,184 @@
+"""Speculative sampling along a chain of sampled drafts is lossless: decoding a Markov target
+step after step, each step's drafts drawn from a Markov draft that differs from it, the first
+three emitted tokens follow the target's chain (chi-square); the rule equals a request-by-request
+walk of the textbook algorithm on random inputs; greedy rows keep the greedy chain's rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from eagletree.domain.chain_sampling import verify_chain_sampled
+from eagletree.domain.verify import VerifyResult
+
+from .draws import chi_square_p_value
+
+VOCAB = 5
+NUM_DRAWS = 40_000
+EMITTED = 3  # tokens per sequence compared with the target's chain
+
+
+@dataclass(frozen=True)
+class MarkovCase:
+    num_steps: int
+    draft_spread: float  # how far the draft's logits stray from the target's
+    zero_target_tokens: int = 0  # tokens the target never emits after any token (a top-k cut)
+    draft_columns: tuple[int, ...] | None = None  # a draft vocabulary: its columns' target ids
+
+
+CASES = {
+    "close draft, S 3": MarkovCase(3, 0.5),
+    "poor draft, S 2": MarkovCase(2, 3.0),
+    "one draft": MarkovCase(1, 1.0),
+    "the target cuts tokens the draft offers": MarkovCase(3, 1.0, zero_target_tokens=2),
+    "a draft vocabulary of three tokens": MarkovCase(2, 1.0, draft_columns=(4, 1, 2)),
+}
+
+
+def transitions(case: MarkovCase, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(target P, draft Q) row-stochastic; Q over the draft's columns where it has some."""
+    logits = 1.5 * torch.randn((VOCAB, VOCAB), generator=gen)
+    target = torch.softmax(logits, dim=1)
+    if case.zero_target_tokens:
+        target[:, : case.zero_target_tokens] = 0.0
+        target /= target.sum(dim=1, keepdim=True)
+    draft_logits = logits + case.draft_spread * torch.randn((VOCAB, VOCAB), generator=gen)
+    if case.draft_columns is not None:
+        draft_logits = draft_logits[:, list(case.draft_columns)]
+    return target, torch.softmax(draft_logits, dim=1)
+
+
+def decode(case: MarkovCase, gen: torch.Generator) -> torch.Tensor:
+    """NUM_DRAWS sequences of EMITTED tokens from token 0, by speculative steps → (draws, 3)."""
+    target, draft = transitions(case, gen)
+    ids = None if case.draft_columns is None else torch.tensor(case.draft_columns)
+    out = torch.full((NUM_DRAWS, EMITTED), -1, dtype=torch.int64)
+    count = torch.zeros(NUM_DRAWS, dtype=torch.int64)
+    last = torch.zeros(NUM_DRAWS, dtype=torch.int64)
+    rows = torch.arange(NUM_DRAWS)
+    while bool((count < EMITTED).any()):
+        tokens, draft_rows, drawn_p = [last], [], []
+        for _ in range(case.num_steps):
+            row = draft[tokens[-1]]  # (draws, V_draft)
+            column = torch.multinomial(row, 1, generator=gen).squeeze(1)
+            tokens.append(column if ids is None else ids[column])
+            draft_rows.append(row)
+            drawn_p.append(row[rows, column])
+        candidates = torch.stack(tokens, dim=1)  # (draws, S + 1)
+        result = verify_chain_sampled(
+            candidates,
+            target[candidates],  # (draws, S + 1, V)
+            torch.stack(draft_rows, dim=1),
+            torch.stack(drawn_p, dim=1),
+            torch.rand((NUM_DRAWS, case.num_steps), generator=gen),
+            torch.rand((NUM_DRAWS,), generator=gen),
+            ids,
+        )
+        emitted = result.predict.long().view(NUM_DRAWS, case.num_steps + 1)
+        for node in range(case.num_steps + 1):
+            taken = (node <= result.accept_length.long()) & (count < EMITTED)
+            out[rows[taken], count[taken]] = emitted[taken, node]
+            count += taken.long()
+        last = torch.where(
+            count > 0, out.gather(1, (count - 1).clamp(min=0).unsqueeze(1)).squeeze(1), 0
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_emitted_tokens_follow_the_target_chain(name: str) -> None:
+    case = CASES[name]
+    gen = torch.Generator().manual_seed(len(name))
+    target, _ = transitions(case, torch.Generator().manual_seed(len(name)))
+    sequences = decode(case, gen)
+    code = (sequences[:, 0] * VOCAB + sequences[:, 1]) * VOCAB + sequences[:, 2]
+    observed = torch.bincount(code, minlength=VOCAB**3).double()
+    first = target[0]  # (V,) after the start token
+    expected = first[:, None, None] * target[:, :, None] * target[None, :, :]
+    expected = NUM_DRAWS * expected.flatten().double()
+    assert observed[expected == 0].sum() == 0, "a token of probability 0 was emitted"
+    assert chi_square_p_value(observed, expected) > 1e-3
+
+
+def walk(
+    candidates: list[int],
+    target: list[list[float]],
+    draft: list[list[float]],
+    drawn: list[float],
+    coins: list[float],
+    bonus_coin: float,
+    ids: list[int],
+) -> tuple[int, list[int]]:
+    """The textbook rule for one request, in Python: (accepted drafts, emitted tokens)."""
+    emitted: list[int] = []
+    for depth, token in enumerate(candidates[1:]):
+        if coins[depth] * drawn[depth] < target[depth][token]:
+            emitted.append(token)
+            continue
+        q = [0.0] * len(target[depth])
+        for column, token_id in enumerate(ids):
+            q[token_id] = draft[depth][column]
+        residual = [max(0.0, p - d) for p, d in zip(target[depth], q, strict=True)]
+        row = residual if sum(residual) > 0 else target[depth]
+        return depth, [*emitted, inverse_cdf(row, bonus_coin)]
+    return len(emitted), [*emitted, inverse_cdf(target[-1], bonus_coin)]
+
+
+def inverse_cdf(row: list[float], coin: float) -> int:
+    """``sample_from_probs`` for one row (float32 sums, as torch's cumsum)."""
+    cdf = torch.cumsum(torch.tensor(row, dtype=torch.float32), dim=0)
+    return int(torch.searchsorted(cdf, coin * cdf[-1:], right=True).clamp(max=len(row) - 1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_rule_equals_a_walk_of_each_request(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    bs, depth, vocab, columns = 64, 1 + seed % 4, 7, 5
+    ids = torch.randperm(vocab, generator=gen)[:columns]
+    target = torch.softmax(2 * torch.randn((bs, depth + 1, vocab), generator=gen), dim=2)
+    target[:, :, 0] = 0.0  # a token the target never emits
+    target /= target.sum(dim=2, keepdim=True)
+    draft = torch.softmax(2 * torch.randn((bs, depth, columns), generator=gen), dim=2)
+    picked = torch.multinomial(draft.view(-1, columns), 1, generator=gen).view(bs, depth)
+    candidates = torch.cat([torch.randint(0, vocab, (bs, 1), generator=gen), ids[picked]], dim=1)
+    drawn = draft.gather(2, picked.unsqueeze(2)).squeeze(2)
+    coins, bonus = torch.rand((bs, depth), generator=gen), torch.rand((bs,), generator=gen)
+    result = verify_chain_sampled(candidates, target, draft, drawn, coins, bonus, ids)
+    predict = result.predict.view(bs, depth + 1).tolist()
+    for b in range(bs):
+        accepted, emitted = walk(
+            candidates[b].tolist(),
+            target[b].tolist(),
+            draft[b].tolist(),
+            drawn[b].tolist(),
+            coins[b].tolist(),
+            float(bonus[b]),
+            ids.tolist(),
+        )
+        assert int(result.accept_length[b]) == accepted
+        assert predict[b] == emitted + [-1] * (depth - accepted)
+        nodes = [b * (depth + 1) + i for i in range(accepted + 1)]
+        assert result.accept_index[b].tolist() == nodes + [-1] * (depth - accepted)
+
+
+def test_greedy_rows_accept_the_target_argmax_path_whatever_their_coins() -> None:
+    # one-hot rows, as a sampling batch gives its greedy requests: drafts 3, 1, 4 under a
+    # target whose argmaxes are 3, 1, 2, 0 (the third draft is wrong)
+    vocab = 5
+    target = torch.nn.functional.one_hot(torch.tensor([[3, 1, 2, 0]]), vocab).float()
+    candidates = torch.tensor([[0, 3, 1, 4]])
+    draft = torch.nn.functional.one_hot(torch.tensor([[3, 1, 4]]), vocab).float()
+    for coin in (0.0, 0.5, 1.0 - 2.0**-24):
+        result: VerifyResult = verify_chain_sampled(
+            candidates,
+            target,
+            draft,
+            torch.ones(1, 3),
+            torch.full((1, 3), coin),
+            torch.tensor([coin]),
+        )
+        assert result.accept_length.tolist() == [2]
+        assert result.predict.tolist() == [3, 1, 2, -1]
+        assert result.accept_index.tolist() == [[0, 1, 2, -1]]
