@@ -64,6 +64,12 @@ class DraftRunner(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """(vocab_size,) int64 the target id of each logits column; None: column i is token i
+        (what every forward's ``ModelOutput.token_ids`` is, known before any forward)."""
+        ...
+
     def forward(
         self,
         batch: ForwardBatch,

@@ -149,6 +149,10 @@ class DraftModelRunner(RunnerBody[DraftNetwork]):
 
     role = "draft runner"
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        return self.model.token_ids
+
     @torch.no_grad()
     def forward(
         self,

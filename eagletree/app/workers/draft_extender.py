@@ -40,15 +40,24 @@ def shift_left(
 
 class DraftExtender:
     """Runs ``draft`` over committed tokens; ``use_aux_hidden`` feeds it the target's aux hidden
-    states (EAGLE-3) instead of the final-normed ones. Free of host synchronisation."""
+    states (EAGLE-3) instead of the final-normed ones; ``keep_logits``: the next state carries
+    the draft's logits after the bonus (a chain that draws its drafts draws from them). Free of
+    host synchronisation."""
 
     def __init__(
-        self, draft: DraftRunner, *, topk: int, use_aux_hidden: bool, top_k: TopK = top_k_probs
+        self,
+        draft: DraftRunner,
+        *,
+        topk: int,
+        use_aux_hidden: bool,
+        top_k: TopK = top_k_probs,
+        keep_logits: bool = False,
     ) -> None:
         self._draft = draft
         self._top_k = top_k
         self.topk = topk
         self.use_aux_hidden = use_aux_hidden
+        self.keep_logits = keep_logits  # the next state carries the root's logits
 
     def target_features(
         self, hidden_states: torch.Tensor, aux_hidden_states: torch.Tensor | None
@@ -93,6 +102,7 @@ class DraftExtender:
             topk_p=topk_p,
             topk_index=topk_index,
             hidden_states=out.hidden_states.index_select(0, last_rows),
+            logits=out.logits if self.keep_logits else None,  # (bs, V_draft): last rows only
         )
 
     def extend_block(

@@ -32,6 +32,9 @@ class DraftInput:
     topk_p: torch.Tensor  # (bs, k) float32 draft probabilities of the root's children
     topk_index: torch.Tensor  # (bs, k) int64 their tokens
     hidden_states: torch.Tensor  # (bs, H_draft) draft hidden state that proposed them
+    # (bs, V_draft) the draft's logits after the bonus token, which the children were chosen
+    # from: what a chain that draws its drafts draws the first from (None: not kept)
+    logits: torch.Tensor | None = None
 
 
 class DraftStateStore:
@@ -53,6 +56,7 @@ class DraftStateStore:
         hidden_dtype: torch.dtype,
         device: torch.device,
         lag_width: int = 1,
+        logits_width: int = 0,
     ) -> None:
         self._owner: dict[int, int] = {}  # row -> request id
         # plain steps whose tokens some owned row's draft may not have read: at least any
@@ -64,6 +68,13 @@ class DraftStateStore:
         self.topk_p = torch.zeros(num_rows, topk, dtype=torch.float32, device=device)
         self.topk_index = torch.zeros(num_rows, topk, dtype=torch.int64, device=device)
         self.hidden_states = torch.zeros(num_rows, hidden_size, dtype=hidden_dtype, device=device)
+        # the root's logits of every row, where some step draws its drafts (``logits_width``:
+        # the draft's columns; 0 keeps none)
+        self.logits = (
+            torch.zeros(num_rows, logits_width, dtype=hidden_dtype, device=device)
+            if logits_width
+            else None
+        )
 
     def __len__(self) -> int:
         return len(self._owner)
@@ -115,15 +126,19 @@ class DraftStateStore:
         steps that left them, so it never reads the device's counts)."""
         return self._lag_bound
 
-    def gather(self, rows: torch.Tensor, topk: int | None = None) -> DraftInput:
+    def gather(
+        self, rows: torch.Tensor, topk: int | None = None, *, logits: bool = False
+    ) -> DraftInput:
         """The states at ``rows`` (bs,) int64 device, with the first ``topk`` (default: all)
-        of each top-k, the likeliest; device ops only."""
+        of each top-k, the likeliest, and with ``logits`` the root's logits (kept only where a
+        step draws its drafts); device ops only."""
         k = self.topk_p.shape[1] if topk is None else topk
         return DraftInput(
             bonus_tokens=self.bonus_tokens[rows],
             topk_p=self.topk_p[rows, :k],
             topk_index=self.topk_index[rows, :k],
             hidden_states=self.hidden_states[rows],
+            logits=self.logits[rows] if logits and self.logits is not None else None,
         )
 
     def scatter(self, rows: torch.Tensor, state: DraftInput) -> None:
@@ -133,6 +148,9 @@ class DraftStateStore:
         self.topk_p[rows] = state.topk_p.float()
         self.topk_index[rows] = state.topk_index.to(torch.int64)
         self.hidden_states[rows] = state.hidden_states.to(self.hidden_states.dtype)
+        if self.logits is not None:
+            assert state.logits is not None, "a state without the logits a drawn chain needs"
+            self.logits[rows] = state.logits.to(self.logits.dtype)
 
 
 class DraftLag:

@@ -96,8 +96,9 @@ class EagleWorkerV1(TreeWorker):
         n = self.shape.num_draft_tokens
         inputs = self._steps.buffers.fill(requests, len(requests), self._verifier.num_coins)
         window = DecodeWindow.of(inputs)
-        tree = self._drafter.draft(window, self._state.gather(inputs.rows))
-        verification = self._verifier.verify(window, tree, inputs.sampling)
+        tree, verification = self._draft_and_verify(
+            self.shape, window, inputs.rows, inputs.sampling
+        )
         result = verification.result
         # v1 keeps its books on the host: which slots to keep or free, extend lengths
         accept_index: list[list[int]] = result.accept_index.tolist()  # SYNC: v1's bookkeeping

@@ -51,8 +51,7 @@ class EagleWorkerV2(TreeWorker):
             return self._decode_plain(inputs)
         n = shape.num_draft_tokens
         window = DecodeWindow.of(inputs)
-        tree = self._drafters[shape].draft(window, self._state.gather(inputs.rows, shape.topk))
-        verification = self._verifiers[shape].verify(window, tree, inputs.sampling)
+        tree, verification = self._draft_and_verify(shape, window, inputs.rows, inputs.sampling)
         result = verification.result
         predict = result.predict  # (bs·N,) int32
         features = self._extender.target_features(

@@ -58,7 +58,9 @@ class SpeculativeWorker(StepWorker):
     lengths live on the device (a decode step may run ahead of the host); ``last_tree`` /
     ``last_verification`` keep the latest decode step's device results for inspection (tests,
     debugging; a verification's predict and hidden states may be compacted in place, see
-    ``Verification``); nothing reads them back on the host.
+    ``Verification``); nothing reads them back on the host. ``draw_chains``: the sampling
+    requests of a chain step (k = 1) draw their drafts from the draft's distribution and are
+    verified by speculative sampling (``chain_draws``); greedy ones take the argmax as ever.
     """
 
     _state: DraftStateStore
@@ -74,6 +76,7 @@ class SpeculativeWorker(StepWorker):
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
         policy: ShapePolicy | None = None,
+        draw_chains: bool = False,
     ) -> None:
         self._target = target
         self.policy = FixedShape(shape) if policy is None else policy
@@ -84,7 +87,11 @@ class SpeculativeWorker(StepWorker):
         self._device_lengths = device_lengths
         self._verifiers = {
             s: TreeVerifier(
-                target, num_steps=s.num_steps, num_draft_tokens=s.num_draft_tokens, kernels=kernels
+                target,
+                num_steps=s.num_steps,
+                num_draft_tokens=s.num_draft_tokens,
+                kernels=kernels,
+                draws=draw_chains and s.topk == 1,
             )
             for s in self.policy.shapes
             if not s.is_plain
@@ -92,19 +99,19 @@ class SpeculativeWorker(StepWorker):
         super().__init__(
             target.req_to_token_pool,
             kernels=kernels,
-            num_coins=_coins_per_step(shape),
+            num_coins=self._coins_per_step(shape),
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
             decode=partial(self._decode_as, shape),
         )
         self._runners = {shape: self._steps} | {
-            s: self._new_step_runner(partial(self._decode_as, s), _coins_per_step(s))
+            s: self._new_step_runner(partial(self._decode_as, s), self._coins_per_step(s))
             for s in self.policy.shapes[1:]
         }
         # a plain step that also extends the draft over every token its rows left in their lag
         self._catch_up = (
-            self._new_step_runner(self._decode_catching_up, _coins_per_step(PLAIN))
+            self._new_step_runner(self._decode_catching_up, self._coins_per_step(PLAIN))
             if PLAIN in self.policy.shapes
             else None
         )
@@ -119,6 +126,11 @@ class SpeculativeWorker(StepWorker):
         # each shape's running cost from
         self._launched = 0
         self._read_back_clock = ReadBackClock()
+
+    def _coins_per_step(self, shape: DraftShape) -> int:
+        """Coins a sampling request spends in one step of ``shape``: its verifier's (plain
+        decoding: the one token's)."""
+        return 1 if shape.is_plain else self._verifiers[shape].num_coins
 
     @property
     def _verifier(self) -> TreeVerifier:
@@ -315,12 +327,6 @@ class SpeculativeWorker(StepWorker):
         """The decode step sized from the requests' exact host lengths → (tokens, emitted),
         as ``_decode_as``'s."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
-
-
-def _coins_per_step(shape: DraftShape) -> int:
-    """Coins a sampling request spends in one step of ``shape``: a walk coin per node and the
-    bonus's (plain decoding: the one token's)."""
-    return 1 if shape.is_plain else shape.num_draft_tokens + 1
 
 
 def _joined(outputs: list[StepOutput], num_prefill: int) -> StepOutput:

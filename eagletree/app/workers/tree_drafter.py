@@ -80,8 +80,10 @@ class TreeDrafter:
         self.mask_mode = mask_mode
         self.num_forwards = num_steps - 1
 
-    def draft(self, window: DecodeWindow, state: DraftInput) -> DraftTree:
-        """Run the beam and build the verify tree rooted at each request's bonus token."""
+    def draft(self, window: DecodeWindow, state: DraftInput, draw: TopK | None = None) -> DraftTree:
+        """Run the beam and build the verify tree rooted at each request's bonus token.
+        ``draw``: a chain's (k = 1) drafts drawn rather than picked (``ChainDraws``), the
+        root's child from the state's logits."""
         k, num_steps = self.topk, self.num_steps
         bs = window.batch_size
         table = self._draft.req_to_token_pool.req_to_token
@@ -91,7 +93,13 @@ class TreeDrafter:
         branch_slots = window.slots(table, k * num_steps).view(bs, k, num_steps)
         slots_by_forward = branch_slots.permute(2, 0, 1).reshape(num_steps, bs * k)
         first_positions = window.seq_lens[:, None].expand(bs, k).reshape(bs * k)
-        beam = select_top_k_tokens(0, state.topk_p, state.topk_index, state.hidden_states, None, k)
+        topk_p, topk_index = state.topk_p, state.topk_index
+        pick = self._top_k
+        if draw is not None:
+            assert k == 1 and state.logits is not None, "a drawn chain needs the root's logits"
+            topk_p, topk_index = draw(state.logits, 1)
+            pick = draw
+        beam = select_top_k_tokens(0, topk_p, topk_index, state.hidden_states, None, k)
         steps = [beam]
         ancestors = torch.zeros((bs * k, 0), dtype=torch.int64, device=branch_slots.device)
         for step in range(1, num_steps):
@@ -102,7 +110,7 @@ class TreeDrafter:
                 beam.hidden_states,
             )
             # (bs·k, k) each, the draft's columns already named by their target ids
-            topk_p, topk_index = self._top_k(out.logits, k, out.token_ids)
+            topk_p, topk_index = pick(out.logits, k, out.token_ids)
             beam, ancestors = self._beam_step(
                 step, topk_p, topk_index, out.hidden_states, beam.scores, ancestors, own_slots, k
             )

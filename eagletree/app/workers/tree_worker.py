@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from eagletree.app.workers.chain_draws import ChainDraws
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore, lag_width
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
@@ -22,9 +23,13 @@ from eagletree.domain.tree import TreeMaskMode
 if TYPE_CHECKING:
     import torch
 
+    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.sampler import SamplingInputs
     from eagletree.app.workers.shape_policy import ShapePolicy
+    from eagletree.app.workers.verifier import Verification
     from eagletree.domain.batch import ForwardBatch
     from eagletree.domain.model_output import ModelOutput
+    from eagletree.domain.tree import DraftTree
     from eagletree.ports.model import DraftRunner, ModelRunner
 
 
@@ -36,7 +41,8 @@ class TreeWorker(SpeculativeWorker):
     draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
     (EAGLE-3). ``policy``: the shapes a step may draft, (S, k, N) first; the draft state keeps
     the widest top-k any of them reads (a narrower beam reads its first columns: the top-k is
-    sorted). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
+    sorted); ``draw_chains``: chains draw their sampling requests' drafts (the state then keeps
+    each row's root logits). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
     """
 
     def __init__(
@@ -55,6 +61,7 @@ class TreeWorker(SpeculativeWorker):
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
         policy: ShapePolicy | None = None,
+        draw_chains: bool = False,
     ) -> None:
         shape = DraftShape(num_steps, topk, num_draft_tokens)
         shapes = (shape,) if policy is None else policy.shapes
@@ -73,8 +80,16 @@ class TreeWorker(SpeculativeWorker):
             if not s.is_plain
         }
         widest = max(s.topk for s in shapes)
+        # a drawing chain draws its first draft from the root's logits: the state keeps them
+        draws = draw_chains and any(s.topk == 1 and not s.is_plain for s in shapes)
+        self._draft_token_ids = token_ids = draft.token_ids
+        columns = draft.vocab_size if token_ids is None else token_ids.numel()
         self._extender = DraftExtender(
-            draft, topk=widest, use_aux_hidden=use_aux_hidden, top_k=kernels.top_k
+            draft,
+            topk=widest,
+            use_aux_hidden=use_aux_hidden,
+            top_k=kernels.top_k,
+            keep_logits=draws,
         )
         self._state = DraftStateStore(
             num_rows=target.req_to_token_pool.size,
@@ -83,6 +98,7 @@ class TreeWorker(SpeculativeWorker):
             hidden_dtype=draft.kv_pool.geometry.dtype,
             device=target.req_to_token_pool.req_to_token.device,
             lag_width=lag_width(shapes, mask_mode),
+            logits_width=columns if draws else 0,
         )
         super().__init__(
             target,
@@ -93,12 +109,27 @@ class TreeWorker(SpeculativeWorker):
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
             policy=policy,
+            draw_chains=draw_chains,
         )
 
     @property
     def _drafter(self) -> TreeDrafter:
         """The default shape's drafter."""
         return self._drafters[self.shape]
+
+    def _draft_and_verify(
+        self, shape: DraftShape, window: DecodeWindow, rows: torch.Tensor, sampling: SamplingInputs
+    ) -> tuple[DraftTree, Verification]:
+        """Draft ``shape``'s tree over the states at ``rows`` (bs,) and verify it: a chain whose
+        sampling requests draw their drafts when its verifier says so. Device work only."""
+        verifier = self._verifiers[shape]
+        draws = None
+        if verifier.draws and not sampling.all_greedy:
+            coins = sampling.coins(self._kernels.coins, verifier.num_coins)  # (bs, 2·S + 1)
+            draws = ChainDraws(sampling, coins, self._draft_token_ids, shape.num_steps)
+        state = self._state.gather(rows, shape.topk, logits=draws is not None)
+        tree = self._drafters[shape].draft(window, state, draws)
+        return tree, verifier.verify(window, tree, sampling, draws)
 
     def _prefill_draft(
         self,

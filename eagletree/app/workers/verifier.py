@@ -4,8 +4,9 @@ The N nodes of request b are verified at window slots ``req_to_token[row, L_b : 
 node order (TARGET_VERIFY, tree mask), so the target writes their KV there and returns one logit
 row per node. Greedy requests accept by argmax; sampling requests use target-only tree sampling
 with coins from their own Philox streams (N walk coins and one bonus coin per step, reserved on
-the host, computed on the device), which is lossless: emitted tokens follow the target
-distribution after temperature / top-k / top-p.
+the host, computed on the device), or, in a chain whose drafts they drew, speculative sampling
+(``chain_draws``); both are lossless: emitted tokens follow the target distribution after
+temperature / top-k / top-p.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.app.workers.chain_draws import drawing_coins
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.batch import ForwardBatch, ForwardMode, TargetVerifySpec
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 from eagletree.domain.verify import VerifyResult, verify_tree_sampling
 
 if TYPE_CHECKING:
+    from eagletree.app.workers.chain_draws import ChainDraws
     from eagletree.app.workers.decode_inputs import DecodeWindow
     from eagletree.app.workers.sampler import SamplingInputs
     from eagletree.ports.model import ModelRunner
@@ -53,7 +56,8 @@ def tree_mask_indptr(tree: DraftTree, window: DecodeWindow, num_draft_tokens: in
 
 class TreeVerifier:
     """Verifies draft trees with ``target``; free of host synchronisation. A sampling step uses
-    N + 1 coins per request (``num_coins``) from ``kernels.coins``."""
+    ``num_coins`` coins per request from ``kernels.coins``: N + 1, or a drawing chain's
+    (``draws``) 2·S + 1, its draws' included."""
 
     def __init__(
         self,
@@ -62,18 +66,26 @@ class TreeVerifier:
         num_steps: int,
         num_draft_tokens: int,
         kernels: StepKernels = REFERENCE_KERNELS,
+        draws: bool = False,
     ) -> None:
         self._target = target
         self.num_steps = num_steps
         self.num_draft_tokens = num_draft_tokens
         self._kernels = kernels
+        self.draws = draws  # a chain whose sampling requests draw their drafts (``ChainDraws``)
 
     @property
     def num_coins(self) -> int:
+        if self.draws:
+            return drawing_coins(self.num_steps)
         return self.num_draft_tokens + 1
 
     def verify(
-        self, window: DecodeWindow, tree: DraftTree, sampling: SamplingInputs
+        self,
+        window: DecodeWindow,
+        tree: DraftTree,
+        sampling: SamplingInputs,
+        draws: ChainDraws | None = None,
     ) -> Verification:
         n = self.num_draft_tokens
         bs = window.batch_size
@@ -97,14 +109,18 @@ class TreeVerifier:
         )
         out = self._target.forward(batch)  # logits: (bs·N, V)
         return Verification(
-            result=self._accept(out.logits, tree, sampling),
+            result=self._accept(out.logits, tree, sampling, draws),
             verify_slots=verify_slots,
             hidden_states=out.hidden_states,
             aux_hidden_states=out.aux_hidden_states,
         )
 
     def _accept(
-        self, logits: torch.Tensor, tree: DraftTree, sampling: SamplingInputs
+        self,
+        logits: torch.Tensor,
+        tree: DraftTree,
+        sampling: SamplingInputs,
+        draws: ChainDraws | None,
     ) -> VerifyResult:
         n, num_steps = self.num_draft_tokens, self.num_steps
         bs = sampling.batch_size
@@ -116,5 +132,7 @@ class TreeVerifier:
         # every node of request b samples with request b's parameters; a greedy request's
         # one-hot rows accept exactly its argmax path whatever its coins
         probs = sampling.probs(logits, rows_per_request=n)  # (bs·N, V)
+        if draws is not None:  # drafts drawn from the draft: speculative sampling
+            return draws.verify(candidates, probs)
         coins = sampling.coins(self._kernels.coins, n + 1)  # (bs, N + 1)
         return verify_tree_sampling(candidates, *links, probs, coins[:, :n], coins[:, n], num_steps)

@@ -66,6 +66,10 @@ class OracleDraft:
     def hidden_size(self) -> int:
         return self._inner.hidden_size
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        return self._inner.token_ids
+
     def forward(
         self,
         batch: ForwardBatch,

@@ -84,6 +84,33 @@ def test_random_shapes_every_step_emit_the_plain_greedy_tokens(
     assert spec.memory.allocator.available_size() == spec.memory.allocator.size
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+def test_greedy_requests_beside_sampling_ones_in_drawn_chains_emit_the_plain_greedy_tokens(
+    models: ModelCache, overlap: bool
+) -> None:
+    # chains draw the sampling requests' drafts; the greedy ones in the same steps take the
+    # argmax (one-hot rows), whichever shape a step drafts
+    loaded = models("eagle3")
+    batch = prompts(6, seed=4)
+    expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
+    policy = RandomShapes(SHAPES, seed=9)
+    spec = speculative_engine(
+        loaded, *_dims(DEFAULT), policy=policy, overlap=overlap, draw_chains=True
+    )
+    requests = [
+        spec.engine.submit(prompt, SamplingParams(MAX_NEW, temperature=float(i % 2), seed=i))
+        for i, prompt in enumerate(batch)
+    ]
+    while spec.engine.has_work():
+        spec.engine.step()
+    greedy = [r.output_ids for r in requests[::2]]
+    assert greedy == expected[::2]
+    assert all(len(r.output_ids) == MAX_NEW for r in requests[1::2])
+    drawn = {s for s in policy.chosen if s.topk == 1 and not s.is_plain}
+    assert drawn == {DraftShape.chain(1), DraftShape.chain(4)}  # drawn chains ran
+    assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+
+
 def test_padded_steps_of_every_shape_emit_the_plain_greedy_tokens(models: ModelCache) -> None:
     loaded = models("eagle")
     batch = prompts(5, seed=8)
@@ -123,7 +150,13 @@ def test_a_thousand_random_requests_under_random_shapes_leave_no_slot_or_row_beh
     # 90 slots: a request needs up to 16 + 8 + 2·max window (16) = 56; two do not fit
     policy = RandomShapes(SHAPES, seed=21)
     spec = speculative_engine(
-        loaded, *_dims(DEFAULT), pool_size=90, max_running=16, overlap=overlap, policy=policy
+        loaded,
+        *_dims(DEFAULT),
+        pool_size=90,
+        max_running=16,
+        overlap=overlap,
+        policy=policy,
+        draw_chains=True,  # as shipped: the sampling requests' chains draw their drafts
     )
     engine = spec.engine
     allocator, table = engine.scheduler.allocator, engine.scheduler.req_to_token_pool

@@ -30,6 +30,7 @@ class PathTracingDraft:
         self.kv_pool = pool
         self.attention_backend = make_backend("torch", pool, table)
         self.vocab_size = vocab
+        self.token_ids = None  # its logits are over the whole vocabulary
         self._generator = torch.Generator().manual_seed(seed)
         self.batches: list[ForwardBatch] = []
         self.num_reranked = 0

@@ -1,6 +1,7 @@
 """EagleWorkerV2 sampling is lossless: the first three sampled tokens of 20,000
 requests follow the target's exact distribution (chi-square), with a random and an
-oracle draft, temperature, top-k and top-p."""
+oracle draft, temperature, top-k and top-p, trees of top-k drafts and chains whose drafts
+are drawn from the draft."""
 
 from __future__ import annotations
 
@@ -91,9 +92,19 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
 
 
 @pytest.mark.parametrize(
-    ("config", "oracle", "temperature", "top_k", "top_p"),
-    [((3, 6, 16), False, 1.0, None, None), ((3, 4, 8), True, 0.7, 6, 0.95)],
-    ids=["S3k6N16-random-draft-t1", "S3k4N8-oracle-t0.7-topk6-topp0.95"],
+    ("config", "oracle", "temperature", "top_k", "top_p", "draw"),
+    [
+        ((3, 6, 16), False, 1.0, None, None, False),
+        ((3, 4, 8), True, 0.7, 6, 0.95, False),
+        ((3, 1, 4), False, 1.0, None, None, True),
+        ((2, 1, 3), True, 0.7, 6, 0.95, True),
+    ],
+    ids=[
+        "S3k6N16-random-draft-t1",
+        "S3k4N8-oracle-t0.7-topk6-topp0.95",
+        "drawn-chain-S3-random-draft-t1",
+        "drawn-chain-S2-oracle-t0.7-topk6-topp0.95",
+    ],
 )
 def test_sampled_first_three_tokens_follow_the_target_distribution(
     spec_models: ModelCache,
@@ -102,6 +113,7 @@ def test_sampled_first_three_tokens_follow_the_target_distribution(
     temperature: float,
     top_k: int | None,
     top_p: float | None,
+    draw: bool,
 ) -> None:
     device = torch.device("cpu")
     models = spec_models("llama", "eagle", device, sizes=TINY_VOCAB)
@@ -111,6 +123,7 @@ def test_sampled_first_three_tokens_follow_the_target_distribution(
         [greedy] = greedy_outputs(plain_engine(models), [prompt], 8)
         sequence = [*prompt, *greedy]
         options["wrap_draft"] = lambda d: OracleDraft(d, lambda row: sequence, config[1])
+    options["draw_chains"] = draw  # a chain whose drafts are drawn: speculative sampling
     spec = speculative_engine(models, *config, **options)  # type: ignore[arg-type]
     results = spec.engine.generate(
         [prompt] * NUM_SAMPLES, 3, temperature=temperature, top_k=top_k, top_p=top_p, seed=0

@@ -99,6 +99,7 @@ class RecordingRunner:
         self.attention_backend = inner.attention_backend
         self.vocab_size = inner.vocab_size
         self.hidden_size = inner.hidden_size
+        self.token_ids = getattr(inner, "token_ids", None)  # a draft's column map
 
     def forward(self, batch: ForwardBatch, *args: torch.Tensor | None) -> ModelOutput:
         self._log.append((self._name, batch.mode, batch.batch_size, batch.num_tokens))

@@ -81,6 +81,10 @@ class LayerOracle:
     def hidden_size(self) -> int:
         return self._inner.hidden_size
 
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        return self._inner.token_ids
+
     def forward(
         self,
         batch: ForwardBatch,

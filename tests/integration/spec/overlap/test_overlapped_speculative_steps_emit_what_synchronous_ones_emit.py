@@ -72,15 +72,18 @@ def test_without_a_step_in_flight_the_host_lengths_are_the_devices(models: Model
     assert num_checked > 10
 
 
+@pytest.mark.parametrize(
+    ("config", "draw"), [((5, 4, 8), False), ((3, 1, 4), True)], ids=["tree", "drawn-chain"]
+)
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_overlapped_seeded_sampling_draws_the_synchronous_samples(
-    models: ModelCache, temperature: float
+    models: ModelCache, temperature: float, config: tuple[int, int, int], draw: bool
 ) -> None:
     loaded = models("llama", "eagle3")
     prompts = prompts_for(5, seed=7)
     runs = []
     for overlap in (False, True):
-        spec = speculative_engine(loaded, 5, 4, 8, overlap=overlap)
+        spec = speculative_engine(loaded, *config, overlap=overlap, draw_chains=draw)
         results = spec.engine.generate(
             prompts, MAX_NEW, temperature=temperature, top_p=0.9, seed=11
         )
