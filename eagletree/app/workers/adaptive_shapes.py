@@ -20,6 +20,7 @@ from eagletree.app.workers.band_acceptance import (
     BandAcceptance,
     RankedPath,
     band_of,
+    drawn_band,
     temperature_band,
 )
 from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
@@ -66,7 +67,9 @@ class AdaptiveShapes:
     candidate's step at the batch's size: the median step a request sees is at least that
     cheapest one, so no request's worst step reaches 3 × its median (among plain steps of
     0.6 ms a tree step of 2 ms is a stall to every request in it, however many tokens it
-    commits).
+    commits). ``drawn_chains``: the worker's chains draw their sampling requests' drafts,
+    which then accept by speculative sampling: a band's chains are priced by what its drawn
+    chains accepted (``drawn_band``), its trees by what its trees did.
     """
 
     observes = True
@@ -87,6 +90,7 @@ class AdaptiveShapes:
         reprice_every: int = 4,
         stall_ratio: float = 2.5,
         drift: float = 0.1,
+        drawn_chains: bool = False,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -114,6 +118,10 @@ class AdaptiveShapes:
         self._reprice_every = reprice_every
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
+        # the chains whose sampling requests draw their drafts: learned apart (``drawn_band``)
+        self._drawn = frozenset(
+            s for s in self.shapes if drawn_chains and s.topk == 1 and not s.is_plain
+        )
 
     @property
     def costs(self) -> LearnedCosts | None:
@@ -185,7 +193,7 @@ class AdaptiveShapes:
         limit = self._stall_ratio * min(seconds)
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
-        expected = [self.acceptance.expected(band, kept) for band in bands]
+        expected = [self._expected(band, kept) for band in bands]
         step_seconds = [seconds[i] for i in kept]
         if self._current.is_plain:  # a switch to drafting runs a catch-up first (see above)
             switch = 0.5 * costs.catch_up_excess(len(decode), sampled) / self._reprice_every
@@ -206,6 +214,19 @@ class AdaptiveShapes:
             rates[i] = rate
         choice = ShapeChoice(chosen.shape, chosen.tokens_per_second, tuple(rates))
         return _Pricing(choice, bands, sampled, len(decode), bucket, short)
+
+    def _expected(self, band: str, kept: Sequence[int]) -> list[float | None]:
+        """Every candidate's expected accepted drafts for a request of ``band``, known at
+        least at the indices ``kept``: a drawing chain's by what drawn chains accepted."""
+        drawn = [i for i in kept if self.shapes[i] in self._drawn]
+        if band == "greedy" or not drawn:
+            return self.acceptance.expected(band, kept)
+        others = [i for i in kept if self.shapes[i] not in self._drawn]
+        merged = list(self.acceptance.expected(band, others))
+        chains = self.acceptance.expected(drawn_band(band), drawn)
+        for i in drawn:
+            merged[i] = chains[i]
+        return merged
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""
@@ -269,9 +290,11 @@ class AdaptiveShapes:
             path = paths[index]
             observed = by_band.setdefault(temperature_band(requests[index]), [])
             observed.append((path[:depth], path[depth : 2 * depth]))
+        drawn = shape in self._drawn
         for band, observed in by_band.items():
+            learned = drawn_band(band) if drawn and band != "greedy" else band
             # what a probe learned decides the next step; so does a drifted estimate
-            if self.acceptance.record(band, observed, refresh=probed):
+            if self.acceptance.record(learned, observed, refresh=probed):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every

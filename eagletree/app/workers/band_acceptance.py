@@ -37,6 +37,13 @@ def band_of(temperature: float) -> str:
     return "T<=0.5" if temperature <= 0.5 else "T<=0.85" if temperature <= 0.85 else "T>0.85"
 
 
+def drawn_band(band: str) -> str:
+    """The class of ``band``'s requests in chains that draw their drafts: accepted by
+    speculative sampling, not at the target's probability of the draft's argmax, so learned
+    apart from the band's trees (``chain_draws``)."""
+    return f"{band} drawn"
+
+
 class BandAcceptance:
     """Per band, a learned rank profile and each of ``shapes``' expected accepted drafts.
 
@@ -132,13 +139,15 @@ class BandAcceptance:
     def _prior_of(self, band: str) -> RankProfile:
         greedy = self._head_priors.get("greedy", self._prior)
         sampled = self._head_priors.get("sampled", self._prior)
-        if band in ("greedy", "T<=0.5"):
+        if band in ("greedy", "T<=0.5", drawn_band("T<=0.5")):
             return greedy
         if band == "T>0.85":
             return sampled
         # T 0.5–0.85 accepts between the two: on the H200's real pair a T 0.7 tree committed
         # 4.3 tokens a step, T 0 5.8, T 1 2.9; from the T 1 profile alone, a lone T 0.7
-        # request kept to plain steps (probes move a prior of weight 4 one path at a time)
+        # request kept to plain steps (probes move a prior of weight 4 one path at a time).
+        # A drawn chain at T > 0.5 accepts 1 − TV(p, q) a depth: more than the target's
+        # probability of the draft's argmax (the sampled profile), less than a greedy step.
         return mean_profile(greedy, sampled)
 
     def _drifted(self, band: str, profile: AcceptanceProfile) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pytest
 
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.band_acceptance import temperature_band
+from eagletree.app.workers.band_acceptance import drawn_band, temperature_band
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import (
@@ -395,3 +395,39 @@ def test_a_table_that_overstates_every_step_still_leaves_a_shape_to_choose() -> 
     assert policy.choose(batch[:1]) == PLAIN  # the chain would commit 1.25 tokens for 2 steps
     assert policy.costs is not None  # each step priced at a quarter of its table
     assert [policy.costs.of(s, 1, True) for s in SHAPES] == [0.25 * 2.0, 0.25 * 1.0]
+
+
+@pytest.mark.parametrize("drawn", [True, False], ids=["drawn-chains", "argmax-chains"])
+def test_drawn_chains_learn_apart_from_the_trees_of_their_band(drawn: bool) -> None:
+    # chains and trees cost two plain steps; from the T 1 prior (0.3 a depth) neither pays,
+    # nor from a drawn chain's (the mean of the greedy and T 1 priors, 0.4)
+    tree = DraftShape(3, 2, 4)
+    shapes = (PLAIN, CHAIN, tree)
+    seconds = {(s, b, sampled): (1.0 if s.is_plain else 2.0) for s in shapes for b in (1, 8)
+               for sampled in (False, True)}  # fmt: skip
+    hot, greedy = RankProfile(((0.3, 0.1),)), RankProfile(((0.5, 0.1),))
+    policy = AdaptiveShapes(
+        shapes,
+        head_priors={"greedy": greedy, "sampled": hot},
+        hysteresis=0.0,
+        refresh_steps=1,
+        probe_every=1000,
+        reprice_every=1,
+        drawn_chains=drawn,
+    )
+    policy.use_costs(StepCosts((1, 8), seconds))
+    batch = _requests([1.0] * 4)
+    assert policy.choose(batch) == PLAIN
+    for _ in range(30):  # the chains accept every draft of the T 1 requests
+        policy.observe(CHAIN, batch, ACCEPTING * 4)
+    learned = drawn_band("T>0.85") if drawn else "T>0.85"
+    assert policy.profile(learned).rate(0, 0) > 0.8
+    assert policy.acceptance.learned(drawn_band("greedy")) is None
+    if drawn:  # the trees of the band still expect what their prior says; the chain pays now
+        assert policy.profile("T>0.85") == hot
+        assert policy.choose(batch) == CHAIN
+    else:  # one profile for both: the tree, priced by the chains' paths, is as good
+        assert policy.choose(batch) in (CHAIN, tree)
+    # a greedy request's chain drafts its argmax: its steps teach the greedy band
+    policy.observe(CHAIN, _requests([0.0]), ACCEPTING)
+    assert policy.acceptance.learned("greedy") is not None
