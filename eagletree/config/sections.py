@@ -19,6 +19,7 @@ CudaGraphName = Literal["auto", "on", "off"]
 OverlapName = Literal["auto", "on", "off"]
 PrefillStepName = Literal["with_decode", "alone"]
 ShapePolicyName = Literal["fixed", "adaptive"]
+ChainDraftsName = Literal["auto", "sampled", "argmax"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -93,6 +94,14 @@ class SpeculativeSettings(_Section):
         default=None,
         description='adaptive only: "plain", "chain:S<n>" or "tree:S<n>,k<n>,N<n>" each; '
         "unset: plain, chains S3/S5/S7, trees S5 k4 N8/N16, S6 k8 N32, S8 k8 N64.",
+    )
+    chain_drafts: ChainDraftsName = Field(
+        default="auto",
+        description="How a chain (eagle_topk 1) drafts for a sampling request: sampled draws "
+        "each draft from the head's distribution at the request's temperature, top-k and top-p "
+        "and verifies by speculative sampling (lossless; accepts more where the target "
+        "spreads its probability); argmax drafts the head's argmax. auto: sampled for EAGLE "
+        "heads, argmax for MTP layers (which draft the argmax only).",
     )
 
 
