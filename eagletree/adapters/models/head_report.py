@@ -1,6 +1,8 @@
 """What a draft head's training measured and the engine can start from: the rank profiles that
 ``eagletree train-draft`` writes to ``training.json`` beside the head (``"rank_profile"``:
-``{"greedy": [[rate per rank] per depth], "sampled": [...]}``, docs/training.md).
+``{"greedy": [[rate per rank] per depth], "sampled": [...], "drawn": [[rate] per depth]}``,
+docs/training.md; ``drawn``, a chain's acceptance when its drafts are drawn from the head, is
+newer: a report without it has the other two).
 
 The adaptive policy prices shapes by learned acceptance; before a request class has any step
 read back it assumes a prior, and the head's own measurement is a better one than a constant.
@@ -17,10 +19,12 @@ from eagletree.domain.draft_shape import RankProfile
 
 REPORT_NAME = "training.json"
 CLASSES = ("greedy", "sampled")
+OPTIONAL_CLASSES = ("drawn",)
 
 
 def read_rank_priors(draft_path: str | Path | None) -> dict[str, RankProfile]:
-    """The head's rank profiles by class (``greedy``, ``sampled``), or {} when it has none."""
+    """The head's rank profiles by class (``greedy``, ``sampled`` and, where measured,
+    ``drawn``), or {} when it has none."""
     if draft_path is None:
         return {}
     report = Path(draft_path) / REPORT_NAME
@@ -35,7 +39,8 @@ def read_rank_priors(draft_path: str | Path | None) -> dict[str, RankProfile]:
     if profiles is None:
         return {}
     priors = {}
-    for name in CLASSES:
+    present = [n for n in OPTIONAL_CLASSES if isinstance(profiles, dict) and n in profiles]
+    for name in (*CLASSES, *present):
         rows = profiles.get(name) if isinstance(profiles, dict) else None
         try:
             if not isinstance(rows, list):

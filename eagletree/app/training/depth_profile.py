@@ -11,11 +11,13 @@ held-out windows, the target's argmax at row q (the token at q + 2) being the la
   depth d whose target argmax at depth d + 1 is the head's (j + 1)-th candidate; ``sampled[d][j]``
   is the mean target probability of that candidate over the same paths, the chance a T = 1
   sample takes it (an approximation: the paths are conditioned on greedy, not sampled,
-  acceptance). A path rooted at row r is accepted through depth d when, for every step s < d,
-  the head's top-1 at row r + s equals the target's argmax there *and* the held-out token there
-  equals it too, so the unroll's next input is the token the engine would have fed. A depth
-  with fewer than ``MIN_ROWS`` such paths falls back to all rows and says so
-  (``conditioned``).
+  acceptance); ``drawn[d]`` (one rank) is the mean of Σ min(p, q) over them, p and q the
+  target's and the head's distributions at T = 1: the chance a draft drawn from the head is
+  accepted by speculative sampling (a chain that draws its drafts, ``domain.chain_sampling``).
+  A path rooted at row r is accepted through depth d when, for every step s < d, the head's
+  top-1 at row r + s equals the target's argmax there *and* the held-out token there equals it
+  too, so the unroll's next input is the token the engine would have fed. A depth with fewer
+  than ``MIN_ROWS`` such paths falls back to all rows and says so (``conditioned``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class DepthProfile(NamedTuple):
     agreement: tuple[float, ...]  # per unrolled step, every row
     greedy: list[list[float]]  # [depth][rank]
     sampled: list[list[float]]
+    drawn: list[list[float]]  # [depth][0]
     conditioned: list[bool]  # per depth: on accepted paths (else every row)
     rows: list[int]  # per depth: rows counted
     coverage: float | None  # EAGLE-3: rows whose target argmax the draft vocabulary holds
@@ -45,7 +48,7 @@ class DepthProfile(NamedTuple):
     def as_dict(self) -> dict[str, Any]:
         return {
             "agreement_by_step": list(self.agreement),
-            "rank_profile": {"greedy": self.greedy, "sampled": self.sampled},
+            "rank_profile": {"greedy": self.greedy, "sampled": self.sampled, "drawn": self.drawn},
             "rank_profile_rows": {"conditioned": self.conditioned, "rows": self.rows},
             "draft_vocab_coverage": self.coverage,
         }
@@ -66,6 +69,7 @@ class RankCounts:
         self.num_steps = num_steps
         self.hits = {key: torch.zeros(shape, dtype=torch.float64) for key in ("path", "all")}
         self.probs = {key: torch.zeros(shape, dtype=torch.float64) for key in ("path", "all")}
+        self.drawn = {key: torch.zeros(num_steps, dtype=torch.float64) for key in ("path", "all")}
         self.rows = {key: [0] * num_steps for key in ("path", "all")}
         self.in_vocab = 0
 
@@ -75,11 +79,12 @@ class RankCounts:
         top_probs: list[torch.Tensor],
         choice: torch.Tensor,
         next_tokens: torch.Tensor,
+        drawn: list[torch.Tensor] | None = None,
     ) -> None:
         """``top_ids[s]``, ``top_probs[s]``: (batch, rows, ranks) the head's candidates at step s
         (target ids) and the target's probability of each; ``choice``: (batch, rows) the target's
         argmax (the token at q + 2); ``next_tokens``: (batch, rows) the held-out token at q + 2
-        (−1 past the window)."""
+        (−1 past the window); ``drawn[s]``: (batch, rows) Σ min(p, q) at step s (None: 0)."""
         num_rows = choice.shape[1]
         matched = [(ids[..., 0] == choice) & (next_tokens == choice) for ids in top_ids]
         for step in range(self.num_steps):
@@ -93,22 +98,25 @@ class RankCounts:
                 weight = rows[..., None].double()
                 self.hits[key][step] += (hits * weight).sum((0, 1)).cpu()
                 self.probs[key][step] += (probs * weight).sum((0, 1)).cpu()
+                if drawn is not None:
+                    self.drawn[key][step] += (drawn[step].double() * rows).sum().cpu()
                 self.rows[key][step] += int(rows.sum())  # SYNC: evaluation, once per step
 
     def profile(self, coverage: float | None) -> DepthProfile:
-        greedy, sampled, conditioned, counted = [], [], [], []
+        greedy, sampled, drawn, conditioned, counted = [], [], [], [], []
         for step in range(self.num_steps):
             key = "path" if self.rows["path"][step] >= MIN_ROWS else "all"
             rows = max(self.rows[key][step], 1)
             greedy.append((self.hits[key][step] / rows).tolist())
             sampled.append((self.probs[key][step] / rows).tolist())
+            drawn.append([float(self.drawn[key][step]) / rows])
             conditioned.append(key == "path")
             counted.append(self.rows[key][step])
         agreement = tuple(
             float(self.hits["all"][s, 0]) / max(self.rows["all"][s], 1)
             for s in range(self.num_steps)
         )
-        return DepthProfile(agreement, greedy, sampled, conditioned, counted, coverage)
+        return DepthProfile(agreement, greedy, sampled, drawn, conditioned, counted, coverage)
 
 
 def teacher_forced(
@@ -160,16 +168,33 @@ def depth_profile(
         log_norm = torch.logsumexp(target_logits.float(), dim=-1, keepdim=True)
         ids = tokens.to(target.device)
         next_tokens = torch.nn.functional.pad(ids[:, 2:], (0, 1), value=-1)
-        top_ids, top_probs = [], []
+        top_ids, top_probs, drawn = [], [], []
         for step_logits in logits:
             top = step_logits.topk(ranks, dim=-1).indices
             top = top if mapping is None else mapping[top]
             top_ids.append(top)
             top_probs.append((target_logits.float().gather(-1, top) - log_norm).exp())
-        counts.add(top_ids, top_probs, choice, next_tokens)
+            drawn.append(drawn_acceptance(target_logits, step_logits, mapping))
+        counts.add(top_ids, top_probs, choice, next_tokens, drawn)
         if mapping is not None:
             in_vocab += int(torch.isin(choice, mapping).sum())  # SYNC: evaluation
             total += choice.numel()
     if counts is None:
         return None
     return counts.profile(in_vocab / total if eagle3 and total else None)
+
+
+def drawn_acceptance(
+    target_logits: torch.Tensor, head_logits: torch.Tensor, mapping: torch.Tensor | None
+) -> torch.Tensor:
+    """Σ_x min(p(x), q(x)) per row at T = 1 → (batch, rows): ``target_logits`` (batch, rows, V),
+    ``head_logits`` (batch, rows, V_head) over the columns ``mapping`` names (None: the target's
+    vocabulary). One window at a time: a batch's float32 distributions would take gigabytes."""
+    rows = []
+    for target_row, head_row in zip(target_logits, head_logits, strict=True):  # (rows, V)
+        p = torch.softmax(target_row.float(), dim=-1)
+        if mapping is not None:
+            p = p[:, mapping]  # the head's columns: q is 0 elsewhere
+        q = torch.softmax(head_row.float(), dim=-1)
+        rows.append(torch.minimum(p, q).sum(dim=-1))
+    return torch.stack(rows)

@@ -49,9 +49,10 @@ class BandAcceptance:
 
     ``prior``: the rank profile assumed before any path of a band was read (it weighs as
     ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when it was
-    trained (``greedy`` and ``sampled``, at T 1), which replace it: greedy and T ≤ 0.5
-    requests start from the greedy one, T > 0.85 from the sampled one, those between from
-    their mean. Expected tokens are recomputed after ``refresh_steps`` recorded steps of a
+    trained (``greedy`` and ``sampled``, at T 1, and ``drawn``, a T 1 chain drawn from the
+    head), which replace it: greedy and T ≤ 0.5 requests start from the greedy one, T > 0.85
+    from the sampled one (their drawn chains from the drawn one), those between from the
+    means. Expected tokens are recomputed after ``refresh_steps`` recorded steps of a
     band, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
     host a tenth of a millisecond per shape and band; a settled estimate moves slowly), at once
     when ``record`` is told to (a probe was read back), and at once with the cadence restarted
@@ -139,15 +140,20 @@ class BandAcceptance:
     def _prior_of(self, band: str) -> RankProfile:
         greedy = self._head_priors.get("greedy", self._prior)
         sampled = self._head_priors.get("sampled", self._prior)
+        # a chain that draws its drafts at T 1 accepts 1 − TV(p, q) a depth: the head's own
+        # measure where its report has one, else between a greedy and a T 1 argmax chain
+        drawn = self._head_priors.get("drawn", mean_profile(greedy, sampled))
         if band in ("greedy", "T<=0.5", drawn_band("T<=0.5")):
             return greedy
         if band == "T>0.85":
             return sampled
+        if band == drawn_band("T>0.85"):
+            return drawn
+        if band == drawn_band("T<=0.85"):
+            return mean_profile(greedy, drawn)
         # T 0.5–0.85 accepts between the two: on the H200's real pair a T 0.7 tree committed
         # 4.3 tokens a step, T 0 5.8, T 1 2.9; from the T 1 profile alone, a lone T 0.7
-        # request kept to plain steps (probes move a prior of weight 4 one path at a time).
-        # A drawn chain at T > 0.5 accepts 1 − TV(p, q) a depth: more than the target's
-        # probability of the draft's argmax (the sampled profile), less than a greedy step.
+        # request kept to plain steps (probes move a prior of weight 4 one path at a time)
         return mean_profile(greedy, sampled)
 
     def _drifted(self, band: str, profile: AcceptanceProfile) -> bool:

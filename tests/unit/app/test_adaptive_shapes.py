@@ -70,6 +70,16 @@ def test_each_band_starts_from_the_head_prior_of_its_temperature() -> None:
     # between them a temperature accepts between the two measured ones
     assert policy.profile("T<=0.85") == mean_profile(greedy, hot)
     assert policy.profile("T<=0.85").rate(0, 0) == pytest.approx(0.6)
+    # drawn chains: from the head's measured drawn profile at T 1, from between it and the
+    # greedy one at T 0.5–0.85, and without one from between greedy and T 1 argmax chains
+    drawn = RankProfile(((0.6,),))
+    measured = AdaptiveShapes(
+        SHAPES, head_priors={"greedy": greedy, "sampled": hot, "drawn": drawn}
+    )
+    assert measured.profile(drawn_band("T>0.85")) == drawn
+    assert measured.profile(drawn_band("T<=0.85")) == mean_profile(greedy, drawn)
+    assert measured.profile(drawn_band("T<=0.5")) == greedy
+    assert policy.profile(drawn_band("T>0.85")) == mean_profile(greedy, hot)
     # a head without measured priors: the policy's own prior for every band
     bare = AdaptiveShapes(SHAPES, prior=PESSIMISTIC)
     assert {bare.profile(b) for b in ("greedy", "T<=0.5", "T<=0.85", "T>0.85")} == {PESSIMISTIC}

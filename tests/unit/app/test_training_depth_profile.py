@@ -26,8 +26,11 @@ def test_the_rank_profile_counts_depth_d_only_on_paths_accepted_through_it(
     step1 = torch.tensor([[[5, 6], [11, 6], [5, 12], [13, 6]]])
     probs0 = torch.full((1, 4, 2), 0.25)
     probs1 = torch.tensor([[[0.0, 0.0], [0.5, 0.1], [0.3, 0.2], [0.6, 0.4]]])
+    # Σ min(p, q) of each row at each step
+    drawn0 = torch.tensor([[0.9, 0.8, 0.7, 0.2]])
+    drawn1 = torch.tensor([[0.1, 0.6, 0.4, 0.3]])
     counts = RankCounts(num_steps=2, num_ranks=2)
-    counts.add([step0, step1], [probs0, probs1], choice, next_tokens)
+    counts.add([step0, step1], [probs0, probs1], choice, next_tokens, [drawn0, drawn1])
     profile = counts.profile(coverage=None)
     # depth 0: every row; rank 0 right at 3 of 4 rows, rank 1 at 1
     assert profile.greedy[0] == [0.75, 0.25] and profile.sampled[0] == [0.25, 0.25]
@@ -36,6 +39,8 @@ def test_the_rank_profile_counts_depth_d_only_on_paths_accepted_through_it(
     assert profile.rows == [4, 2] and profile.conditioned == [True, True]
     assert profile.greedy[1] == [0.5, 0.5]
     assert profile.sampled[1] == pytest.approx([0.4, 0.15])
+    # drawn chains on the same rows: depth 0 every row, depth 1 the rows 1 and 2
+    assert profile.drawn[0] == pytest.approx([0.65]) and profile.drawn[1] == pytest.approx([0.5])
     # agreement: every row with a prefix (q ≥ s): step 1 right at rows 1 and 3 of rows 1..3
     assert profile.agreement == pytest.approx((0.75, 2 / 3))
     assert all(sum(row) <= 1 + 1e-9 for row in profile.greedy + profile.sampled)
@@ -50,7 +55,7 @@ def test_a_depth_with_too_few_accepted_paths_falls_back_to_every_row() -> None:
     assert profile.conditioned == [False, False]
     assert profile.greedy[1] == [0.5]  # rows 1, 2: row 2 right
     fields = profile.as_dict()
-    assert set(fields["rank_profile"]) == {"greedy", "sampled"}
+    assert set(fields["rank_profile"]) == {"greedy", "sampled", "drawn"}
     assert fields["draft_vocab_coverage"] == 0.9
 
 
@@ -65,3 +70,18 @@ def test_the_offline_chain_proposes_the_unrolled_path_from_the_last_committed_to
     # step 1: context of 3 tokens → [101, 202] vs [5, ...]: none accepted, emit 1 (5)
     # step 2: context of 4 → [102, 203] both accepted, emit 3 (102, 203, 9)
     assert simulate(drafter, prompt, continuation) == [1, 3]
+
+
+def test_the_drawn_overlap_is_the_sum_of_the_smaller_probability_per_token() -> None:
+    # p = (0.5, 0.5, 0), q = (0.8, 0.1, 0.1): Σ min = 0.5 + 0.1 + 0 = 0.6; a head over two of
+    # the three tokens (columns 2 and 0) with q = (0.25, 0.75): min(0, .25) + min(.5, .75) = .5
+    target = torch.log(torch.tensor([[[0.5, 0.5, 1e-30]]]))
+    head = torch.log(torch.tensor([[[0.8, 0.1, 0.1]]]))
+    assert depth_profile.drawn_acceptance(target, head, None) == pytest.approx(
+        torch.tensor([[0.6]])
+    )
+    narrow = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    mapping = torch.tensor([2, 0])
+    assert depth_profile.drawn_acceptance(target, narrow, mapping) == pytest.approx(
+        torch.tensor([[0.5]])
+    )

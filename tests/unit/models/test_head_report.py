@@ -23,6 +23,13 @@ def test_the_profiles_are_read_per_class_as_written(tmp_path: Path) -> None:
     priors = read_rank_priors(head)
     assert priors["greedy"].hit_rates == ((0.7, 0.2), (0.6,))
     assert priors["sampled"].hit_rates == ((0.3, 0.1, 0.05),)
+    assert "drawn" not in priors  # a report from before drawn chains were measured
+
+
+def test_a_measured_drawn_chain_profile_is_read_too(tmp_path: Path) -> None:
+    profiles = {"greedy": [[0.7]], "sampled": [[0.3]], "drawn": [[0.55], [0.6]]}
+    priors = read_rank_priors(_write(tmp_path, {"rank_profile": profiles}))
+    assert priors["drawn"].hit_rates == ((0.55,), (0.6,))
 
 
 def test_no_head_no_report_or_no_profile_is_no_prior(tmp_path: Path) -> None:
@@ -39,8 +46,19 @@ def test_no_head_no_report_or_no_profile_is_no_prior(tmp_path: Path) -> None:
         ({"rank_profile": {"greedy": [[0.7]], "sampled": [["x"]]}}, "rank_profile.sampled"),
         ({"rank_profile": {"greedy": [], "sampled": [[0.1]]}}, "rank_profile.greedy"),
         ([1, 2], "not a JSON object"),
+        (
+            {"rank_profile": {"greedy": [[0.7]], "sampled": [[0.1]], "drawn": [[1.5]]}},
+            "rank_profile.drawn",
+        ),
     ],
-    ids=["rates-over-one", "a-class-missing", "not-numbers", "no-depth", "not-an-object"],
+    ids=[
+        "rates-over-one",
+        "a-class-missing",
+        "not-numbers",
+        "no-depth",
+        "not-an-object",
+        "drawn-over-one",
+    ],
 )
 def test_a_malformed_profile_is_refused_naming_the_file(
     tmp_path: Path, report: object, names: str
