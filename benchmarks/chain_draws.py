@@ -1,0 +1,168 @@
+"""Benchmark: a chain's drafts drawn from the head (speculative sampling) against its argmax drafts
+(target-only), at temperatures 0.7 and 1, for heads trained with hard and with soft labels.
+
+Acceptance does not depend on the device, so this runs anywhere, the CPU included: a byte-level
+Llama target is trained on this machine's Python sources (torch's own, ``--corpus-mb``), then an
+EAGLE head per label type with train-draft's trainer (``--head-minutes`` each; all three are kept
+in ``--dir`` and reused). Two measures per head and temperature:
+
+- per unrolled depth on held-out text, teacher-forced: E p(argmax q), the chance the target takes
+  the head's argmax (a chain of argmax drafts), and E Σ min(p, q), the chance it takes a draft
+  drawn from the head (p, q the target's and the head's distributions at the temperature);
+- through the engine: tokens per verify step of chains S3 and S5 on held-out prompts, with
+  ``speculative.chain_drafts`` argmax and sampled.
+
+    python -m benchmarks.chain_draws --dir /tmp/chain-draws --out chain_draws.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.real_pair.target import TargetSpec, TargetTraining, train_target
+from eagletree.app.training import acceptance, acceptance_row
+from eagletree.app.training.data import ByteTokenizer, prompt_windows, tokenize
+from eagletree.app.training.depth_profile import teacher_forced
+from eagletree.app.training.draft_trainer import DraftTrainer
+from eagletree.app.training.objective import LossWeights
+from eagletree.app.training.options import TrainOptions
+
+SPEC = TargetSpec(
+    vocab_size=256, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+    num_kv_heads=2,
+)  # fmt: skip
+LABELS = ("hard", "soft")
+DEPTHS = 4  # unrolled steps measured teacher-forced (the trainer's default unroll)
+WINDOW = 128
+
+
+def corpus(root: Path, megabytes: float) -> Path:
+    """Up to ``megabytes`` of torch's Python sources in one text file (kept in ``root``)."""
+    path = root / "corpus.txt"
+    if path.exists():
+        return path
+    files = sorted((Path(torch.__file__).parent / "_inductor").rglob("*.py"))
+    parts, size = [], 0
+    for file in files:
+        text = file.read_text(errors="ignore")
+        parts.append(text)
+        size += len(text)
+        if size > megabytes * 1e6:
+            break
+    path.write_text("".join(parts))
+    return path
+
+
+def target(root: Path, text: Path, minutes: float) -> Path:
+    out = root / "target"
+    if not (out / "config.json").exists():
+        tokens = tokenize([text.read_text()], ByteTokenizer())
+        training = TargetTraining(max_steps=None, max_minutes=minutes, seq_len=WINDOW, lr=3e-3)
+        losses = train_target(SPEC, tokens, out, training)
+        print(f"target: {len(losses)} steps, last loss {sum(losses[-20:]) / 20:.3f}", flush=True)
+    return out
+
+
+def head(root: Path, target_dir: Path, text: Path, labels: str, minutes: float) -> DraftTrainer:
+    options = TrainOptions(
+        target=target_dir, algorithm="eagle", data=(text,), out=root / f"head-{labels}",
+        max_steps=None, max_minutes=minutes, device="cpu", batch_size=16, seq_len=WINDOW,
+        eval_prompts=0, loss=LossWeights(labels=labels),  # type: ignore[arg-type]
+    )  # fmt: skip
+    trainer = DraftTrainer(options)
+    state = options.out / "state"
+    if state.exists():
+        trainer.restore(state)
+    else:
+        trainer.train()
+        trainer.save(state, with_state=True)
+    trainer.head.eval()
+    return trainer
+
+
+@torch.no_grad()
+def per_depth(trainer: DraftTrainer, temperature: float) -> tuple[list[float], list[float]]:
+    """(E p(argmax q), E Σ min(p, q)) per unrolled depth over held-out windows."""
+    held = trainer.corpus.held
+    count = min(32, held.numel() // WINDOW)
+    windows = held[: count * WINDOW].view(count, WINDOW)
+    logits, target_logits = teacher_forced(trainer.head, trainer.target, windows, DEPTHS, False)
+    p = torch.softmax(target_logits.float() / temperature, dim=-1)
+    argmax, drawn = [], []
+    for depth, head_logits in enumerate(logits):  # (windows, rows, V) each
+        rows = p[:, depth:]
+        q = torch.softmax(head_logits[:, depth:].float() / temperature, dim=-1)
+        pick = head_logits[:, depth:].argmax(dim=-1, keepdim=True)
+        argmax.append(float(rows.gather(-1, pick).mean()))
+        drawn.append(float(torch.minimum(rows, q).sum(-1).mean()))
+    return argmax, drawn
+
+
+def engine_rows(
+    target_dir: Path, head_dir: Path, prompts: list[list[int]], temperature: float, new: int
+) -> dict[str, list[float]]:
+    """Tokens per verify step of chains S3 and S5, per ``chain_drafts``."""
+    shapes = [acceptance_row.TreeShape.chain(3), acceptance_row.TreeShape.chain(5)]
+    rows: dict[str, list[float]] = {}
+    for mode in ("argmax", "sampled"):
+        measured = acceptance.measure_acceptance(
+            target_dir, head_dir, "eagle", prompts, shapes, new, "cpu",
+            temperature=temperature, seed=1, chain_drafts=mode,
+        )  # fmt: skip
+        rows[mode] = [row.mean_accept_length for row in measured]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/chain-draws"))
+    parser.add_argument("--corpus-mb", type=float, default=4.0)
+    parser.add_argument("--target-minutes", type=float, default=6.0)
+    parser.add_argument("--head-minutes", type=float, default=4.0)
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    args.dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    text = corpus(args.dir, args.corpus_mb)
+    target_dir = target(args.dir, text, args.target_minutes)
+    lines = [
+        "| head | T | argmax, per depth | drawn, per depth | engine chain S3 argmax / drawn "
+        "| chain S5 argmax / drawn |",
+        "|---|---|---|---|---|---|",
+    ]
+    results: dict[str, Any] = {}
+    for labels in LABELS:
+        trainer = head(args.dir, target_dir, text, labels, args.head_minutes)
+        prompts = prompt_windows(trainer.corpus.held, args.prompts, 64)
+        for temperature in args.temperatures:
+            argmax, drawn = per_depth(trainer, temperature)
+            engine = engine_rows(
+                target_dir, trainer.options.out, prompts, temperature, args.new_tokens
+            )
+            results[f"{labels} T{temperature}"] = (argmax, drawn, engine)
+            s3, s5 = zip(engine["argmax"], engine["sampled"], strict=True)
+            lines.append(
+                f"| {labels} | {temperature} | {' '.join(f'{a:.2f}' for a in argmax)} | "
+                f"{' '.join(f'{d:.2f}' for d in drawn)} | {s3[0]:.2f} / {s3[1]:.2f} | "
+                f"{s5[0]:.2f} / {s5[1]:.2f} |"
+            )
+            print(lines[-1], flush=True)
+    lines.append(f"\n({time.perf_counter() - started:.0f} s)")
+    report = "\n".join(lines)
+    print(report)
+    if args.out is not None:
+        args.out.write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
