@@ -265,6 +265,7 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     status, out, _ = bench(argv, capsys)
     assert status == 0
     data = json.loads((tmp_path / "run.json").read_text())
+    assert "chain drafts sampled" in data["title"]  # the EAGLE head's chains draw at T 1
     rows = data["rows"]
     cells = {(r["config"], r["batch_size"], r["temperature"]) for r in rows}
     configs = ("plain", "chain S2", TREE, "adaptive")

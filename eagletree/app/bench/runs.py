@@ -242,7 +242,8 @@ def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> Arri
 
 def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep, dict[str, Any]]:
     """This rank's engine of ``settings``, its data-parallel replica, how it steps, and the
-    settings it runs with CUDA graphs and overlap as resolved for it (not "auto")."""
+    settings it runs with CUDA graphs, overlap and a chain's drafts for sampling requests as
+    resolved for it (not "auto")."""
     from eagletree.app.bench.lockstep import ALONE, Lockstep
     from eagletree.app.composition.container import build_engine_container
     from eagletree.app.parallel.data_parallel import DataParallelEngine
@@ -262,6 +263,8 @@ def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep
     resolved = container.settings().model_dump()  # the container's: "auto" device values gone
     resolved["backend"]["cuda_graph"] = "on" if container.cuda_graphs().enabled else "off"
     resolved["scheduler"]["overlap"] = "on" if container.overlap() else "off"
+    draws = container.speculative().draw_chains
+    resolved["speculative"]["chain_drafts"] = "sampled" if draws else "argmax"
     return engine, replica, lockstep, resolved
 
 
