@@ -22,6 +22,7 @@ from eagletree.app.workers.sampler import (
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
+from tests.chi_square import chi_square_p_value
 
 VOCAB = 40
 CPU = torch.device("cpu")
@@ -57,17 +58,6 @@ def requests_of(params: list[SamplingParams], seeds: list[int]) -> list[Request]
         Request(i, [1], dataclasses.replace(p, seed=seed), max_context_len=8)
         for i, (p, seed) in enumerate(zip(params, seeds, strict=True))
     ]
-
-
-def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson's test with the cells of expected count below 5 pooled; p from gammaincc."""
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
-    keep = exp > 0
-    statistic = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = torch.tensor((int(keep.sum()) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, statistic / 2))
 
 
 @pytest.mark.parametrize("name", list(TARGETS))

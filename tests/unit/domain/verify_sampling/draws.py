@@ -34,14 +34,3 @@ def edgy_coins(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     pick = torch.randint(0, 4, shape, generator=gen)
     edge = torch.where(pick == 2, 0.0, 1.0 - 2.0**-24)
     return torch.where(pick == 0, uniform, torch.where(pick == 1, boundary, edge))
-
-
-def chi_square_p_value(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """Pearson's test, cells with an expected count below 5 pooled; p from gammaincc."""
-    small = expected < 5
-    obs = torch.cat([observed[~small], observed[small].sum().view(1)]).double()
-    exp = torch.cat([expected[~small], expected[small].sum().view(1)]).double()
-    keep = exp > 0
-    statistic = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = torch.tensor((int(keep.sum()) - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, statistic / 2))

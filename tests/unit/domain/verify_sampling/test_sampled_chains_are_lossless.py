@@ -12,8 +12,7 @@ import torch
 
 from eagletree.domain.chain_sampling import verify_chain_sampled
 from eagletree.domain.verify import VerifyResult
-
-from .draws import chi_square_p_value
+from tests.chi_square import chi_square_p_value
 
 VOCAB = 5
 NUM_DRAWS = 40_000

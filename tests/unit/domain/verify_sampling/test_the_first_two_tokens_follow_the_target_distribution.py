@@ -12,10 +12,10 @@ import torch
 
 from eagletree.domain.sampling import probs_from_logits
 from eagletree.domain.verify import verify_tree_sampling
+from tests.chi_square import chi_square_p_value
 
 from ..brute_force.tree import child_lists, links_from_child_lists
 from ..strategies import DEVICES
-from .draws import chi_square_p_value
 
 
 @dataclass(frozen=True)
