@@ -100,8 +100,9 @@ class SpeculativeSettings(_Section):
         description="How a chain (eagle_topk 1) drafts for a sampling request: sampled draws "
         "each draft from the head's distribution at the request's temperature, top-k and top-p "
         "and verifies by speculative sampling (lossless; accepts more where the target "
-        "spreads its probability); argmax drafts the head's argmax. auto: sampled for EAGLE "
-        "heads, argmax for MTP layers (which draft the argmax only).",
+        "spreads its probability); argmax drafts the head's argmax. auto: sampled on the "
+        "tree workers (EAGLE, EAGLE-3, one MTP layer), argmax on the multi-layer MTP worker "
+        "(which drafts the argmax only).",
     )
 
 

@@ -122,7 +122,8 @@ def resolve_shape_policy(
     return ResolvedShapePolicy("adaptive", tuple(shapes))
 
 
-# the workers whose chains can draw their drafts (EAGLE heads' tree workers)
+# the workers whose chains can draw their drafts: the tree workers (EAGLE, EAGLE-3, one MTP
+# layer); the multi-layer MTP worker drafts its chain inside the extend, as argmax
 DRAWING_WORKERS = ("eagle_v1", "eagle_v2")
 
 
