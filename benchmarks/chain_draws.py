@@ -1,10 +1,11 @@
 """Benchmark: a chain's drafts drawn from the head (speculative sampling) against its argmax drafts
-(target-only), at temperatures 0.7 and 1, for heads trained with hard and with soft labels.
+(target-only), at temperatures 0, 0.7 and 1 (at 0 the two are one), for heads trained with hard,
+soft and mixed labels.
 
 Acceptance does not depend on the device, so this runs anywhere, the CPU included: a byte-level
 Llama target is trained on this machine's Python sources (torch's own, ``--corpus-mb``), then an
-EAGLE head per label type with train-draft's trainer (``--head-minutes`` each; all three are kept
-in ``--dir`` and reused). Two measures per head and temperature:
+EAGLE head per label type (``--labels``) with train-draft's trainer (``--head-minutes`` each; the
+models are kept in ``--dir`` and reused). Two measures per head and temperature:
 
 - per unrolled depth on held-out text, teacher-forced: E p(argmax q), the chance the target takes
   the head's argmax (a chain of argmax drafts), and E Σ min(p, q), the chance it takes a draft
@@ -29,6 +30,7 @@ from eagletree.app.training import acceptance, acceptance_row
 from eagletree.app.training.data import ByteTokenizer, prompt_windows, tokenize
 from eagletree.app.training.depth_profile import teacher_forced
 from eagletree.app.training.draft_trainer import DraftTrainer
+from eagletree.app.training.losses import LABELS
 from eagletree.app.training.objective import LossWeights
 from eagletree.app.training.options import TrainOptions
 
@@ -36,7 +38,6 @@ SPEC = TargetSpec(
     vocab_size=256, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
     num_kv_heads=2,
 )  # fmt: skip
-LABELS = ("hard", "soft")
 DEPTHS = 4  # unrolled steps measured teacher-forced (the trainer's default unroll)
 WINDOW = 128
 
@@ -92,15 +93,23 @@ def per_depth(trainer: DraftTrainer, temperature: float) -> tuple[list[float], l
     count = min(32, held.numel() // WINDOW)
     windows = held[: count * WINDOW].view(count, WINDOW)
     logits, target_logits = teacher_forced(trainer.head, trainer.target, windows, DEPTHS, False)
-    p = torch.softmax(target_logits.float() / temperature, dim=-1)
+    p = _distribution(target_logits, temperature)
     argmax, drawn = [], []
     for depth, head_logits in enumerate(logits):  # (windows, rows, V) each
         rows = p[:, depth:]
-        q = torch.softmax(head_logits[:, depth:].float() / temperature, dim=-1)
+        q = _distribution(head_logits[:, depth:], temperature)
         pick = head_logits[:, depth:].argmax(dim=-1, keepdim=True)
         argmax.append(float(rows.gather(-1, pick).mean()))
         drawn.append(float(torch.minimum(rows, q).sum(-1).mean()))
     return argmax, drawn
+
+
+def _distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Softmax at ``temperature``; at 0 the argmax's one-hot (both measures are then the
+    head's agreement with the target's argmax)."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return torch.softmax(logits.float() / temperature, dim=-1)
 
 
 def engine_rows(
@@ -124,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus-mb", type=float, default=4.0)
     parser.add_argument("--target-minutes", type=float, default=6.0)
     parser.add_argument("--head-minutes", type=float, default=4.0)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
+    parser.add_argument("--labels", nargs="+", choices=LABELS, default=list(LABELS))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None)
@@ -140,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|---|",
     ]
     results: dict[str, Any] = {}
-    for labels in LABELS:
+    for labels in args.labels:
         trainer = head(args.dir, target_dir, text, labels, args.head_minutes)
         prompts = prompt_windows(trainer.corpus.held, args.prompts, 64)
         for temperature in args.temperatures:

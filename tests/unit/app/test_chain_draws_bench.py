@@ -17,8 +17,8 @@ def test_each_head_and_temperature_gets_depth_rates_and_engine_chains(tmp_path: 
     out = tmp_path / "chain_draws.md"
     args = [
         "--dir", str(tmp_path / "pair"), "--corpus-mb", "0.05", "--target-minutes", "0.01",
-        "--head-minutes", "0.01", "--temperatures", "1", "--prompts", "2", "--new-tokens", "6",
-        "--out", str(out),
+        "--head-minutes", "0.01", "--temperatures", "1", "--labels", "hard", "soft",
+        "--prompts", "2", "--new-tokens", "6", "--out", str(out),
     ]  # fmt: skip
     assert chain_draws.main(args) == 0
     rows = re.findall(r"^\| (hard|soft) \| 1\.0 \| ([\d. ]+) \| ([\d. ]+) \| (.+) \| (.+) \|$",
