@@ -224,29 +224,38 @@ def _workload(temperature: float) -> tuple[list[list[int]], list[SamplingParams]
     return prompts, params
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    ("config", "draw", "temperature"),
+    [((5, 4, 8), False, 0.0), ((5, 4, 8), False, 1.0), ((3, 1, 4), True, 1.0)],
+    ids=["tree-greedy", "tree-sampled", "drawn-chain-sampled"],
+)
 @pytest.mark.parametrize(("arch", "kind"), [("llama", "eagle"), ("deepseek-mla", "eagle3")])
 def test_bucketed_tree_steps_emit_what_unpadded_steps_emit(
     models_cache: Callable[..., SpecModels],
     device: torch.device,
     arch: str,
     kind: str,
+    config: tuple[int, int, int],
+    draw: bool,
     temperature: float,
 ) -> None:
     models = models_cache(arch, kind, device)
     backend = "triton" if device.type == "cuda" else "torch"
     prompts, params = _workload(temperature)
-    # a request holds up to 12 + 12 tokens and 40 reserved slots: 100 slots hold about two,
-    # so later ones wait and running ones are retracted as their windows grow
-    eager = speculative_engine(models, 5, 4, 8, backend=backend, pool_size=100, max_running=6)
+    # a request holds up to 12 + 12 tokens and twice the widest window reserved (the tree's
+    # 2 · 20, the chain's 2 · 4): 100 or 48 slots hold about two, so later ones wait and
+    # running ones are retracted as their windows grow
+    pool = 100 if config[1] > 1 else 48
+    eager = speculative_engine(
+        models, *config, backend=backend, pool_size=pool, max_running=6, draw_chains=draw
+    )
     expected = _run_workload(eager.engine, prompts, params)
     graphed = speculative_engine(
         models,
-        5,
-        4,
-        8,
+        *config,
+        draw_chains=draw,
         backend=backend,
-        pool_size=100,
+        pool_size=pool,
         max_running=6,
         graph_buckets=BUCKETS,
         use_cuda_graphs=device.type == "cuda",
