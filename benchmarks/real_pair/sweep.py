@@ -187,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "sampled_top4_by_depth": [
                     sum(row[:4]) for row in trained["rank_profile"]["sampled"]
                 ],
+                "drawn_by_depth": [row[0] for row in trained["rank_profile"]["drawn"]],
                 "chain_tokens_per_step": chains,
                 "seconds": time.perf_counter() - started,
             }
@@ -206,21 +207,23 @@ def write_report(report_dir: Path, args: argparse.Namespace, results: list[dict[
         "",
         "Agreement: teacher-forced top-1 per unrolled step on held-out text; T 1: how often a"
         " sample of the target at T = 1 is the draft's top token, by depth (train-draft's"
-        " sampled rank profile: a chain's acceptance at T = 1); T 1 top 4: how often it is among"
-        " the draft's 4 best (a k = 4 tree's acceptance at a node); chains: tokens per step"
-        " simulated offline on held-out prompts (greedy).",
+        " sampled rank profile: an argmax chain's acceptance at T = 1); T 1 top 4: how often it"
+        " is among the draft's 4 best (a k = 4 tree's acceptance at a node); T 1 drawn: Σ min(p,"
+        " q) by depth (a chain that draws its drafts, the engine's default at T > 0); chains:"
+        " tokens per step simulated offline on held-out prompts (greedy).",
         "",
-        f"| variant | steps | agreement by step | T 1 | T 1 top 4 | {chains} |",
-        "|---|---|---|---|---|" + "---|" * len(args.depths),
+        f"| variant | steps | agreement by step | T 1 | T 1 top 4 | T 1 drawn | {chains} |",
+        "|---|---|---|---|---|---|" + "---|" * len(args.depths),
     ]
     for result in results:
         agreement = " ".join(f"{a:.2f}" for a in result["agreement_by_step"])
         sampled = " ".join(f"{a:.2f}" for a in result["sampled_rank0_by_depth"])
         top4 = " ".join(f"{a:.2f}" for a in result["sampled_top4_by_depth"])
+        drawn = " ".join(f"{a:.2f}" for a in result["drawn_by_depth"])
         tokens = " | ".join(f"{v:.2f}" for v in result["chain_tokens_per_step"].values())
         lines.append(
             f"| {result['variant']} | {result['steps']} | {agreement} | {sampled} | {top4}"
-            f" | {tokens} |"
+            f" | {drawn} | {tokens} |"
         )
     (report_dir / "sweep.md").write_text("\n".join(lines) + "\n")
 

@@ -52,7 +52,9 @@ def test_the_default_variants_parse_and_fit_one_gpu_call() -> None:
     assert 0.5 * len(variants) + 3 <= 9
 
 
-def test_the_report_shows_each_variants_agreement_t1_rates_and_chains(tmp_path: Path) -> None:
+def test_the_report_shows_each_variants_agreement_t1_rates_drawn_rates_and_chains(
+    tmp_path: Path,
+) -> None:
     args = argparse.Namespace(minutes=2.0, depths=[3, 5])
     result = {
         "variant": "eagle3:norm=target",
@@ -60,13 +62,16 @@ def test_the_report_shows_each_variants_agreement_t1_rates_and_chains(tmp_path: 
         "agreement_by_step": [0.7, 0.69],
         "sampled_rank0_by_depth": [0.48, 0.54],
         "sampled_top4_by_depth": [0.81, 0.86],
+        "drawn_by_depth": [0.66, 0.71],
         "chain_tokens_per_step": {3: 3.15, 5: 4.02},
     }
     write_report(tmp_path, args, [result])
     table = (tmp_path / "sweep.md").read_text()
-    assert (
-        "| variant | steps | agreement by step | T 1 | T 1 top 4 | chain S3 | chain S5 |" in table
+    header = "| variant | steps | agreement by step | T 1 | T 1 top 4 | T 1 drawn | chain S3 |"
+    assert header in table
+    row = (
+        "| eagle3:norm=target | 900 | 0.70 0.69 | 0.48 0.54 | 0.81 0.86 | 0.66 0.71 | 3.15 | 4.02 |"
     )
-    assert "| eagle3:norm=target | 900 | 0.70 0.69 | 0.48 0.54 | 0.81 0.86 | 3.15 | 4.02 |" in table
+    assert row in table
     saved = json.loads((tmp_path / "sweep.json").read_text())
     assert saved["variants"][0]["sampled_rank0_by_depth"] == [0.48, 0.54]
