@@ -16,6 +16,7 @@ from tests.integration.models.harness import Memory, Requests, make_backend, mak
 from tests.integration.spec.eagle_v2.engines import ModelCache
 from tests.integration.spec.harness import (
     SIZES,
+    SpecEngine,
     SpecModels,
     greedy_outputs,
     plain_engine,
@@ -125,6 +126,32 @@ def test_sampled_first_three_tokens_follow_the_target_distribution(
         options["wrap_draft"] = lambda d: OracleDraft(d, lambda row: sequence, config[1])
     options["draw_chains"] = draw  # a chain whose drafts are drawn: speculative sampling
     spec = speculative_engine(models, *config, **options)  # type: ignore[arg-type]
+    assert_first_three_follow_the_target(spec, models, prompt, temperature, top_k, top_p)
+
+
+def test_a_drawn_chain_over_part_of_the_vocabulary_samples_the_target_distribution(
+    spec_models: ModelCache,
+) -> None:
+    # an EAGLE-3 head proposing 5 of the 8 tokens: it never draws the other 3, which the
+    # target then emits from the residual only (three layers: EAGLE-3 reads three of them)
+    sizes = dataclasses.replace(TINY_VOCAB, draft_vocab_size=5, num_layers=3)
+    models = spec_models("llama", "eagle3", torch.device("cpu"), sizes=sizes)
+    spec = speculative_engine(models, 2, 1, 3, max_running=1000, pool_size=40_000, draw_chains=True)
+    assert spec.draft.token_ids is not None and spec.draft.token_ids.numel() == 5
+    assert_first_three_follow_the_target(spec, models, [1, 2, 3], 1.0, None, None)
+
+
+def assert_first_three_follow_the_target(
+    spec: SpecEngine,
+    models: SpecModels,
+    prompt: list[int],
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+) -> None:
+    """NUM_SAMPLES requests of ``prompt`` sample three tokens each; their joint counts pass the
+    chi-square test against the target's exact distribution, and both outcomes of a verify
+    step (a draft accepted, a bonus from the residual) are frequent."""
     results = spec.engine.generate(
         [prompt] * NUM_SAMPLES, 3, temperature=temperature, top_k=top_k, top_p=top_p, seed=0
     )
