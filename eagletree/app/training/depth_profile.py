@@ -30,6 +30,8 @@ import torch
 from eagletree.app.training.heads import DraftHead, unrolled_forward
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from eagletree.app.training.target_features import HFTarget
 
 MAX_RANKS = 8  # the engine's prior reads at most 8 ranks per depth
@@ -168,13 +170,14 @@ def depth_profile(
         log_norm = torch.logsumexp(target_logits.float(), dim=-1, keepdim=True)
         ids = tokens.to(target.device)
         next_tokens = torch.nn.functional.pad(ids[:, 2:], (0, 1), value=-1)
-        top_ids, top_probs, drawn = [], [], []
+        top_ids, top_probs = [], []
         for step_logits in logits:
             top = step_logits.topk(ranks, dim=-1).indices
             top = top if mapping is None else mapping[top]
             top_ids.append(top)
-            top_probs.append((target_logits.float().gather(-1, top) - log_norm).exp())
-            drawn.append(drawn_acceptance(target_logits, step_logits, mapping))
+            # the candidates' logits upcast, not the whole (batch, rows, V) tensor each step
+            top_probs.append((target_logits.gather(-1, top).float() - log_norm).exp())
+        drawn = drawn_acceptance(target_logits, logits, mapping)
         counts.add(top_ids, top_probs, choice, next_tokens, drawn)
         if mapping is not None:
             in_vocab += int(torch.isin(choice, mapping).sum())  # SYNC: evaluation
@@ -185,16 +188,20 @@ def depth_profile(
 
 
 def drawn_acceptance(
-    target_logits: torch.Tensor, head_logits: torch.Tensor, mapping: torch.Tensor | None
-) -> torch.Tensor:
-    """Σ_x min(p(x), q(x)) per row at T = 1 → (batch, rows): ``target_logits`` (batch, rows, V),
-    ``head_logits`` (batch, rows, V_head) over the columns ``mapping`` names (None: the target's
-    vocabulary). One window at a time: a batch's float32 distributions would take gigabytes."""
-    rows = []
-    for target_row, head_row in zip(target_logits, head_logits, strict=True):  # (rows, V)
+    target_logits: torch.Tensor,
+    head_logits: Sequence[torch.Tensor],
+    mapping: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """Σ_x min(p(x), q(x)) per row at T = 1 for each unrolled step → per step (batch, rows):
+    ``target_logits`` (batch, rows, V), ``head_logits[s]`` (batch, rows, V_head) over the
+    columns ``mapping`` names (None: the target's vocabulary). One window at a time, its target
+    distribution once for every step: a batch's float32 distributions would take gigabytes."""
+    per_step: list[list[torch.Tensor]] = [[] for _ in head_logits]
+    for window, target_row in enumerate(target_logits):  # (rows, V)
         p = torch.softmax(target_row.float(), dim=-1)
         if mapping is not None:
             p = p[:, mapping]  # the head's columns: q is 0 elsewhere
-        q = torch.softmax(head_row.float(), dim=-1)
-        rows.append(torch.minimum(p, q).sum(dim=-1))
-    return torch.stack(rows)
+        for rows, step_logits in zip(per_step, head_logits, strict=True):
+            q = torch.softmax(step_logits[window].float(), dim=-1)
+            rows.append(torch.minimum(p, q).sum(dim=-1))
+    return [torch.stack(rows) for rows in per_step]

@@ -73,15 +73,18 @@ def test_the_offline_chain_proposes_the_unrolled_path_from_the_last_committed_to
 
 
 def test_the_drawn_overlap_is_the_sum_of_the_smaller_probability_per_token() -> None:
-    # p = (0.5, 0.5, 0), q = (0.8, 0.1, 0.1): Σ min = 0.5 + 0.1 + 0 = 0.6; a head over two of
-    # the three tokens (columns 2 and 0) with q = (0.25, 0.75): min(0, .25) + min(.5, .75) = .5
+    # p = (0.5, 0.5, 0); step 0's q = (0.8, 0.1, 0.1): Σ min = 0.5 + 0.1 + 0 = 0.6, step 1's
+    # q = (0.3, 0.6, 0.1): 0.3 + 0.5 = 0.8; a head over two of the three tokens (columns 2
+    # and 0) with q = (0.25, 0.75): min(0, .25) + min(.5, .75) = .5
     target = torch.log(torch.tensor([[[0.5, 0.5, 1e-30]]]))
-    head = torch.log(torch.tensor([[[0.8, 0.1, 0.1]]]))
-    assert depth_profile.drawn_acceptance(target, head, None) == pytest.approx(
-        torch.tensor([[0.6]])
-    )
+    steps = [
+        torch.log(torch.tensor([[[0.8, 0.1, 0.1]]])),
+        torch.log(torch.tensor([[[0.3, 0.6, 0.1]]])),
+    ]
+    first, second = depth_profile.drawn_acceptance(target, steps, None)
+    assert first == pytest.approx(torch.tensor([[0.6]]))
+    assert second == pytest.approx(torch.tensor([[0.8]]))
     narrow = torch.log(torch.tensor([[[0.25, 0.75]]]))
     mapping = torch.tensor([2, 0])
-    assert depth_profile.drawn_acceptance(target, narrow, mapping) == pytest.approx(
-        torch.tensor([[0.5]])
-    )
+    (only,) = depth_profile.drawn_acceptance(target, [narrow], mapping)
+    assert only == pytest.approx(torch.tensor([[0.5]]))
