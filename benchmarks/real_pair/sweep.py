@@ -209,8 +209,8 @@ def write_report(report_dir: Path, args: argparse.Namespace, results: list[dict[
         " sample of the target at T = 1 is the draft's top token, by depth (train-draft's"
         " sampled rank profile: an argmax chain's acceptance at T = 1); T 1 top 4: how often it"
         " is among the draft's 4 best (a k = 4 tree's acceptance at a node); T 1 drawn: Σ min(p,"
-        " q) by depth (a chain that draws its drafts, the engine's default at T > 0); chains:"
-        " tokens per step simulated offline on held-out prompts (greedy).",
+        " q) by depth (the first draw of a node whose drafts are drawn, the engine's default at"
+        " T > 0); chains: tokens per step simulated offline on held-out prompts (greedy).",
         "",
         f"| variant | steps | agreement by step | T 1 | T 1 top 4 | T 1 drawn | {chains} |",
         "|---|---|---|---|---|---|" + "---|" * len(args.depths),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from eagletree.config.settings import EngineSettings
-from eagletree.config.shape_policy import draws_chains
+from eagletree.config.shape_policy import draws_drafts
 from eagletree.config.target import TargetDescription
 from eagletree.domain.draft_shape import max_draft_tokens
 from eagletree.domain.errors import ConfigurationError
@@ -59,7 +59,7 @@ class ResolvedSpeculative:
     warnings: tuple[str, ...]
     worker: WorkerName
     token_map: str | None = None  # the EAGLE head's token-map file, if it proposes from one
-    draw_chains: bool = False  # a chain's sampling requests draw their drafts (chain_drafts)
+    draw_drafts: bool = False  # sampling requests draw their drafts (sampled_drafts)
 
     @property
     def enabled(self) -> bool:
@@ -95,8 +95,8 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         ]
         if spec.version != "auto":
             ignored.append("speculative.version")
-        if spec.chain_drafts != "auto":
-            ignored.append("speculative.chain_drafts")
+        if spec.sampled_drafts != "auto":
+            ignored.append("speculative.sampled_drafts")
         if ignored:
             warn(
                 f"speculative.algorithm is 'none', so {', '.join(ignored)} "
@@ -172,7 +172,7 @@ def resolve_speculative(settings: EngineSettings, target: TargetDescription) -> 
         warnings=tuple(warnings),
         worker=worker,
         token_map=spec.token_map,
-        draw_chains=draws_chains(spec.chain_drafts, worker),
+        draw_drafts=draws_drafts(spec.sampled_drafts, worker),
     )
 
 

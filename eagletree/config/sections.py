@@ -19,7 +19,7 @@ CudaGraphName = Literal["auto", "on", "off"]
 OverlapName = Literal["auto", "on", "off"]
 PrefillStepName = Literal["with_decode", "alone"]
 ShapePolicyName = Literal["fixed", "adaptive"]
-ChainDraftsName = Literal["auto", "sampled", "argmax"]
+SampledDraftsName = Literal["auto", "drawn", "top_k"]
 # "auto" (CUDA when visible, else the CPU), "cpu", "cuda" or "cuda:N"
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:[0-9]+)?)$"
 
@@ -95,14 +95,15 @@ class SpeculativeSettings(_Section):
         description='adaptive only: "plain", "chain:S<n>" or "tree:S<n>,k<n>,N<n>" each; '
         "unset: plain, chains S3/S5/S7, trees S5 k4 N8/N16, S6 k8 N32, S8 k8 N64.",
     )
-    chain_drafts: ChainDraftsName = Field(
+    sampled_drafts: SampledDraftsName = Field(
         default="auto",
-        description="How a chain (eagle_topk 1) drafts for a sampling request: sampled draws "
-        "each draft from the head's distribution at the request's temperature, top-k and top-p "
-        "and verifies by speculative sampling (lossless; accepts more where the target "
-        "spreads its probability); argmax drafts the head's argmax. auto: sampled on the "
-        "tree workers (EAGLE, EAGLE-3, one MTP layer), argmax on the multi-layer MTP worker "
-        "(which drafts the argmax only).",
+        description="How a sampling request's drafts are chosen: drawn draws each node's "
+        "children from the head's distribution at the request's temperature, top-k and top-p "
+        "(without replacement) and verifies them by rejection sampling against it (lossless; "
+        "accepts more where the target spreads its probability); top_k takes the head's k "
+        "likeliest tokens (a chain: its argmax), verified target-only. auto: drawn on the tree "
+        "workers (EAGLE, EAGLE-3, one MTP layer), top_k on the multi-layer MTP worker (which "
+        "drafts the argmax only).",
     )
 
 

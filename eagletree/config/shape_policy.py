@@ -6,8 +6,8 @@ for the batch (docs/speculative.md, "Adaptive shapes"); the candidates are
 ``speculative.candidate_shapes`` (``"plain"``, ``"chain:S<n>"``, ``"tree:S<n>,k<n>,N<n>"``),
 by default ``DEFAULT_CANDIDATES``, with the configured shape always first. It runs on the v2
 tree worker of one process group (a tensor- or dense-sharded group would need its ranks to
-agree on every choice; they are refused instead). ``speculative.chain_drafts`` says how a chain
-drafts for its sampling requests (``draws_chains``).
+agree on every choice; they are refused instead). ``speculative.sampled_drafts`` says how a step
+drafts for its sampling requests (``draws_drafts``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from eagletree.config.sections import ChainDraftsName, ShapePolicyName
+from eagletree.config.sections import SampledDraftsName, ShapePolicyName
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.errors import ConfigurationError
 
@@ -122,21 +122,21 @@ def resolve_shape_policy(
     return ResolvedShapePolicy("adaptive", tuple(shapes))
 
 
-# the workers whose chains can draw their drafts: the tree workers (EAGLE, EAGLE-3, one MTP
+# the workers whose steps can draw their drafts: the tree workers (EAGLE, EAGLE-3, one MTP
 # layer); the multi-layer MTP worker drafts its chain inside the extend, as argmax
 DRAWING_WORKERS = ("eagle_v1", "eagle_v2")
 
 
-def draws_chains(chain_drafts: ChainDraftsName, worker: str) -> bool:
-    """Whether a chain step of ``worker`` draws its sampling requests' drafts; ConfigurationError
-    where ``sampled`` is asked of a worker that cannot."""
-    if chain_drafts == "argmax" or worker == "none":
+def draws_drafts(sampled_drafts: SampledDraftsName, worker: str) -> bool:
+    """Whether a drafting step of ``worker`` draws its sampling requests' drafts;
+    ConfigurationError where ``drawn`` is asked of a worker that cannot."""
+    if sampled_drafts == "top_k" or worker == "none":
         return False
     if worker in DRAWING_WORKERS:
         return True
-    if chain_drafts == "sampled":
+    if sampled_drafts == "drawn":
         raise ConfigurationError(
-            f'speculative.chain_drafts = "sampled": the {worker} worker drafts the argmax '
-            'only; set speculative.chain_drafts = "auto" or "argmax"'
+            f'speculative.sampled_drafts = "drawn": the {worker} worker drafts the argmax '
+            'only; set speculative.sampled_drafts = "auto" or "top_k"'
         )
     return False

@@ -123,6 +123,21 @@ def mean_profile(first: RankProfile, second: RankProfile) -> RankProfile:
     return RankProfile(tuple(rows))
 
 
+def with_lower_ranks(first: RankProfile, lower: RankProfile) -> RankProfile:
+    """``first``'s rank-0 rates with ``lower``'s lower ranks beneath them, scaled down where
+    the two would claim more than the whole probability: a profile measured for the top
+    candidate only (a drawn draft's Σ min(p, q)), widened to price trees."""
+    depths = max(len(first.hit_rates), len(lower.hit_rates))
+    rows = []
+    for depth in range(depths):
+        top = first.rate(depth, 0)
+        ranks = len(lower.hit_rates[min(depth, len(lower.hit_rates) - 1)])
+        rest = [lower.rate(depth, j) for j in range(1, ranks)]
+        scale = min(1.0, (1.0 - top) / sum(rest)) if sum(rest) > 0 else 1.0
+        rows.append((top, *(scale * r for r in rest)))
+    return RankProfile(tuple(rows))
+
+
 def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float, RankPath]]:
     """The non-root nodes of ``shape`` as (probability the node is accepted, its rank path),
     best first: a k-wide beam over S depths whose path scores are the profile's products, then

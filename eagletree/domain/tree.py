@@ -53,6 +53,9 @@ class DraftTree:
     retrieve_next_sibling: torch.Tensor  # (bs, N) int64 next sibling (larger index), −1 = none
     draft_tokens: torch.Tensor  # (bs·N,) int64 token of every node
     parents: torch.Tensor  # (bs, N) int64 parent node index, −1 for the root
+    # (bs, N − 1) int64 the flat candidate id of nodes 1..N − 1: a drawn tree's draw rank
+    # (id % k) and the row of the beam it was drawn from (id // k: 0 the root, then by step)
+    selected: torch.Tensor
     mask_mode: TreeMaskMode
 
 
@@ -248,6 +251,7 @@ def build_tree(
         retrieve_next_sibling=next_sibling,
         draft_tokens=tokens.flatten(),
         parents=parents,
+        selected=top_scores_index,
         mask_mode=mask_mode,
     )
 

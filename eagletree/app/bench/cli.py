@@ -144,7 +144,7 @@ def _header(plan: BenchPlan, args: argparse.Namespace, engines: dict[str, Any]) 
         f"attention {base.backend.attention}, "
         f"cuda_graph {resolved_value(engines, 'backend', 'cuda_graph')}, "
         f"overlap {resolved_value(engines, 'scheduler', 'overlap')}, "
-        f"{_chain_drafts(engines)}"
+        f"{_sampled_drafts(engines)}"
         f"{f'tp {args.tp}, ' if args.tp > 1 else ''}"
         f"{f'arrival every {args.arrivals} steps x {args.num_arrivals}, ' if args.arrivals else ''}"
         f"{f'dp {args.dp}, ' if args.dp > 1 else ''}"
@@ -177,12 +177,12 @@ def resolved_value(engines: dict[str, Any], section: str, name: str) -> str:
     return " / ".join(f"{value} ({', '.join(configs)})" for value, configs in by_value.items())
 
 
-def _chain_drafts(engines: dict[str, Any]) -> str:
-    """How the speculative engines' chains draft for sampling requests (a header's phrase)."""
+def _sampled_drafts(engines: dict[str, Any]) -> str:
+    """How the speculative engines draft for sampling requests (a header's phrase)."""
     drafting = {c: s for c, s in engines.items() if s["speculative"]["algorithm"] != "none"}
     if not drafting:
         return ""
-    return f"chain drafts {resolved_value(drafting, 'speculative', 'chain_drafts')}, "
+    return f"sampled drafts {resolved_value(drafting, 'speculative', 'sampled_drafts')}, "
 
 
 def _names(paths: list[Path]) -> str:

@@ -149,7 +149,7 @@ def settings_for(plan: BenchPlan, config: BenchConfig) -> EngineSettings:
             num_draft_tokens=shape.num_draft_tokens,
             version=plan.base.speculative.version,
             token_map=plan.base.speculative.token_map,
-            chain_drafts=plan.base.speculative.chain_drafts,
+            sampled_drafts=plan.base.speculative.sampled_drafts,
             policy="adaptive" if config.adaptive else "fixed",
             candidate_shapes=[shape_spec(s) for s in config.candidates]
             if config.adaptive

@@ -263,8 +263,8 @@ def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep
     resolved = container.settings().model_dump()  # the container's: "auto" device values gone
     resolved["backend"]["cuda_graph"] = "on" if container.cuda_graphs().enabled else "off"
     resolved["scheduler"]["overlap"] = "on" if container.overlap() else "off"
-    draws = container.speculative().draw_chains
-    resolved["speculative"]["chain_drafts"] = "sampled" if draws else "argmax"
+    draws = container.speculative().draw_drafts
+    resolved["speculative"]["sampled_drafts"] = "drawn" if draws else "top_k"
     return engine, replica, lockstep, resolved
 
 

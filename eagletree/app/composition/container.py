@@ -119,7 +119,7 @@ class Container(PoolProviders):
             head_priors=providers.Callable(
                 read_rank_priors, ModelProviders.speculative.provided.draft_path
             ),
-            drawn_chains=ModelProviders.speculative.provided.draw_chains,
+            drawn_drafts=ModelProviders.speculative.provided.draw_drafts,
         ),
     )
     num_steps = ModelProviders.speculative.provided.num_steps
@@ -166,14 +166,14 @@ class Container(PoolProviders):
             graph_buckets=graph_buckets,
             use_cuda_graphs=use_cuda_graphs,
             policy=policy,
-            draw_chains=ModelProviders.speculative.provided.draw_chains,
+            draw_drafts=ModelProviders.speculative.provided.draw_drafts,
         ),
         eagle_v1=_speculative_worker(
             EagleWorkerV1,
             PoolProviders.target_runner,
             PoolProviders.draft_runners.provided[0],
             allocator=PoolProviders.slot_allocator,
-            draw_chains=ModelProviders.speculative.provided.draw_chains,
+            draw_drafts=ModelProviders.speculative.provided.draw_drafts,
         ),
         multi_layer_eagle_v2=_speculative_worker(
             MultiLayerEagleWorkerV2,

@@ -34,11 +34,11 @@ def engine_settings(
     backend: dict[str, str] | None = None,
     max_running_requests: int = 16,
     dtype: str | None = None,
-    chain_drafts: str = "auto",
+    sampled_drafts: str = "auto",
 ) -> EngineSettings:
     """Settings of an engine for these measurements; on the CPU fp32 with the torch backends,
     else bf16 and the default (Triton) backends, ``backend`` overriding either;
-    ``chain_drafts``: ``speculative.chain_drafts``."""
+    ``sampled_drafts``: ``speculative.sampled_drafts``."""
     on_cpu = device.startswith("cpu")
     speculative: dict[str, Any] = {"algorithm": "none"}
     if shape is not None:
@@ -47,7 +47,7 @@ def engine_settings(
             "num_steps": shape.num_steps,
             "eagle_topk": shape.topk,
             "num_draft_tokens": shape.num_draft_tokens,
-            "chain_drafts": chain_drafts,
+            "sampled_drafts": sampled_drafts,
         }
     return EngineSettings(
         model={
@@ -98,12 +98,12 @@ def measure_acceptance(
     temperature: float = 0.0,
     seed: int = 0,
     dtype: str | None = None,
-    chain_drafts: str = "auto",
+    sampled_drafts: str = "auto",
 ) -> list[AcceptanceRow]:
     """One row per shape, in order; ``reference`` (plain greedy outputs) checks losslessness.
     With ``temperature`` > 0 request i samples with seed ``seed + i``. With ``time_budget_s``
-    no shape starts after the budget is spent (fewer rows come back). ``chain_drafts``: how
-    chains draft for sampling requests (``speculative.chain_drafts``)."""
+    no shape starts after the budget is spent (fewer rows come back). ``sampled_drafts``: how
+    sampling requests draft (``speculative.sampled_drafts``)."""
     rows = []
     budget_started = time.perf_counter()
     for shape in shapes:
@@ -119,7 +119,7 @@ def measure_acceptance(
             context,
             backend,
             dtype=dtype,
-            chain_drafts=chain_drafts,
+            sampled_drafts=sampled_drafts,
         )
         engine = build_engine(settings)
         started = time.perf_counter()

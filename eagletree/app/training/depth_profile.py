@@ -13,7 +13,8 @@ held-out windows, the target's argmax at row q (the token at q + 2) being the la
   sample takes it (an approximation: the paths are conditioned on greedy, not sampled,
   acceptance); ``drawn[d]`` (one rank) is the mean of Σ min(p, q) over them, p and q the
   target's and the head's distributions at T = 1: the chance a draft drawn from the head is
-  accepted by speculative sampling (a chain that draws its drafts, ``domain.chain_sampling``).
+  accepted by rejection sampling (the first draw of a node whose drafts are drawn,
+  ``app.workers.draft_draws``).
   A path rooted at row r is accepted through depth d when, for every step s < d, the head's
   top-1 at row r + s equals the target's argmax there *and* the held-out token there equals it
   too, so the unroll's next input is the token the engine would have fed. A depth with fewer

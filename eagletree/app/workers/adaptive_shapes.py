@@ -67,9 +67,9 @@ class AdaptiveShapes:
     candidate's step at the batch's size: the median step a request sees is at least that
     cheapest one, so no request's worst step reaches 3 × its median (among plain steps of
     0.6 ms a tree step of 2 ms is a stall to every request in it, however many tokens it
-    commits). ``drawn_chains``: the worker's chains draw their sampling requests' drafts,
-    which then accept by speculative sampling: a band's chains are priced by what its drawn
-    chains accepted (``drawn_band``), its trees by what its trees did.
+    commits). ``drawn_drafts``: the worker's sampling requests draw their drafts, which then
+    accept by rejection sampling: a band's shapes are priced by what its drawn drafts accepted
+    (``drawn_band``), learned apart from top-k drafts' rates.
     """
 
     observes = True
@@ -90,7 +90,7 @@ class AdaptiveShapes:
         reprice_every: int = 4,
         stall_ratio: float = 2.5,
         drift: float = 0.1,
-        drawn_chains: bool = False,
+        drawn_drafts: bool = False,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -118,10 +118,7 @@ class AdaptiveShapes:
         self._reprice_every = reprice_every
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
-        # the chains whose sampling requests draw their drafts: learned apart (``drawn_band``)
-        self._drawn = frozenset(
-            s for s in self.shapes if drawn_chains and s.topk == 1 and not s.is_plain
-        )
+        self._drawn = drawn_drafts  # sampling requests' rates learned apart (``drawn_band``)
 
     @property
     def costs(self) -> LearnedCosts | None:
@@ -217,16 +214,13 @@ class AdaptiveShapes:
 
     def _expected(self, band: str, kept: Sequence[int]) -> list[float | None]:
         """Every candidate's expected accepted drafts for a request of ``band``, known at
-        least at the indices ``kept``: a drawing chain's by what drawn chains accepted."""
-        drawn = [i for i in kept if self.shapes[i] in self._drawn]
-        if band == "greedy" or not drawn:
-            return self.acceptance.expected(band, kept)
-        others = [i for i in kept if self.shapes[i] not in self._drawn]
-        merged = list(self.acceptance.expected(band, others))
-        chains = self.acceptance.expected(drawn_band(band), drawn)
-        for i in drawn:
-            merged[i] = chains[i]
-        return merged
+        least at the indices ``kept``, by what the band's drafts accepted as they are made."""
+        return self.acceptance.expected(self._learned_band(band), kept)
+
+    def _learned_band(self, band: str) -> str:
+        """The class ``band``'s steps are learned as: its drawn class where sampling requests
+        draw their drafts."""
+        return drawn_band(band) if self._drawn and band != "greedy" else band
 
     def _explore_due(self) -> bool:
         """Every ``explore_every`` steps (``_untried_near``)."""
@@ -290,11 +284,9 @@ class AdaptiveShapes:
             path = paths[index]
             observed = by_band.setdefault(temperature_band(requests[index]), [])
             observed.append((path[:depth], path[depth : 2 * depth]))
-        drawn = shape in self._drawn
         for band, observed in by_band.items():
-            learned = drawn_band(band) if drawn and band != "greedy" else band
             # what a probe learned decides the next step; so does a drifted estimate
-            if self.acceptance.record(learned, observed, refresh=probed):
+            if self.acceptance.record(self._learned_band(band), observed, refresh=probed):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every

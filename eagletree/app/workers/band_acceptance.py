@@ -11,7 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from eagletree.domain.acceptance_profile import AcceptanceProfile
-from eagletree.domain.draft_shape import RankProfile, expected_accepted, mean_profile
+from eagletree.domain.draft_shape import (
+    RankProfile,
+    expected_accepted,
+    mean_profile,
+    with_lower_ranks,
+)
 
 if TYPE_CHECKING:
     from eagletree.domain.draft_shape import DraftShape
@@ -38,9 +43,9 @@ def band_of(temperature: float) -> str:
 
 
 def drawn_band(band: str) -> str:
-    """The class of ``band``'s requests in chains that draw their drafts: accepted by
-    speculative sampling, not at the target's probability of the draft's argmax, so learned
-    apart from the band's trees (``chain_draws``)."""
+    """The class of ``band``'s requests where they draw their drafts: accepted by rejection
+    sampling, not at the target's probability of the draft's top tokens, so learned apart
+    (``draft_draws``)."""
     return f"{band} drawn"
 
 
@@ -49,9 +54,9 @@ class BandAcceptance:
 
     ``prior``: the rank profile assumed before any path of a band was read (it weighs as
     ``prior_weight`` observed steps); ``head_priors``: the head's own, measured when it was
-    trained (``greedy`` and ``sampled``, at T 1, and ``drawn``, a T 1 chain drawn from the
+    trained (``greedy`` and ``sampled``, at T 1, and ``drawn``, a T 1 draft drawn from the
     head), which replace it: greedy and T ≤ 0.5 requests start from the greedy one, T > 0.85
-    from the sampled one (their drawn chains from the drawn one), those between from the
+    from the sampled one (their drawn drafts from the drawn one), those between from the
     means. Expected tokens are recomputed after ``refresh_steps`` recorded steps of a
     band, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
     host a tenth of a millisecond per shape and band; a settled estimate moves slowly), at once
@@ -140,9 +145,14 @@ class BandAcceptance:
     def _prior_of(self, band: str) -> RankProfile:
         greedy = self._head_priors.get("greedy", self._prior)
         sampled = self._head_priors.get("sampled", self._prior)
-        # a chain that draws its drafts at T 1 accepts 1 − TV(p, q) a depth: the head's own
-        # measure where its report has one, else between a greedy and a T 1 argmax chain
-        drawn = self._head_priors.get("drawn", mean_profile(greedy, sampled))
+        # a drawn draft at T 1 is accepted with 1 − TV(p, q): the head's own measure where its
+        # report has one (of the first draw; the later draws' rates are taken from the T 1
+        # top-k profile's lower ranks), else between a greedy and a T 1 argmax chain
+        measured = self._head_priors.get("drawn")
+        if measured is None:
+            drawn = mean_profile(greedy, sampled)
+        else:
+            drawn = with_lower_ranks(measured, sampled)
         if band in ("greedy", "T<=0.5", drawn_band("T<=0.5")):
             return greedy
         if band == "T>0.85":

@@ -41,8 +41,8 @@ def shift_left(
 class DraftExtender:
     """Runs ``draft`` over committed tokens; ``use_aux_hidden`` feeds it the target's aux hidden
     states (EAGLE-3) instead of the final-normed ones; ``keep_logits``: the next state carries
-    the draft's logits after the bonus (a chain that draws its drafts draws from them). Free of
-    host synchronisation."""
+    the draft's logits after the bonus (a step that draws its drafts draws the root's children
+    from them). Free of host synchronisation."""
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ class DraftInput:
     topk_index: torch.Tensor  # (bs, k) int64 their tokens
     hidden_states: torch.Tensor  # (bs, H_draft) draft hidden state that proposed them
     # (bs, V_draft) the draft's logits after the bonus token, which the children were chosen
-    # from: what a chain that draws its drafts draws the first from (None: not kept)
+    # from: what a step that draws its drafts draws the root's children from (None: not kept)
     logits: torch.Tensor | None = None
 
 
@@ -149,7 +149,7 @@ class DraftStateStore:
         self.topk_index[rows] = state.topk_index.to(torch.int64)
         self.hidden_states[rows] = state.hidden_states.to(self.hidden_states.dtype)
         if self.logits is not None:
-            assert state.logits is not None, "a state without the logits a drawn chain needs"
+            assert state.logits is not None, "a state without the logits drawn drafts need"
             self.logits[rows] = state.logits.to(self.logits.dtype)
 
 

@@ -63,7 +63,7 @@ class EagleWorkerV1(TreeWorker):
         use_aux_hidden: bool = False,
         mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         kernels: StepKernels = REFERENCE_KERNELS,
-        draw_chains: bool = False,
+        draw_drafts: bool = False,
     ) -> None:
         if draft.req_to_token_pool is not target.req_to_token_pool:
             raise ValueError(
@@ -81,7 +81,7 @@ class EagleWorkerV1(TreeWorker):
             mask_mode=mask_mode,
             kernels=kernels,
             device_lengths=False,  # the host knows every length after each step
-            draw_chains=draw_chains,
+            draw_drafts=draw_drafts,
         )
         self._allocator = allocator
         self.page_size = target.kv_pool.geometry.page_size

@@ -58,9 +58,10 @@ class SpeculativeWorker(StepWorker):
     lengths live on the device (a decode step may run ahead of the host); ``last_tree`` /
     ``last_verification`` keep the latest decode step's device results for inspection (tests,
     debugging; a verification's predict and hidden states may be compacted in place, see
-    ``Verification``); nothing reads them back on the host. ``draw_chains``: the sampling
-    requests of a chain step (k = 1) draw their drafts from the draft's distribution and are
-    verified by speculative sampling (``chain_draws``); greedy ones take the argmax as ever.
+    ``Verification``); nothing reads them back on the host. ``draw_drafts``: the sampling
+    requests of a drafting step draw their drafts from the draft's distribution and are
+    verified by rejection sampling against it (``draft_draws``); greedy ones take the top k as
+    ever.
     """
 
     _state: DraftStateStore
@@ -76,7 +77,7 @@ class SpeculativeWorker(StepWorker):
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
         policy: ShapePolicy | None = None,
-        draw_chains: bool = False,
+        draw_drafts: bool = False,
     ) -> None:
         self._target = target
         self.policy = FixedShape(shape) if policy is None else policy
@@ -86,13 +87,7 @@ class SpeculativeWorker(StepWorker):
         self.mask_mode = mask_mode
         self._device_lengths = device_lengths
         self._verifiers = {
-            s: TreeVerifier(
-                target,
-                num_steps=s.num_steps,
-                num_draft_tokens=s.num_draft_tokens,
-                kernels=kernels,
-                draws=draw_chains and s.topk == 1,
-            )
+            s: TreeVerifier(target, s, kernels=kernels, draws=draw_drafts)
             for s in self.policy.shapes
             if not s.is_plain
         }

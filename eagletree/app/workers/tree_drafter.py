@@ -82,8 +82,8 @@ class TreeDrafter:
 
     def draft(self, window: DecodeWindow, state: DraftInput, draw: TopK | None = None) -> DraftTree:
         """Run the beam and build the verify tree rooted at each request's bonus token.
-        ``draw``: a chain's (k = 1) drafts drawn rather than picked (``ChainDraws``), the
-        root's child from the state's logits."""
+        ``draw``: the drafts drawn rather than picked (``DraftDraws``), the root's children
+        from the state's logits."""
         k, num_steps = self.topk, self.num_steps
         bs = window.batch_size
         table = self._draft.req_to_token_pool.req_to_token
@@ -96,8 +96,8 @@ class TreeDrafter:
         topk_p, topk_index = state.topk_p, state.topk_index
         pick = self._top_k
         if draw is not None:
-            assert k == 1 and state.logits is not None, "a drawn chain needs the root's logits"
-            topk_p, topk_index = draw(state.logits, 1)
+            assert state.logits is not None, "drawn drafts need the root's logits"
+            topk_p, topk_index = draw(state.logits, k)
             pick = draw
         beam = select_top_k_tokens(0, topk_p, topk_index, state.hidden_states, None, k)
         steps = [beam]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from eagletree.app.workers.chain_draws import ChainDraws
+from eagletree.app.workers.draft_draws import DraftDraws
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftStateStore, lag_width
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
@@ -41,7 +41,7 @@ class TreeWorker(SpeculativeWorker):
     draft step); ``use_aux_hidden`` makes the draft read the target's aux hidden states
     (EAGLE-3). ``policy``: the shapes a step may draft, (S, k, N) first; the draft state keeps
     the widest top-k any of them reads (a narrower beam reads its first columns: the top-k is
-    sorted); ``draw_chains``: chains draw their sampling requests' drafts (the state then keeps
+    sorted); ``draw_drafts``: sampling requests draw their drafts (the state then keeps
     each row's root logits). The rest as ``SpeculativeWorker``'s and ``StepWorker``'s.
     """
 
@@ -61,7 +61,7 @@ class TreeWorker(SpeculativeWorker):
         use_cuda_graphs: bool = False,
         device_lengths: bool = True,
         policy: ShapePolicy | None = None,
-        draw_chains: bool = False,
+        draw_drafts: bool = False,
     ) -> None:
         shape = DraftShape(num_steps, topk, num_draft_tokens)
         shapes = (shape,) if policy is None else policy.shapes
@@ -80,8 +80,8 @@ class TreeWorker(SpeculativeWorker):
             if not s.is_plain
         }
         widest = max(s.topk for s in shapes)
-        # a drawing chain draws its first draft from the root's logits: the state keeps them
-        draws = draw_chains and any(s.topk == 1 and not s.is_plain for s in shapes)
+        # a drawing step draws the root's children from its logits: the state keeps them
+        draws = draw_drafts and any(not s.is_plain for s in shapes)
         self._draft_token_ids = token_ids = draft.token_ids
         columns = draft.vocab_size if token_ids is None else token_ids.numel()
         self._extender = DraftExtender(
@@ -109,7 +109,7 @@ class TreeWorker(SpeculativeWorker):
             use_cuda_graphs=use_cuda_graphs,
             device_lengths=device_lengths,
             policy=policy,
-            draw_chains=draw_chains,
+            draw_drafts=draw_drafts,
         )
 
     @property
@@ -125,8 +125,10 @@ class TreeWorker(SpeculativeWorker):
         verifier = self._verifiers[shape]
         draws = None
         if verifier.draws and not sampling.all_greedy:
-            coins = sampling.coins(self._kernels.coins, verifier.num_coins)  # (bs, 2·S + 1)
-            draws = ChainDraws(sampling, coins, self._draft_token_ids, shape.num_steps)
+            coins = sampling.coins(self._kernels.coins, verifier.num_coins)  # (bs, drawing_coins)
+            draws = DraftDraws(
+                sampling, coins, self._draft_token_ids, shape, top_k=self._kernels.top_k
+            )
         state = self._state.gather(rows, shape.topk, logits=draws is not None)
         tree = self._drafters[shape].draft(window, state, draws)
         return tree, verifier.verify(window, tree, sampling, draws)

@@ -4,9 +4,9 @@ The N nodes of request b are verified at window slots ``req_to_token[row, L_b : 
 node order (TARGET_VERIFY, tree mask), so the target writes their KV there and returns one logit
 row per node. Greedy requests accept by argmax; sampling requests use target-only tree sampling
 with coins from their own Philox streams (N walk coins and one bonus coin per step, reserved on
-the host, computed on the device), or, in a chain whose drafts they drew, speculative sampling
-(``chain_draws``); both are lossless: emitted tokens follow the target distribution after
-temperature / top-k / top-p.
+the host, computed on the device), or, in a tree whose drafts they drew, rejection sampling
+against what each draft was drawn from (``draft_draws``); both are lossless: emitted tokens
+follow the target distribution after temperature / top-k / top-p.
 """
 
 from __future__ import annotations
@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.workers.chain_draws import drawing_coins
+from eagletree.app.workers.draft_draws import drawing_coins
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.batch import ForwardBatch, ForwardMode, TargetVerifySpec
 from eagletree.domain.tree import DraftTree, TreeMaskMode
 from eagletree.domain.verify import VerifyResult, verify_tree_sampling
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.chain_draws import ChainDraws
     from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.draft_draws import DraftDraws
     from eagletree.app.workers.sampler import SamplingInputs
+    from eagletree.domain.draft_shape import DraftShape
     from eagletree.ports.model import ModelRunner
 
 
@@ -55,29 +56,29 @@ def tree_mask_indptr(tree: DraftTree, window: DecodeWindow, num_draft_tokens: in
 
 
 class TreeVerifier:
-    """Verifies draft trees with ``target``; free of host synchronisation. A sampling step uses
-    ``num_coins`` coins per request from ``kernels.coins``: N + 1, or a drawing chain's
-    (``draws``) 2·S + 1, its draws' included."""
+    """Verifies the draft trees of ``shape`` with ``target``; free of host synchronisation. A
+    sampling step uses ``num_coins`` coins per request from ``kernels.coins``: N + 1, or, where
+    its sampling requests draw their drafts (``draws``), ``drawing_coins``, the draws' included."""
 
     def __init__(
         self,
         target: ModelRunner,
+        shape: DraftShape,
         *,
-        num_steps: int,
-        num_draft_tokens: int,
         kernels: StepKernels = REFERENCE_KERNELS,
         draws: bool = False,
     ) -> None:
         self._target = target
-        self.num_steps = num_steps
-        self.num_draft_tokens = num_draft_tokens
+        self.shape = shape
+        self.num_steps = shape.num_steps
+        self.num_draft_tokens = shape.num_draft_tokens
         self._kernels = kernels
-        self.draws = draws  # a chain whose sampling requests draw their drafts (``ChainDraws``)
+        self.draws = draws  # sampling requests draw their drafts (``DraftDraws``)
 
     @property
     def num_coins(self) -> int:
         if self.draws:
-            return drawing_coins(self.num_steps)
+            return drawing_coins(self.shape)
         return self.num_draft_tokens + 1
 
     def verify(
@@ -85,7 +86,7 @@ class TreeVerifier:
         window: DecodeWindow,
         tree: DraftTree,
         sampling: SamplingInputs,
-        draws: ChainDraws | None = None,
+        draws: DraftDraws | None = None,
     ) -> Verification:
         n = self.num_draft_tokens
         bs = window.batch_size
@@ -120,7 +121,7 @@ class TreeVerifier:
         logits: torch.Tensor,
         tree: DraftTree,
         sampling: SamplingInputs,
-        draws: ChainDraws | None,
+        draws: DraftDraws | None,
     ) -> VerifyResult:
         n, num_steps = self.num_draft_tokens, self.num_steps
         bs = sampling.batch_size
@@ -132,7 +133,7 @@ class TreeVerifier:
         # every node of request b samples with request b's parameters; a greedy request's
         # one-hot rows accept exactly its argmax path whatever its coins
         probs = sampling.probs(logits, rows_per_request=n)  # (bs·N, V)
-        if draws is not None:  # drafts drawn from the draft: speculative sampling
-            return draws.verify(candidates, probs)
+        if draws is not None:  # drafts drawn from the draft: rejection sampling against it
+            return draws.verify(candidates, probs, tree)
         coins = sampling.coins(self._kernels.coins, n + 1)  # (bs, N + 1)
         return verify_tree_sampling(candidates, *links, probs, coins[:, :n], coins[:, n], num_steps)

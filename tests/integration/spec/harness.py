@@ -184,13 +184,13 @@ def speculative_engine(
     prefill_step: PrefillStep = "with_decode",
     policy: ShapePolicy | None = None,
     kernels: StepKernels = REFERENCE_KERNELS,
-    draw_chains: bool = False,
+    draw_drafts: bool = False,
 ) -> SpecEngine:
     """An engine running ``EagleWorkerV2`` with (S, k, N) = (num_steps, topk, num_draft_tokens);
     ``graph_buckets``, ``use_cuda_graphs`` and ``prefill_step`` as ``plain_engine``'s;
     ``overlap``: the engine keeps one step in flight; ``policy``: the worker's shape policy
     (its first shape must be (S, k, N)); ``kernels``: the step's fused functions;
-    ``draw_chains``: chains draw their sampling requests' drafts."""
+    ``draw_drafts``: chains draw their sampling requests' drafts."""
     shapes = [DraftShape(num_steps, topk, num_draft_tokens)]
     if policy is not None:
         shapes = list(policy.shapes)
@@ -214,7 +214,7 @@ def speculative_engine(
         use_cuda_graphs=use_cuda_graphs,
         policy=policy,
         kernels=kernels,
-        draw_chains=draw_chains,
+        draw_drafts=draw_drafts,
     )
     engine = Engine(
         worker,

@@ -85,7 +85,7 @@ def test_random_shapes_every_step_emit_the_plain_greedy_tokens(
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
-def test_greedy_requests_beside_sampling_ones_in_drawn_chains_emit_the_plain_greedy_tokens(
+def test_greedy_requests_beside_sampling_ones_in_drawn_drafts_emit_the_plain_greedy_tokens(
     models: ModelCache, overlap: bool
 ) -> None:
     # chains draw the sampling requests' drafts; the greedy ones in the same steps take the
@@ -95,7 +95,7 @@ def test_greedy_requests_beside_sampling_ones_in_drawn_chains_emit_the_plain_gre
     expected = greedy_outputs(plain_engine(loaded), batch, MAX_NEW)
     policy = RandomShapes(SHAPES, seed=9)
     spec = speculative_engine(
-        loaded, *_dims(DEFAULT), policy=policy, overlap=overlap, draw_chains=True
+        loaded, *_dims(DEFAULT), policy=policy, overlap=overlap, draw_drafts=True
     )
     requests = [
         spec.engine.submit(prompt, SamplingParams(MAX_NEW, temperature=float(i % 2), seed=i))
@@ -156,12 +156,12 @@ def test_a_thousand_random_requests_under_random_shapes_leave_no_slot_or_row_beh
         max_running=16,
         overlap=overlap,
         policy=policy,
-        draw_chains=True,  # as shipped: the sampling requests' chains draw their drafts
+        draw_drafts=True,  # as shipped: the sampling requests draw their drafts
     )
     engine = spec.engine
     allocator, table = engine.scheduler.allocator, engine.scheduler.req_to_token_pool
     free_at_start, rows_at_start = allocator.available_size(), table.req_to_token.clone()
-    rng = random.Random(13)
+    rng = random.Random(15)
     submitted: list[Request] = []
     aborted: set[int] = set()
     while len(submitted) < 1000 or engine.has_work():

@@ -226,8 +226,13 @@ def _workload(temperature: float) -> tuple[list[list[int]], list[SamplingParams]
 
 @pytest.mark.parametrize(
     ("config", "draw", "temperature"),
-    [((5, 4, 8), False, 0.0), ((5, 4, 8), False, 1.0), ((3, 1, 4), True, 1.0)],
-    ids=["tree-greedy", "tree-sampled", "drawn-chain-sampled"],
+    [
+        ((5, 4, 8), False, 0.0),
+        ((5, 4, 8), False, 1.0),
+        ((3, 1, 4), True, 1.0),
+        ((5, 4, 8), True, 1.0),
+    ],
+    ids=["tree-greedy", "tree-sampled", "drawn-chain-sampled", "drawn-tree-sampled"],
 )
 @pytest.mark.parametrize(("arch", "kind"), [("llama", "eagle"), ("deepseek-mla", "eagle3")])
 def test_bucketed_tree_steps_emit_what_unpadded_steps_emit(
@@ -247,13 +252,13 @@ def test_bucketed_tree_steps_emit_what_unpadded_steps_emit(
     # running ones are retracted as their windows grow
     pool = 100 if config[1] > 1 else 48
     eager = speculative_engine(
-        models, *config, backend=backend, pool_size=pool, max_running=6, draw_chains=draw
+        models, *config, backend=backend, pool_size=pool, max_running=6, draw_drafts=draw
     )
     expected = _run_workload(eager.engine, prompts, params)
     graphed = speculative_engine(
         models,
         *config,
-        draw_chains=draw,
+        draw_drafts=draw,
         backend=backend,
         pool_size=pool,
         max_running=6,

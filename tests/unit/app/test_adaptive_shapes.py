@@ -70,14 +70,18 @@ def test_each_band_starts_from_the_head_prior_of_its_temperature() -> None:
     # between them a temperature accepts between the two measured ones
     assert policy.profile("T<=0.85") == mean_profile(greedy, hot)
     assert policy.profile("T<=0.85").rate(0, 0) == pytest.approx(0.6)
-    # drawn chains: from the head's measured drawn profile at T 1, from between it and the
-    # greedy one at T 0.5–0.85, and without one from between greedy and T 1 argmax chains
-    drawn = RankProfile(((0.6,),))
+    # drawn drafts: from the head's measured drawn profile at T 1 (its first draw; the later
+    # draws' rates are the T 1 profile's lower ranks, scaled to leave the rows probabilities),
+    # from between it and the greedy one at T 0.5–0.85, and without one from between greedy and
+    # T 1 argmax chains
+    drawn = RankProfile(((0.6,), (0.9,)))
     measured = AdaptiveShapes(
         SHAPES, head_priors={"greedy": greedy, "sampled": hot, "drawn": drawn}
     )
-    assert measured.profile(drawn_band("T>0.85")) == drawn
-    assert measured.profile(drawn_band("T<=0.85")) == mean_profile(greedy, drawn)
+    widened = measured.profile(drawn_band("T>0.85"))
+    assert widened.hit_rates[0] == (0.6, 0.2)
+    assert widened.hit_rates[1] == pytest.approx((0.9, 0.1))  # 0.2 scaled to the 0.1 left
+    assert measured.profile(drawn_band("T<=0.85")) == mean_profile(greedy, widened)
     assert measured.profile(drawn_band("T<=0.5")) == greedy
     assert policy.profile(drawn_band("T>0.85")) == mean_profile(greedy, hot)
     # a head without measured priors: the policy's own prior for every band
@@ -407,10 +411,10 @@ def test_a_table_that_overstates_every_step_still_leaves_a_shape_to_choose() -> 
     assert [policy.costs.of(s, 1, True) for s in SHAPES] == [0.25 * 2.0, 0.25 * 1.0]
 
 
-@pytest.mark.parametrize("drawn", [True, False], ids=["drawn-chains", "argmax-chains"])
-def test_drawn_chains_learn_apart_from_the_trees_of_their_band(drawn: bool) -> None:
+@pytest.mark.parametrize("drawn", [True, False], ids=["drawn-drafts", "top-k-drafts"])
+def test_a_sampling_bands_drawn_drafts_learn_apart_from_its_top_k_drafts(drawn: bool) -> None:
     # chains and trees cost two plain steps; from the T 1 prior (0.3 a depth) neither pays,
-    # nor from a drawn chain's (the mean of the greedy and T 1 priors, 0.4)
+    # nor from a drawn draft's (the mean of the greedy and T 1 priors, 0.4)
     tree = DraftShape(3, 2, 4)
     shapes = (PLAIN, CHAIN, tree)
     seconds = {(s, b, sampled): (1.0 if s.is_plain else 2.0) for s in shapes for b in (1, 8)
@@ -423,21 +427,19 @@ def test_drawn_chains_learn_apart_from_the_trees_of_their_band(drawn: bool) -> N
         refresh_steps=1,
         probe_every=1000,
         reprice_every=1,
-        drawn_chains=drawn,
+        drawn_drafts=drawn,
     )
     policy.use_costs(StepCosts((1, 8), seconds))
     batch = _requests([1.0] * 4)
     assert policy.choose(batch) == PLAIN
     for _ in range(30):  # the chains accept every draft of the T 1 requests
         policy.observe(CHAIN, batch, ACCEPTING * 4)
-    learned = drawn_band("T>0.85") if drawn else "T>0.85"
+    drawn_class = drawn_band("T>0.85")
+    learned, other = (drawn_class, "T>0.85") if drawn else ("T>0.85", drawn_class)
     assert policy.profile(learned).rate(0, 0) > 0.8
+    assert policy.acceptance.learned(other) is None  # drawn and top-k drafts never mix
     assert policy.acceptance.learned(drawn_band("greedy")) is None
-    if drawn:  # the trees of the band still expect what their prior says; the chain pays now
-        assert policy.profile("T>0.85") == hot
-        assert policy.choose(batch) == CHAIN
-    else:  # one profile for both: the tree, priced by the chains' paths, is as good
-        assert policy.choose(batch) in (CHAIN, tree)
+    assert policy.choose(batch) in (CHAIN, tree)  # drafting pays now
     # a greedy request's chain drafts its argmax: its steps teach the greedy band
     policy.observe(CHAIN, _requests([0.0]), ACCEPTING)
     assert policy.acceptance.learned("greedy") is not None

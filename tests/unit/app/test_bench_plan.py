@@ -58,7 +58,7 @@ def test_a_settings_file_gives_the_defaults_and_flags_override_it(
     file.write_text(
         f'[model]\ntarget_path = "{checkpoint}"\ndevice = "cpu"\ndtype = "bfloat16"\n'
         '[backend]\nattention = "triton"\nkv_move = "torch"\ncuda_graph = "off"\n'
-        '[speculative]\nalgorithm = "eagle3"\nchain_drafts = "argmax"\n'
+        '[speculative]\nalgorithm = "eagle3"\nsampled_drafts = "top_k"\n'
         "[memory]\nmax_total_tokens = 1000000\n"
     )
     args = parser().parse_args(["--settings", str(file), "--attention", "torch"])
@@ -70,7 +70,7 @@ def test_a_settings_file_gives_the_defaults_and_flags_override_it(
     assert p.draft_kind == "eagle3"  # the file's algorithm names the draft head
     chain = settings_for(p, parse_config("chain:S2")).speculative
     assert (chain.algorithm, chain.num_draft_tokens) == ("eagle3", 3)
-    assert chain.chain_drafts == "argmax"  # an A/B of drawn chains runs from a settings file
+    assert chain.sampled_drafts == "top_k"  # an A/B of drawn drafts runs from a settings file
     args = parser().parse_args(["--settings", str(file), "--cuda-graph", "on", "--draft", "eagle"])
     p = plan_run(args, parse_configs(["plain"]), notify=print)
     assert p.base.backend.cuda_graph == "on" and p.draft_kind == "eagle"

@@ -1,5 +1,5 @@
 """speculative.policy and candidate_shapes: the shapes a worker runs, and the one-line errors for
-what cannot run; speculative.chain_drafts: which workers' chains draw their drafts."""
+what cannot run; speculative.sampled_drafts: which workers' chains draw their drafts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from eagletree.config.sections import ShapePolicyName
 from eagletree.config.shape_policy import (
     DEFAULT_CANDIDATES,
     ResolvedShapePolicy,
-    draws_chains,
+    draws_drafts,
     parse_shape,
     resolve_shape_policy,
 )
@@ -80,26 +80,24 @@ def test_what_cannot_run_is_a_configuration_error_naming_the_setting(
 
 
 @pytest.mark.parametrize(
-    ("chain_drafts", "worker", "draws"),
+    ("sampled_drafts", "worker", "draws"),
     [
         ("auto", "eagle_v2", True),
         ("auto", "eagle_v1", True),
-        ("sampled", "eagle_v2", True),
-        ("argmax", "eagle_v2", False),
-        ("argmax", "eagle_v1", False),
+        ("drawn", "eagle_v2", True),
+        ("top_k", "eagle_v2", False),
+        ("top_k", "eagle_v1", False),
         ("auto", "multi_layer_eagle_v2", False),
-        ("argmax", "multi_layer_eagle_v2", False),
+        ("top_k", "multi_layer_eagle_v2", False),
         ("auto", "none", False),
     ],
 )
-def test_chains_draw_their_drafts_on_the_eagle_workers_unless_told_argmax(
-    chain_drafts: Any, worker: str, draws: bool
+def test_steps_draw_their_drafts_on_the_eagle_workers_unless_told_top_k(
+    sampled_drafts: Any, worker: str, draws: bool
 ) -> None:
-    assert draws_chains(chain_drafts, worker) is draws
+    assert draws_drafts(sampled_drafts, worker) is draws
 
 
 def test_asking_an_mtp_worker_to_draw_is_a_configuration_error_naming_the_setting() -> None:
-    with pytest.raises(
-        ConfigurationError, match=r'speculative\.chain_drafts = "sampled".*"argmax"'
-    ):
-        draws_chains("sampled", "multi_layer_eagle_v2")
+    with pytest.raises(ConfigurationError, match=r'speculative\.sampled_drafts = "drawn".*"top_k"'):
+        draws_drafts("drawn", "multi_layer_eagle_v2")

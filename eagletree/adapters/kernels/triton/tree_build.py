@@ -169,5 +169,6 @@ def build_tree(
         retrieve_next_sibling=next_sibling,
         draft_tokens=tokens,
         parents=parents,
+        selected=top_scores_index,
         mask_mode=mask_mode,
     )

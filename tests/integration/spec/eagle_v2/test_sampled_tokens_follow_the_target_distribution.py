@@ -1,7 +1,7 @@
 """EagleWorkerV2 sampling is lossless: the first three sampled tokens of 20,000
 requests follow the target's exact distribution (chi-square), with a random and an
-oracle draft, temperature, top-k and top-p, trees of top-k drafts and chains whose drafts
-are drawn from the draft."""
+oracle draft, temperature, top-k and top-p, trees of top-k drafts and chains and trees whose
+drafts are drawn from the draft."""
 
 from __future__ import annotations
 
@@ -99,12 +99,16 @@ def chi_square_p_value(observed: torch.Tensor, expected_probs: torch.Tensor) -> 
         ((3, 4, 8), True, 0.7, 6, 0.95, False),
         ((3, 1, 4), False, 1.0, None, None, True),
         ((2, 1, 3), True, 0.7, 6, 0.95, True),
+        ((3, 4, 8), False, 1.0, None, None, True),
+        ((3, 3, 7), True, 0.7, 6, 0.95, True),
     ],
     ids=[
         "S3k6N16-random-draft-t1",
         "S3k4N8-oracle-t0.7-topk6-topp0.95",
         "drawn-chain-S3-random-draft-t1",
         "drawn-chain-S2-oracle-t0.7-topk6-topp0.95",
+        "drawn-tree-S3k4N8-random-draft-t1",
+        "drawn-tree-S3k3N7-oracle-t0.7-topk6-topp0.95",
     ],
 )
 def test_sampled_first_three_tokens_follow_the_target_distribution(
@@ -124,7 +128,7 @@ def test_sampled_first_three_tokens_follow_the_target_distribution(
         [greedy] = greedy_outputs(plain_engine(models), [prompt], 8)
         sequence = [*prompt, *greedy]
         options["wrap_draft"] = lambda d: OracleDraft(d, lambda row: sequence, config[1])
-    options["draw_chains"] = draw  # a chain whose drafts are drawn: speculative sampling
+    options["draw_drafts"] = draw  # drafts drawn from the draft: rejection sampling
     spec = speculative_engine(models, *config, **options)  # type: ignore[arg-type]
     assert_first_three_follow_the_target(spec, models, prompt, temperature, top_k, top_p)
 
@@ -136,7 +140,7 @@ def test_a_drawn_chain_over_part_of_the_vocabulary_samples_the_target_distributi
     # target then emits from the residual only (three layers: EAGLE-3 reads three of them)
     sizes = dataclasses.replace(TINY_VOCAB, draft_vocab_size=5, num_layers=3)
     models = spec_models("llama", "eagle3", torch.device("cpu"), sizes=sizes)
-    spec = speculative_engine(models, 2, 1, 3, max_running=1000, pool_size=40_000, draw_chains=True)
+    spec = speculative_engine(models, 2, 1, 3, max_running=1000, pool_size=40_000, draw_drafts=True)
     assert spec.draft.token_ids is not None and spec.draft.token_ids.numel() == 5
     assert_first_three_follow_the_target(spec, models, [1, 2, 3], 1.0, None, None)
 

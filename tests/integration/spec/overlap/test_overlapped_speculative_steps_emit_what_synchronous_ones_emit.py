@@ -73,7 +73,9 @@ def test_without_a_step_in_flight_the_host_lengths_are_the_devices(models: Model
 
 
 @pytest.mark.parametrize(
-    ("config", "draw"), [((5, 4, 8), False), ((3, 1, 4), True)], ids=["tree", "drawn-chain"]
+    ("config", "draw"),
+    [((5, 4, 8), False), ((3, 1, 4), True), ((5, 4, 8), True)],
+    ids=["tree", "drawn-chain", "drawn-tree"],
 )
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_overlapped_seeded_sampling_draws_the_synchronous_samples(
@@ -83,7 +85,7 @@ def test_overlapped_seeded_sampling_draws_the_synchronous_samples(
     prompts = prompts_for(5, seed=7)
     runs = []
     for overlap in (False, True):
-        spec = speculative_engine(loaded, *config, overlap=overlap, draw_chains=draw)
+        spec = speculative_engine(loaded, *config, overlap=overlap, draw_drafts=draw)
         results = spec.engine.generate(
             prompts, MAX_NEW, temperature=temperature, top_p=0.9, seed=11
         )

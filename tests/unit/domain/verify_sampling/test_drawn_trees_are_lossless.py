@@ -116,7 +116,7 @@ def walk(
 ) -> list[int]:
     """The textbook rule for one request: children in draw order, each tested against the
     residual the earlier rejections left; the emitted tokens."""
-    last, emitted = 0, []
+    last, emitted = 0, list[int]()
     while True:
         p = target[tokens[last]].clone()
         kids = sorted((ranks[i], i) for i in range(len(tokens)) if parents[i] == last)
