@@ -1,6 +1,6 @@
-"""Benchmark: a chain's drafts drawn from the head (speculative sampling) against its argmax drafts
-(target-only), at temperatures 0, 0.7 and 1 (at 0 the two are one), for heads trained with hard,
-soft and mixed labels.
+"""Benchmark: drafts drawn from the head (rejection sampling against it) against its top-k drafts
+(target-only), chains and trees, at temperatures 0, 0.7 and 1 (at 0 the two are one), for heads
+trained with hard, soft and mixed labels.
 
 Acceptance does not depend on the device, so this runs anywhere, the CPU included: a byte-level
 Llama target is trained on this machine's Python sources (torch's own, ``--corpus-mb``), then an
@@ -10,10 +10,10 @@ models are kept in ``--dir`` and reused). Two measures per head and temperature:
 - per unrolled depth on held-out text, teacher-forced: E p(argmax q), the chance the target takes
   the head's argmax (a chain of argmax drafts), and E Σ min(p, q), the chance it takes a draft
   drawn from the head (p, q the target's and the head's distributions at the temperature);
-- through the engine: tokens per verify step of chains S3 and S5 on held-out prompts, with
-  ``speculative.chain_drafts`` argmax and sampled.
+- through the engine: tokens per verify step of each of ``SHAPES`` on held-out prompts, with
+  ``speculative.sampled_drafts`` top_k and drawn.
 
-    python -m benchmarks.chain_draws --dir /tmp/chain-draws --out chain_draws.md
+    python -m benchmarks.draft_draws --dir /tmp/draft-draws --out draft_draws.md
 """
 
 from __future__ import annotations
@@ -39,6 +39,12 @@ SPEC = TargetSpec(
     num_kv_heads=2,
 )  # fmt: skip
 DEPTHS = 4  # unrolled steps measured teacher-forced (the trainer's default unroll)
+SHAPES = (
+    acceptance_row.TreeShape.chain(3),
+    acceptance_row.TreeShape.chain(5),
+    acceptance_row.TreeShape(5, 4, 16),
+    acceptance_row.TreeShape(6, 8, 32),
+)
 WINDOW = 128
 
 
@@ -115,13 +121,12 @@ def _distribution(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def engine_rows(
     target_dir: Path, head_dir: Path, prompts: list[list[int]], temperature: float, new: int
 ) -> dict[str, list[float]]:
-    """Tokens per verify step of chains S3 and S5, per ``chain_drafts``."""
-    shapes = [acceptance_row.TreeShape.chain(3), acceptance_row.TreeShape.chain(5)]
+    """Tokens per verify step of each of ``SHAPES``, per ``sampled_drafts``."""
     rows: dict[str, list[float]] = {}
-    for mode in ("argmax", "sampled"):
+    for mode in ("top_k", "drawn"):
         measured = acceptance.measure_acceptance(
-            target_dir, head_dir, "eagle", prompts, shapes, new, "cpu",
-            temperature=temperature, seed=1, chain_drafts=mode,
+            target_dir, head_dir, "eagle", prompts, SHAPES, new, "cpu",
+            temperature=temperature, seed=1, sampled_drafts=mode,
         )  # fmt: skip
         rows[mode] = [row.mean_accept_length for row in measured]
     return rows
@@ -129,13 +134,13 @@ def engine_rows(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", type=Path, default=Path("/tmp/chain-draws"))
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/draft-draws"))
     parser.add_argument("--corpus-mb", type=float, default=4.0)
     parser.add_argument("--target-minutes", type=float, default=6.0)
     parser.add_argument("--head-minutes", type=float, default=4.0)
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7, 1.0])
     parser.add_argument("--labels", nargs="+", choices=LABELS, default=list(LABELS))
-    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -145,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     text = corpus(args.dir, args.corpus_mb)
     target_dir = target(args.dir, text, args.target_minutes)
     lines = [
-        "| head | T | argmax, per depth | drawn, per depth | engine chain S3 argmax / drawn "
-        "| chain S5 argmax / drawn |",
-        "|---|---|---|---|---|---|",
+        "| head | T | argmax, per depth | drawn, per depth | "
+        + " | ".join(f"{shape.label}: top-k / drawn" for shape in SHAPES)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(SHAPES),
     ]
     results: dict[str, Any] = {}
     for labels in args.labels:
@@ -159,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                 target_dir, trainer.options.out, prompts, temperature, args.new_tokens
             )
             results[f"{labels} T{temperature}"] = (argmax, drawn, engine)
-            s3, s5 = zip(engine["argmax"], engine["sampled"], strict=True)
+            cells = zip(engine["top_k"], engine["drawn"], strict=True)
             lines.append(
                 f"| {labels} | {temperature} | {' '.join(f'{a:.2f}' for a in argmax)} | "
-                f"{' '.join(f'{d:.2f}' for d in drawn)} | {s3[0]:.2f} / {s3[1]:.2f} | "
-                f"{s5[0]:.2f} / {s5[1]:.2f} |"
+                f"{' '.join(f'{d:.2f}' for d in drawn)} | "
+                + " | ".join(f"{top:.2f} / {pick:.2f}" for top, pick in cells)
+                + " |"
             )
             print(lines[-1], flush=True)
     lines.append(f"\n({time.perf_counter() - started:.0f} s)")
