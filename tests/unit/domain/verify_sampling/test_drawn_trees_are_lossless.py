@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eagletree.domain.chain_sampling import verify_chain_sampled
-from eagletree.domain.tree_sampling import draw_children
+from eagletree.domain.tree_sampling import FIRST_DRAW_SCORE, draw_children
 from eagletree.domain.verify import verify_tree_greedy
 from tests.chi_square import chi_square_p_value
 from tests.unit.domain.verify_sampling.drawn_trees import (
@@ -266,11 +266,12 @@ def test_children_are_drawn_without_replacement_and_scored_before_they_are_drawn
     expected = (q[:, None] * q[None, :] / (1 - q[:, None])).fill_diagonal_(0).flatten()
     assert pairs.view(4, 4).diagonal().sum() == 0
     assert chi_square_p_value(pairs, draws * expected.double()) > 1e-3
-    # scores: the collision probability of what is left, never rising along the draw order
+    # scores: a constant for the first draw, then the collision probability of what is left,
+    # never rising along the draw order
+    assert bool((scores[:, 0] == FIRST_DRAW_SCORE).all())
     collision = float((q * q).sum())
-    assert torch.allclose(scores[:, 0], torch.full((draws,), collision))
-    left = collision - q[columns[:, 0]] ** 2
-    assert torch.allclose(scores[:, 1], torch.minimum(scores[:, 0], left / (1 - q[columns[:, 0]])))
+    left = (collision - q[columns[:, 0]] ** 2) / (1 - q[columns[:, 0]])
+    assert torch.allclose(scores[:, 1], left.clamp(max=FIRST_DRAW_SCORE))
     assert bool((scores[:, 1:] <= scores[:, :-1]).all())
     # a support of two: the third draw is a placeholder scored 0
     narrow = torch.tensor([[0.0, 0.7, 0.0, 0.3]])
