@@ -47,9 +47,9 @@ class DraftDraws:
 
     ``coins`` (bs, ``drawing_coins``): the step's coins; ``token_ids`` (V_draft,) int64 the
     target id of each draft column (None: the target's vocabulary); ``top_k``: the greedy rows'
-    pick (``StepKernels.top_k``). Call it once per depth, the
-    root's children first (from the root's logits), then once per draft forward; then
-    ``verify`` the tree drafted from it. Device work only.
+    pick (``StepKernels.top_k``). Call it once per depth, the root's children first (from the
+    root's logits), then once per draft forward; then ``verify`` the tree drafted from it.
+    Device work only.
     """
 
     def __init__(
