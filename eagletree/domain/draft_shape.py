@@ -124,17 +124,18 @@ def mean_profile(first: RankProfile, second: RankProfile) -> RankProfile:
 
 
 def with_lower_ranks(first: RankProfile, lower: RankProfile) -> RankProfile:
-    """``first``'s rank-0 rates with ``lower``'s lower ranks beneath them, scaled down where
-    the two would claim more than the whole probability: a profile measured for the top
-    candidate only (a drawn draft's Σ min(p, q)), widened to price trees."""
+    """``first``'s rates with ``lower``'s at the ranks beyond them, scaled down where the two
+    would claim more than the whole probability: a profile measured for the first few
+    candidates only (drawn drafts), widened to price wider trees."""
     depths = max(len(first.hit_rates), len(lower.hit_rates))
     rows = []
     for depth in range(depths):
-        top = first.rate(depth, 0)
+        own = first.hit_rates[min(depth, len(first.hit_rates) - 1)]
         ranks = len(lower.hit_rates[min(depth, len(lower.hit_rates) - 1)])
-        rest = [lower.rate(depth, j) for j in range(1, ranks)]
-        scale = min(1.0, (1.0 - top) / sum(rest)) if sum(rest) > 0 else 1.0
-        rows.append((top, *(scale * r for r in rest)))
+        rest = [lower.rate(depth, j) for j in range(len(own), ranks)]
+        room = max(0.0, 1.0 - sum(own))
+        scale = min(1.0, room / sum(rest)) if sum(rest) > 0 else 1.0
+        rows.append((*own, *(scale * r for r in rest)))
     return RankProfile(tuple(rows))
 
 

@@ -1,8 +1,9 @@
 """What a draft head's training measured and the engine can start from: the rank profiles that
 ``eagletree train-draft`` writes to ``training.json`` beside the head (``"rank_profile"``:
-``{"greedy": [[rate per rank] per depth], "sampled": [...], "drawn": [[rate] per depth]}``,
-docs/training.md; ``drawn``, a chain's acceptance when its drafts are drawn from the head, is
-newer: a report without it has the other two).
+``{"greedy": [[rate per rank] per depth], "sampled": [...], "drawn": [[rate per draw] per
+depth]}``, docs/training.md; ``drawn``, each draw's acceptance when a node's drafts are drawn
+from the head, is newer: a report without it has the other two, an older one its first draw
+only).
 
 The adaptive policy prices shapes by learned acceptance; before a request class has any step
 read back it assumes a prior, and the head's own measurement is a better one than a constant.

@@ -11,10 +11,11 @@ held-out windows, the target's argmax at row q (the token at q + 2) being the la
   depth d whose target argmax at depth d + 1 is the head's (j + 1)-th candidate; ``sampled[d][j]``
   is the mean target probability of that candidate over the same paths, the chance a T = 1
   sample takes it (an approximation: the paths are conditioned on greedy, not sampled,
-  acceptance); ``drawn[d]`` (one rank) is the mean of Σ min(p, q) over them, p and q the
-  target's and the head's distributions at T = 1: the chance a draft drawn from the head is
-  accepted by rejection sampling (the first draw of a node whose drafts are drawn,
-  ``app.workers.draft_draws``).
+  acceptance); ``drawn[d][j]`` is the chance that the (j + 1)-th draft drawn from the head
+  (without replacement) is the one accepted by rejection sampling at T = 1, the earlier ones
+  rejected (a node whose drafts are drawn, ``app.workers.draft_draws``): for j = 0 the mean of
+  Σ min(p, q), p and q the target's and the head's distributions; for later draws an unbiased
+  one-sample estimate per row (each row draws its earlier drafts from q, seeded).
   A path rooted at row r is accepted through depth d when, for every step s < d, the head's
   top-1 at row r + s equals the target's argmax there *and* the held-out token there equals it
   too, so the unroll's next input is the token the engine would have fed. A depth with fewer
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from eagletree.app.training.heads import DraftHead, unrolled_forward
+from eagletree.domain.sampling import sample_from_probs
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from eagletree.app.training.target_features import HFTarget
 
 MAX_RANKS = 8  # the engine's prior reads at most 8 ranks per depth
+DRAWN_RANKS = 4  # drawn drafts measured per depth (the prior takes the T 1 profile's beyond)
 MIN_ROWS = 64  # fewer accepted paths than this at a depth: too noisy, use every row
 
 
@@ -43,7 +46,7 @@ class DepthProfile(NamedTuple):
     agreement: tuple[float, ...]  # per unrolled step, every row
     greedy: list[list[float]]  # [depth][rank]
     sampled: list[list[float]]
-    drawn: list[list[float]]  # [depth][0]
+    drawn: list[list[float]]  # [depth][draw]
     conditioned: list[bool]  # per depth: on accepted paths (else every row)
     rows: list[int]  # per depth: rows counted
     coverage: float | None  # EAGLE-3: rows whose target argmax the draft vocabulary holds
@@ -72,7 +75,8 @@ class RankCounts:
         self.num_steps = num_steps
         self.hits = {key: torch.zeros(shape, dtype=torch.float64) for key in ("path", "all")}
         self.probs = {key: torch.zeros(shape, dtype=torch.float64) for key in ("path", "all")}
-        self.drawn = {key: torch.zeros(num_steps, dtype=torch.float64) for key in ("path", "all")}
+        drawn_shape = (num_steps, DRAWN_RANKS)
+        self.drawn = {key: torch.zeros(drawn_shape, dtype=torch.float64) for key in ("path", "all")}
         self.rows = {key: [0] * num_steps for key in ("path", "all")}
         self.in_vocab = 0
 
@@ -87,7 +91,8 @@ class RankCounts:
         """``top_ids[s]``, ``top_probs[s]``: (batch, rows, ranks) the head's candidates at step s
         (target ids) and the target's probability of each; ``choice``: (batch, rows) the target's
         argmax (the token at q + 2); ``next_tokens``: (batch, rows) the held-out token at q + 2
-        (−1 past the window); ``drawn[s]``: (batch, rows) Σ min(p, q) at step s (None: 0)."""
+        (−1 past the window); ``drawn[s]``: (batch, rows, DRAWN_RANKS) each draw's acceptance at
+        step s (``drawn_acceptance``; None: 0)."""
         num_rows = choice.shape[1]
         matched = [(ids[..., 0] == choice) & (next_tokens == choice) for ids in top_ids]
         for step in range(self.num_steps):
@@ -102,7 +107,7 @@ class RankCounts:
                 self.hits[key][step] += (hits * weight).sum((0, 1)).cpu()
                 self.probs[key][step] += (probs * weight).sum((0, 1)).cpu()
                 if drawn is not None:
-                    self.drawn[key][step] += (drawn[step].double() * rows).sum().cpu()
+                    self.drawn[key][step] += (drawn[step].double() * weight).sum((0, 1)).cpu()
                 self.rows[key][step] += int(rows.sum())  # SYNC: evaluation, once per step
 
     def profile(self, coverage: float | None) -> DepthProfile:
@@ -112,7 +117,7 @@ class RankCounts:
             rows = max(self.rows[key][step], 1)
             greedy.append((self.hits[key][step] / rows).tolist())
             sampled.append((self.probs[key][step] / rows).tolist())
-            drawn.append([float(self.drawn[key][step]) / rows])
+            drawn.append(_disjoint((self.drawn[key][step] / rows).tolist()))
             conditioned.append(key == "path")
             counted.append(self.rows[key][step])
         agreement = tuple(
@@ -192,17 +197,64 @@ def drawn_acceptance(
     target_logits: torch.Tensor,
     head_logits: Sequence[torch.Tensor],
     mapping: torch.Tensor | None,
+    ranks: int = DRAWN_RANKS,
+    coins: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
-    """Σ_x min(p(x), q(x)) per row at T = 1 for each unrolled step → per step (batch, rows):
-    ``target_logits`` (batch, rows, V), ``head_logits[s]`` (batch, rows, V_head) over the
-    columns ``mapping`` names (None: the target's vocabulary). One window at a time, its target
-    distribution once for every step: a batch's float32 distributions would take gigabytes."""
+    """Each draw's acceptance per row at T = 1 for each unrolled step → per step (batch, rows,
+    ``ranks``): ``target_logits`` (batch, rows, V), ``head_logits[s]`` (batch, rows, V_head)
+    over the columns ``mapping`` names (None: the target's vocabulary). Draw 0: Σ min(p, q).
+    Draw j > 0 is tested only after draws 0..j − 1 were drawn (without replacement) and
+    rejected, each rejection leaving the residual max(0, p − q) renormalised: one sampled
+    sequence of earlier draws per row gives an unbiased estimate, P(they were rejected) · Σ
+    min(p_j, q_j). ``coins`` (batch, rows, ranks − 1) the draws' uniforms (None: seeded 0). One
+    window at a time, its target distribution once for every step: a batch's float32
+    distributions would take gigabytes."""
+    if coins is None:
+        generator = torch.Generator(device=target_logits.device).manual_seed(0)
+        shape = (*target_logits.shape[:2], ranks - 1)
+        coins = torch.rand(shape, generator=generator, device=target_logits.device)
     per_step: list[list[torch.Tensor]] = [[] for _ in head_logits]
     for window, target_row in enumerate(target_logits):  # (rows, V)
         p = torch.softmax(target_row.float(), dim=-1)
-        if mapping is not None:
-            p = p[:, mapping]  # the head's columns: q is 0 elsewhere
+        outside = torch.zeros(p.shape[0], device=p.device)
+        if mapping is not None:  # the head's columns; q is 0 elsewhere, where p keeps its mass
+            p = p[:, mapping]
+            outside = (1.0 - p.sum(dim=-1)).clamp(min=0.0)
         for rows, step_logits in zip(per_step, head_logits, strict=True):
             q = torch.softmax(step_logits[window].float(), dim=-1)
-            rows.append(torch.minimum(p, q).sum(dim=-1))
+            rows.append(_draws_accepted(p, outside, q, coins[window], ranks))
     return [torch.stack(rows) for rows in per_step]
+
+
+def _draws_accepted(
+    p: torch.Tensor, outside: torch.Tensor, q: torch.Tensor, coins: torch.Tensor, ranks: int
+) -> torch.Tensor:
+    """(rows, ranks): draw j's acceptance for target ``p`` (rows, V_head) with ``outside``
+    (rows,) of its mass beyond the head's columns, head ``q`` (rows, V_head)."""
+    rates = [torch.minimum(p, q).sum(dim=-1)]
+    reached = torch.ones_like(outside)
+    for rank in range(1, ranks):
+        drawn = sample_from_probs(q, coins[:, rank - 1]).unsqueeze(1)  # (rows, 1)
+        q_x, p_x = q.gather(1, drawn).squeeze(1), p.gather(1, drawn).squeeze(1)
+        rejected = torch.where(q_x > 0, (1.0 - p_x / q_x.clamp(min=1e-30)).clamp(0.0, 1.0), 0.0)
+        reached = reached * rejected
+        left = (p - q).clamp(min=0.0)
+        total = left.sum(dim=-1) + outside
+        kept = (total > 0).unsqueeze(1)
+        p = torch.where(kept, left / total.clamp(min=1e-30).unsqueeze(1), 0.0)
+        outside = torch.where(kept.squeeze(1), outside / total.clamp(min=1e-30), 0.0)
+        q = q.scatter(1, drawn, 0.0)
+        mass = q.sum(dim=-1, keepdim=True)
+        q = torch.where(mass > 0, q / mass.clamp(min=1e-30), 0.0)
+        rates.append(reached * torch.minimum(p, q).sum(dim=-1))
+    return torch.stack(rates, dim=-1)
+
+
+def _disjoint(rates: list[float]) -> list[float]:
+    """``rates`` with the later draws scaled down where the estimates claim more than the
+    whole probability (one-sample estimates may, on few rows)."""
+    rest = sum(rates[1:])
+    if rest <= 0 or rates[0] + rest <= 1.0:
+        return rates
+    scale = max(0.0, 1.0 - rates[0]) / rest
+    return [rates[0], *(r * scale for r in rates[1:])]

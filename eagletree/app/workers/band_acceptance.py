@@ -146,8 +146,8 @@ class BandAcceptance:
         greedy = self._head_priors.get("greedy", self._prior)
         sampled = self._head_priors.get("sampled", self._prior)
         # a drawn draft at T 1 is accepted with 1 − TV(p, q): the head's own measure where its
-        # report has one (of the first draw; the later draws' rates are taken from the T 1
-        # top-k profile's lower ranks), else between a greedy and a T 1 argmax chain
+        # report has one (of its first draws; ranks beyond them are taken from the T 1 top-k
+        # profile), else between a greedy and a T 1 argmax chain
         measured = self._head_priors.get("drawn")
         if measured is None:
             drawn = mean_profile(greedy, sampled)

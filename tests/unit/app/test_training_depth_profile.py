@@ -26,9 +26,11 @@ def test_the_rank_profile_counts_depth_d_only_on_paths_accepted_through_it(
     step1 = torch.tensor([[[5, 6], [11, 6], [5, 12], [13, 6]]])
     probs0 = torch.full((1, 4, 2), 0.25)
     probs1 = torch.tensor([[[0.0, 0.0], [0.5, 0.1], [0.3, 0.2], [0.6, 0.4]]])
-    # Σ min(p, q) of each row at each step
-    drawn0 = torch.tensor([[0.9, 0.8, 0.7, 0.2]])
-    drawn1 = torch.tensor([[0.1, 0.6, 0.4, 0.3]])
+    # each draw's acceptance per row at each step: Σ min(p, q) for the first, 0.05 and 0.01
+    # for the second at step 0 / 1, 0 after
+    later = torch.tensor([0.0, 0.0])
+    drawn0 = torch.tensor([[[v, 0.05, *later] for v in (0.9, 0.8, 0.7, 0.2)]])
+    drawn1 = torch.tensor([[[v, 0.01, *later] for v in (0.1, 0.6, 0.4, 0.3)]])
     counts = RankCounts(num_steps=2, num_ranks=2)
     counts.add([step0, step1], [probs0, probs1], choice, next_tokens, [drawn0, drawn1])
     profile = counts.profile(coverage=None)
@@ -39,8 +41,9 @@ def test_the_rank_profile_counts_depth_d_only_on_paths_accepted_through_it(
     assert profile.rows == [4, 2] and profile.conditioned == [True, True]
     assert profile.greedy[1] == [0.5, 0.5]
     assert profile.sampled[1] == pytest.approx([0.4, 0.15])
-    # drawn chains on the same rows: depth 0 every row, depth 1 the rows 1 and 2
-    assert profile.drawn[0] == pytest.approx([0.65]) and profile.drawn[1] == pytest.approx([0.5])
+    # drawn drafts on the same rows: depth 0 every row, depth 1 the rows 1 and 2
+    assert profile.drawn[0] == pytest.approx([0.65, 0.05, 0.0, 0.0])
+    assert profile.drawn[1] == pytest.approx([0.5, 0.01, 0.0, 0.0])
     # agreement: every row with a prefix (q ≥ s): step 1 right at rows 1 and 3 of rows 1..3
     assert profile.agreement == pytest.approx((0.75, 2 / 3))
     assert all(sum(row) <= 1 + 1e-9 for row in profile.greedy + profile.sampled)
@@ -82,9 +85,35 @@ def test_the_drawn_overlap_is_the_sum_of_the_smaller_probability_per_token() -> 
         torch.log(torch.tensor([[[0.3, 0.6, 0.1]]])),
     ]
     first, second = depth_profile.drawn_acceptance(target, steps, None)
-    assert first == pytest.approx(torch.tensor([[0.6]]))
-    assert second == pytest.approx(torch.tensor([[0.8]]))
+    assert first[..., 0] == pytest.approx(torch.tensor([[0.6]]))
+    assert second[..., 0] == pytest.approx(torch.tensor([[0.8]]))
     narrow = torch.log(torch.tensor([[[0.25, 0.75]]]))
     mapping = torch.tensor([2, 0])
     (only,) = depth_profile.drawn_acceptance(target, [narrow], mapping)
-    assert only == pytest.approx(torch.tensor([[0.5]]))
+    assert only[..., 0] == pytest.approx(torch.tensor([[0.5]]))
+
+
+def test_a_later_draw_is_accepted_after_the_earlier_ones_were_rejected() -> None:
+    # p = (0.2, 0.7, 0.1), q = (0.6, 0.4, 0): the first draw is accepted with 0.2 + 0.4; a coin
+    # below 0.6 draws token 0 first, rejected with 1 − 0.2 / 0.6 = 2/3, leaving the residual
+    # (0, 0.3, 0.1) / 0.4 = (0, 0.75, 0.25) against q without token 0, (0, 1, 0): the second
+    # draw (token 1) is accepted with 0.75, so 2/3 · 0.75 = 1/2; it is rejected with 0.25,
+    # leaving (0, 0, 1) and nothing to draw: the third and fourth are never accepted
+    target = torch.log(torch.tensor([[[0.2, 0.7, 0.1]]]))
+    head = torch.log(torch.tensor([[[0.6, 0.4, 0.0]]]))  # −inf: exactly 0 after the softmax
+    (rates,) = depth_profile.drawn_acceptance(target, [head], None, coins=torch.zeros(1, 1, 3))
+    assert rates[0, 0].tolist() == pytest.approx([0.6, 0.5, 0.0, 0.0], abs=1e-6)
+    # over many rows with random draws the estimate is the expectation over the first draw:
+    # token 1 first (0.4) is never rejected (p > q there), so the second draw's rate is 0.6 / 2
+    rows = 20_000
+    (rates,) = depth_profile.drawn_acceptance(
+        target.expand(1, rows, 3), [head.expand(1, rows, 3)], None
+    )
+    assert float(rates[0, :, 1].mean()) == pytest.approx(0.3, abs=0.01)
+    # a head over tokens 0 and 1 alone: p keeps its mass outside them (0.1) in the residual,
+    # which the second draw is tested against: the same 1/2 (without it, 2/3)
+    narrow = torch.log(torch.tensor([[[0.6, 0.4]]]))
+    (rates,) = depth_profile.drawn_acceptance(
+        target, [narrow], torch.tensor([0, 1]), coins=torch.zeros(1, 1, 3)
+    )
+    assert rates[0, 0].tolist() == pytest.approx([0.6, 0.5, 0.0, 0.0], abs=1e-6)

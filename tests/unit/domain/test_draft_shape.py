@@ -19,6 +19,7 @@ from eagletree.domain.draft_shape import (
     expected_accepted,
     mean_profile,
     tree_rank_paths,
+    with_lower_ranks,
 )
 
 
@@ -274,6 +275,18 @@ def test_the_mean_of_two_profiles_is_taken_rank_by_rank_over_what_either_lists()
     # depth 2: hot repeats its last row; cold's one rank has no ratio to extrapolate (0)
     assert mean.hit_rates[1] == pytest.approx((0.55, 0.1))
     assert mean_profile(cold, cold) == cold
+
+
+def test_a_profile_of_the_first_ranks_takes_the_lower_ones_from_another_scaled_to_fit() -> None:
+    drawn = RankProfile(((0.6, 0.2), (0.9,)))
+    top_k = RankProfile(((0.5, 0.15, 0.1, 0.05),))
+    widened = with_lower_ranks(drawn, top_k)
+    # depth 1: the measured two, then top-k's ranks 3 and 4 (0.15 of the 0.2 left)
+    assert widened.hit_rates[0] == pytest.approx((0.6, 0.2, 0.1, 0.05))
+    # depth 2: 0.1 left for top-k's three lower ranks (0.3): each scaled by 1/3
+    assert widened.hit_rates[1] == pytest.approx((0.9, 0.05, 0.1 / 3, 0.05 / 3))
+    # nothing beyond the measured ranks: top-k's row at both of drawn's depths
+    assert with_lower_ranks(top_k, drawn).hit_rates == (top_k.hit_rates[0],) * 2
 
 
 @given(
