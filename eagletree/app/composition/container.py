@@ -29,6 +29,7 @@ from eagletree.adapters.kernels.triton import path_ranks as triton_path_ranks
 from eagletree.adapters.kernels.triton import plain_step_writes as triton_plain_step_writes
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
+from eagletree.adapters.kernels.triton import tree_sampling as triton_tree_sampling
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.adapters.models.head_report import read_rank_priors
@@ -94,6 +95,7 @@ class Container(PoolProviders):
             verify_greedy=triton_tree_verify.verify_tree_greedy,
             path_ranks=triton_path_ranks.accepted_path_ranks,
             plain_step_writes=triton_plain_step_writes.plain_step_writes,
+            verify_drawn=triton_tree_sampling.verify_tree_drawn,
         ),
     )
     cuda_graphs = providers.Singleton(

@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.chain_sampling import verify_chain_sampled
-from eagletree.domain.sampling import top_k_probs
-from eagletree.domain.tree_sampling import draw_children, verify_tree_drawn
+from eagletree.domain.tree_sampling import draw_children
 
 if TYPE_CHECKING:
     from eagletree.app.workers.sampler import SamplingInputs
-    from eagletree.app.workers.step_kernels import TopK
     from eagletree.domain.draft_shape import DraftShape
     from eagletree.domain.tree import DraftTree
     from eagletree.domain.verify import VerifyResult
@@ -46,10 +45,10 @@ class DraftDraws:
     """One step's draws for a batch: a ``TopK`` that draws where a top-k would pick.
 
     ``coins`` (bs, ``drawing_coins``): the step's coins; ``token_ids`` (V_draft,) int64 the
-    target id of each draft column (None: the target's vocabulary); ``top_k``: the greedy rows'
-    pick (``StepKernels.top_k``). Call it once per depth, the root's children first (from the
-    root's logits), then once per draft forward; then ``verify`` the tree drafted from it.
-    Device work only.
+    target id of each draft column (None: the target's vocabulary); ``kernels``: the greedy
+    rows' top-k and the drawn tree's verification. Call it once per depth, the root's children
+    first (from the root's logits), then once per draft forward; then ``verify`` the tree
+    drafted from it. Device work only.
     """
 
     def __init__(
@@ -58,13 +57,13 @@ class DraftDraws:
         coins: torch.Tensor,
         token_ids: torch.Tensor | None,
         shape: DraftShape,
-        top_k: TopK = top_k_probs,
+        kernels: StepKernels = REFERENCE_KERNELS,
     ) -> None:
         self._sampling = sampling
         self._coins = coins
         self._token_ids = token_ids
         self._shape = shape
-        self._top_k = top_k
+        self._kernels = kernels
         self._distributions: list[torch.Tensor] = []  # per depth (bs, rows a request, V_draft)
         self._drawn: list[torch.Tensor] = []  # per depth (bs, rows a request · k) float32
 
@@ -84,7 +83,7 @@ class DraftDraws:
         columns, drawn, scores = draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
-            top_p, top_columns = self._top_k(logits, k)
+            top_p, top_columns = self._kernels.top_k(logits, k)
             columns = torch.where(greedy.unsqueeze(1), top_columns, columns)
             scores = torch.where(greedy.unsqueeze(1), top_p, scores)
         self._distributions.append(probs.view(bs, per_request, probs.shape[1]))
@@ -114,7 +113,7 @@ class DraftDraws:
                 self._token_ids,
             )
         root = torch.full((bs, 1), -1, dtype=torch.int64, device=candidates.device)
-        return verify_tree_drawn(
+        return self._kernels.verify_drawn(
             candidates,
             tree.parents,
             torch.cat([root, tree.selected % k], dim=1),

@@ -18,6 +18,7 @@ from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.draft_lag import plain_step_writes
 from eagletree.domain.sampling import greedy_tokens, top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
+from eagletree.domain.tree_sampling import verify_tree_drawn
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 
 # (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
@@ -50,6 +51,8 @@ PathRanks = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
 ]
+# domain.tree_sampling.verify_tree_drawn's signature
+DrawnVerify = Callable[..., VerifyResult]
 # domain.draft_lag.plain_step_writes's signature: (rows, tokens, features, seq_lens, lag_tokens,
 # lag_features, lag_count, committed, pending or None) -> None, writing the last five
 PlainStepWrites = Callable[..., None]
@@ -57,8 +60,8 @@ PlainStepWrites = Callable[..., None]
 
 class StepKernels(NamedTuple):
     """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
-    greedy tree verification, the compaction plan, the accepted path's ranks and a plain
-    step's per-row writes (defaults: the torch references)."""
+    greedy tree verification, the compaction plan, the accepted path's ranks, a plain step's
+    per-row writes and the verification of drawn trees (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
@@ -69,6 +72,7 @@ class StepKernels(NamedTuple):
     verify_greedy: GreedyVerify = verify_tree_greedy
     path_ranks: PathRanks = accepted_path_ranks
     plain_step_writes: PlainStepWrites = plain_step_writes
+    verify_drawn: DrawnVerify = verify_tree_drawn
 
 
 REFERENCE_KERNELS = StepKernels()

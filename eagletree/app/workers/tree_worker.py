@@ -126,9 +126,7 @@ class TreeWorker(SpeculativeWorker):
         draws = None
         if verifier.draws and not sampling.all_greedy:
             coins = sampling.coins(self._kernels.coins, verifier.num_coins)  # (bs, drawing_coins)
-            draws = DraftDraws(
-                sampling, coins, self._draft_token_ids, shape, top_k=self._kernels.top_k
-            )
+            draws = DraftDraws(sampling, coins, self._draft_token_ids, shape, self._kernels)
         state = self._state.gather(rows, shape.topk, logits=draws is not None)
         tree = self._drafters[shape].draft(window, state, draws)
         return tree, verifier.verify(window, tree, sampling, draws)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from eagletree.app.workers.step_graphs import (
     bucket_for,
     graph_buckets,
 )
+from eagletree.app.workers.step_kernels import REFERENCE_KERNELS
 from eagletree.domain.request import FinishReason, Request
 from eagletree.domain.sampling import SamplingParams
 from tests.conftest import requires_triton
@@ -307,3 +309,32 @@ def test_padded_triton_tree_steps_match_unpadded_ones(
     )
     expected = [r.output_ids for r in eager.engine.generate(prompts, max_new_tokens=5)]
     assert [r.output_ids for r in padded.engine.generate(prompts, max_new_tokens=5)] == expected
+
+
+def test_the_triton_walk_of_a_drawn_tree_samples_what_the_torch_walk_samples(
+    models_cache: Callable[..., SpecModels], device: torch.device
+) -> None:
+    """The one-launch verification of drawn trees in the worker, padded (and on CUDA graphed),
+    against the torch reference's walk: the same seeded samples, retractions and an abort."""
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
+
+    models = models_cache("llama", "eagle", device)
+    backend = "triton" if device.type == "cuda" else "torch"
+    prompts, params = _workload(1.0)
+    options: dict[str, Any] = {"backend": backend, "pool_size": 100, "max_running": 6}
+    reference = speculative_engine(models, 5, 4, 8, draw_drafts=True, **options)
+    expected = _run_workload(reference.engine, prompts, params)
+    fused = speculative_engine(
+        models,
+        5,
+        4,
+        8,
+        draw_drafts=True,
+        kernels=REFERENCE_KERNELS._replace(verify_drawn=verify_tree_drawn),
+        graph_buckets=BUCKETS,
+        use_cuda_graphs=device.type == "cuda",
+        **options,
+    )
+    assert _run_workload(fused.engine, prompts, params) == expected
+    assert fused.engine.stats.num_retracted > 0

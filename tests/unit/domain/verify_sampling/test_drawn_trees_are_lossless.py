@@ -16,6 +16,8 @@ from eagletree.domain.chain_sampling import verify_chain_sampled
 from eagletree.domain.tree_sampling import FIRST_DRAW_SCORE, draw_children
 from eagletree.domain.verify import verify_tree_greedy
 from tests.chi_square import chi_square_p_value
+from tests.conftest import requires_triton
+from tests.unit.domain.strategies import DEVICES
 from tests.unit.domain.verify_sampling.drawn_trees import (
     draw_tree,
     emitted_tokens,
@@ -278,3 +280,46 @@ def test_children_are_drawn_without_replacement_and_scored_before_they_are_drawn
     columns, probs, scores = draw_children(narrow, torch.tensor([[0.9, 0.9, 0.9]]))
     assert columns[0, :2].tolist() == [3, 1] and float(scores[0, 2]) == 0.0
     assert float(probs[0, 2]) == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(4))
+def test_the_triton_walk_equals_the_reference(device: str, seed: int) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.tree_sampling import (
+        verify_tree_drawn as triton_verify,
+    )
+
+    gen = torch.Generator().manual_seed(100 + seed)
+    shape = ((3, 3, 8), (4, 2, 9), (2, 4, 9), (3, 1, 4))[seed]
+    num_steps, k, n = shape
+    batch, vocab, columns = 48, 40, (40, 40, 24, 40)[seed]
+    ids = None if columns == vocab else torch.randperm(vocab, generator=gen)[:columns]
+    target = torch.softmax(2 * torch.randn((vocab, vocab), generator=gen), dim=1)
+    target[:, :3] = 0.0  # tokens the target never emits
+    target /= target.sum(dim=1, keepdim=True)
+    draft = torch.softmax(2 * torch.randn((vocab, columns), generator=gen), dim=1)
+    if seed == 1:  # a draft whose support can run out
+        draft = torch.where(draft >= draft.topk(2, dim=1).values[:, 1:], draft, 0.0)
+        draft /= draft.sum(dim=1, keepdim=True)
+    roots = torch.randint(0, vocab, (batch,), generator=gen)
+    drawn = torch.rand((batch,), generator=gen) < 0.75
+    tree = draw_tree(
+        roots, draft, shape, torch.rand((batch, tree_coins(num_steps, k)), generator=gen), ids,
+        ~drawn,
+    )  # fmt: skip
+    coins, bonus = torch.rand((batch, n - 1), generator=gen), torch.rand((batch,), generator=gen)
+    expected = verify(tree, target, drawn, coins, bonus, shape, ids)
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    # 16 columns a pass: the vocabulary's 40 cross three blocks (the carries between them)
+    got = triton_verify(
+        on(tree.candidates), on(tree.parents), on(tree.ranks), on(tree.sources),
+        on(target[tree.candidates]), on(tree.draft_probs), on(drawn), on(coins), on(bonus),
+        num_steps, k, None if ids is None else on(ids), block_v=16 if seed % 2 else 64,
+    )  # fmt: skip
+    assert torch.equal(got.accept_length.cpu(), expected.accept_length)
+    assert torch.equal(got.accept_index.cpu(), expected.accept_index)
+    assert torch.equal(got.predict.cpu(), expected.predict)
