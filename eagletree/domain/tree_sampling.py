@@ -52,15 +52,13 @@ def draw_children(
     """
     rows, k = coins.shape
     remaining = probs.float()
-    collision = (remaining * remaining).sum(dim=1)  # (rows,) Σ q²
-    taken_sq = torch.zeros(rows, dtype=remaining.dtype, device=probs.device)
-    bound = torch.full_like(taken_sq, FIRST_DRAW_SCORE)
+    bound = torch.full((rows,), FIRST_DRAW_SCORE, dtype=remaining.dtype, device=probs.device)
     columns, drawn, scores = [], [], []
     for i in range(k):
         mass = remaining.sum(dim=1)  # (rows,) what the earlier draws left, exactly 0 when none
         live = mass > 0
-        if i > 0:
-            estimate = (collision - taken_sq).clamp(min=0.0) / mass.clamp(min=1e-30)
+        if i > 0:  # Σ of what is left of q², over its mass: no cancellation as draws take most
+            estimate = (remaining * remaining).sum(dim=1) / mass.clamp(min=1e-30)
             bound = torch.minimum(bound, estimate)
         bound = torch.where(live, bound, 0.0)
         column = sample_from_probs(remaining, coins[:, i])  # (rows,)
@@ -69,7 +67,6 @@ def draw_children(
         columns.append(column)
         drawn.append(q)
         scores.append(bound)
-        taken_sq = taken_sq + q * q
         remaining = remaining.scatter(1, column.unsqueeze(1), 0.0)
     return torch.stack(columns, dim=1), torch.stack(drawn, dim=1), torch.stack(scores, dim=1)
 

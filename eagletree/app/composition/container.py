@@ -25,6 +25,7 @@ from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
+from eagletree.adapters.kernels.triton import draw_children as triton_draw_children
 from eagletree.adapters.kernels.triton import path_ranks as triton_path_ranks
 from eagletree.adapters.kernels.triton import plain_step_writes as triton_plain_step_writes
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
@@ -95,6 +96,7 @@ class Container(PoolProviders):
             verify_greedy=triton_tree_verify.verify_tree_greedy,
             path_ranks=triton_path_ranks.accepted_path_ranks,
             plain_step_writes=triton_plain_step_writes.plain_step_writes,
+            draw_children=triton_draw_children.draw_children,
             verify_drawn=triton_tree_sampling.verify_tree_drawn,
         ),
     )

@@ -22,7 +22,6 @@ import torch
 
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.chain_sampling import verify_chain_sampled
-from eagletree.domain.tree_sampling import draw_children
 
 if TYPE_CHECKING:
     from eagletree.app.workers.sampler import SamplingInputs
@@ -45,10 +44,10 @@ class DraftDraws:
     """One step's draws for a batch: a ``TopK`` that draws where a top-k would pick.
 
     ``coins`` (bs, ``drawing_coins``): the step's coins; ``token_ids`` (V_draft,) int64 the
-    target id of each draft column (None: the target's vocabulary); ``kernels``: the greedy
-    rows' top-k and the drawn tree's verification. Call it once per depth, the root's children
-    first (from the root's logits), then once per draft forward; then ``verify`` the tree
-    drafted from it. Device work only.
+    target id of each draft column (None: the target's vocabulary); ``kernels``: the draws, the
+    greedy rows' top-k and the drawn tree's verification. Call it once per depth, the root's
+    children first (from the root's logits), then once per draft forward; then ``verify`` the
+    tree drafted from it. Device work only.
     """
 
     def __init__(
@@ -80,7 +79,7 @@ class DraftDraws:
         start = 0 if depth == 0 else k + (depth - 1) * k * k
         coins = self._coins[:, start : start + per_request * k].reshape(-1, k)  # (rows, k)
         probs = self._sampling.probs(logits, rows_per_request=per_request)  # (rows, V_draft)
-        columns, drawn, scores = draw_children(probs, coins)
+        columns, drawn, scores = self._kernels.draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
             top_p, top_columns = self._kernels.top_k(logits, k)

@@ -18,7 +18,7 @@ from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.draft_lag import plain_step_writes
 from eagletree.domain.sampling import greedy_tokens, top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
-from eagletree.domain.tree_sampling import verify_tree_drawn
+from eagletree.domain.tree_sampling import draw_children, verify_tree_drawn
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 
 # (seeds (bs,) int64, offsets (bs,) int64, count) -> (bs, count) float32 coins in [0, 1)
@@ -51,6 +51,11 @@ PathRanks = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
 ]
+# domain.tree_sampling.draw_children's signature: (probs (rows, V), coins (rows, k)) ->
+# (columns, their probabilities, scores), each (rows, k)
+DrawChildren = Callable[
+    [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]
 # domain.tree_sampling.verify_tree_drawn's signature
 DrawnVerify = Callable[..., VerifyResult]
 # domain.draft_lag.plain_step_writes's signature: (rows, tokens, features, seq_lens, lag_tokens,
@@ -61,7 +66,8 @@ PlainStepWrites = Callable[..., None]
 class StepKernels(NamedTuple):
     """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
     greedy tree verification, the compaction plan, the accepted path's ranks, a plain step's
-    per-row writes and the verification of drawn trees (defaults: the torch references)."""
+    per-row writes, a drawn node's children and the verification of drawn trees (defaults: the
+    torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
@@ -72,6 +78,7 @@ class StepKernels(NamedTuple):
     verify_greedy: GreedyVerify = verify_tree_greedy
     path_ranks: PathRanks = accepted_path_ranks
     plain_step_writes: PlainStepWrites = plain_step_writes
+    draw_children: DrawChildren = draw_children
     verify_drawn: DrawnVerify = verify_tree_drawn
 
 

@@ -311,27 +311,31 @@ def test_padded_triton_tree_steps_match_unpadded_ones(
     assert [r.output_ids for r in padded.engine.generate(prompts, max_new_tokens=5)] == expected
 
 
-def test_the_triton_walk_of_a_drawn_tree_samples_what_the_torch_walk_samples(
+def test_the_triton_draws_and_walk_of_a_drawn_tree_sample_what_the_torch_ones_sample(
     models_cache: Callable[..., SpecModels], device: torch.device
 ) -> None:
-    """The one-launch verification of drawn trees in the worker, padded (and on CUDA graphed),
-    against the torch reference's walk: the same seeded samples, retractions and an abort."""
+    """The one-launch draws and verification of drawn trees in the worker, padded (and on CUDA
+    graphed), against the torch references: the same seeded samples, retractions and an abort."""
     requires_triton(device)
+    from eagletree.adapters.kernels.triton.draw_children import draw_children
     from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
 
     models = models_cache("llama", "eagle", device)
     backend = "triton" if device.type == "cuda" else "torch"
     prompts, params = _workload(1.0)
     options: dict[str, Any] = {"backend": backend, "pool_size": 100, "max_running": 6}
-    reference = speculative_engine(models, 5, 4, 8, draw_drafts=True, **options)
+    # a narrow tree: the interpreter runs a program per row and draw
+    reference = speculative_engine(models, 3, 2, 5, draw_drafts=True, **options)
     expected = _run_workload(reference.engine, prompts, params)
     fused = speculative_engine(
         models,
+        3,
+        2,
         5,
-        4,
-        8,
         draw_drafts=True,
-        kernels=REFERENCE_KERNELS._replace(verify_drawn=verify_tree_drawn),
+        kernels=REFERENCE_KERNELS._replace(
+            draw_children=draw_children, verify_drawn=verify_tree_drawn
+        ),
         graph_buckets=BUCKETS,
         use_cuda_graphs=device.type == "cuda",
         **options,

@@ -293,7 +293,7 @@ def test_the_triton_walk_equals_the_reference(device: str, seed: int) -> None:
     gen = torch.Generator().manual_seed(100 + seed)
     shape = ((3, 3, 8), (4, 2, 9), (2, 4, 9), (3, 1, 4))[seed]
     num_steps, k, n = shape
-    batch, vocab, columns = 48, 40, (40, 40, 24, 40)[seed]
+    batch, vocab, columns = 32, 40, (40, 40, 24, 40)[seed]
     ids = None if columns == vocab else torch.randperm(vocab, generator=gen)[:columns]
     target = torch.softmax(2 * torch.randn((vocab, vocab), generator=gen), dim=1)
     target[:, :3] = 0.0  # tokens the target never emits
@@ -323,3 +323,25 @@ def test_the_triton_walk_equals_the_reference(device: str, seed: int) -> None:
     assert torch.equal(got.accept_length.cpu(), expected.accept_length)
     assert torch.equal(got.accept_index.cpu(), expected.accept_index)
     assert torch.equal(got.predict.cpu(), expected.predict)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("k", "vocab", "block_v"), [(4, 40, 16), (8, 37, 64), (1, 50, 16)])
+def test_the_triton_draws_equal_the_reference(
+    device: str, k: int, vocab: int, block_v: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draw_children import draw_children as triton_draw
+
+    gen = torch.Generator().manual_seed(k * vocab)
+    rows = 24  # the interpreter runs a program per row
+    probs = torch.softmax(2 * torch.randn((rows, vocab), generator=gen), dim=1)
+    # a quarter of the rows keep 3 tokens (a top-k request): draws run past their support
+    narrow = torch.where(probs >= probs.topk(3, dim=1).values[:, 2:], probs, 0.0)
+    probs[: rows // 4] = (narrow / narrow.sum(dim=1, keepdim=True))[: rows // 4]
+    coins = torch.rand((rows, k), generator=gen)
+    columns, drawn, scores = draw_children(probs, coins)
+    got = triton_draw(probs.to(device), coins.to(device), block_v=block_v)
+    assert torch.equal(got[0].cpu(), columns)
+    assert torch.equal(got[1].cpu(), drawn)
+    assert torch.allclose(got[2].cpu(), scores, rtol=1e-5, atol=1e-7)
