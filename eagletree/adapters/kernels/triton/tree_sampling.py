@@ -6,11 +6,11 @@ a child, a thousand for S = 6, k = 8, each touching the vocabulary. Here a progr
 request's tree in registers and touches the vocabulary only where the rule needs it. A child
 is accepted by comparing its coin with p_i(x) / q_i(x) at its one token x, and the residual
 after i rejections is a pointwise function of p, q and the rejected tokens with one normaliser
-per rejection, max(0, p_j − q_j) / Z_j: so an accepted child reads two floats, a rejected one
-costs a pass over the vocabulary for its Z (and one for the mass q has left), and the bonus two
-passes (its total, then the inverse CDF). Same rounding per element as the reference; sums are
-taken in another order, so a coin within a rounding of its threshold may fall the other way.
-No host sync.
+per rejection, max(0, p_j − q_j) / Z_j: so a child tested costs one pass over the vocabulary
+(the mass q has left, for a drawing request), a rejected one a second (its Z), and the bonus
+two (its total, then the inverse CDF) — a few passes a depth where the reference makes dozens.
+Same rounding per element as the reference; sums are taken in another order, so a coin within
+a rounding of its threshold may fall the other way. No host sync.
 """
 
 from __future__ import annotations
