@@ -79,8 +79,9 @@ def _removed(ys, taken, offs_k, count, K: tl.constexpr):
     """Whether each of ``ys`` is among the first ``count`` drawn columns."""
     hit = ys < 0  # all false
     for j in tl.static_range(K):
-        x_j = tl.sum(tl.where(offs_k == j, taken, 0), axis=0)
-        hit = hit | ((j < count) & (ys == x_j))
+        if j < count:  # both compile-time constants
+            x_j = tl.sum(tl.where(offs_k == j, taken, 0), axis=0)
+            hit = hit | (ys == x_j)
     return hit
 
 

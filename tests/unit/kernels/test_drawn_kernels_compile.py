@@ -1,0 +1,68 @@
+"""The drawn trees' Triton kernels compile for an H100/H200 (sm_90) on a machine without a GPU:
+the interpreter runs them on the CPU, but a kernel the interpreter accepts may still fail
+Triton's compiler (types of loop-carried values, constant conditions), which only a GPU run
+would otherwise show. Compiled in a subprocess without ``TRITON_INTERPRET`` (under it the
+kernels are interpreted functions, which the compiler does not take); Triton's wheel carries
+the ``ptxas`` the last stage needs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent(
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from eagletree.adapters.kernels.triton import draw_children, tree_sampling
+
+    target = GPUTarget("cuda", 90, 32)
+    draws = {
+        "probs_ptr": "*fp32", "coins_ptr": "*fp32", "columns_ptr": "*i64",
+        "drawn_ptr": "*fp32", "scores_ptr": "*fp32", "vocab": "i32", "first_score": "fp32",
+        "K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
+    }
+    walk = {
+        "candidates_ptr": "*i64", "parents_ptr": "*i64", "ranks_ptr": "*i64",
+        "sources_ptr": "*i64", "target_ptr": "*fp32", "draft_ptr": "*fp32",
+        "column_of_ptr": "*i64", "drawn_ptr": "*i8", "coins_ptr": "*fp32",
+        "bonus_ptr": "*fp32", "predict_ptr": "*i32", "accept_index_ptr": "*i32",
+        "accept_length_ptr": "*i32", "n": "i32", "vocab": "i32", "draft_rows": "i32",
+        "draft_vocab": "i32", "num_steps": "i32", "K": "constexpr", "HAS_MAP": "constexpr",
+        "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
+    }
+    kernels = [
+        (draw_children._draw_children_kernel, draws, {"K": 2, "BLOCK_K": 16, "BLOCK_V": 1024}),
+        (
+            tree_sampling._verify_tree_drawn_kernel, walk,
+            {"K": 2, "HAS_MAP": True, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024},
+        ),
+        (
+            tree_sampling._verify_tree_drawn_kernel, walk,
+            {"K": 3, "HAS_MAP": False, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024},
+        ),
+    ]
+    for kernel, signature, constants in kernels:
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constants), target=target
+        )
+        assert "cubin" in compiled.asm, sorted(compiled.asm)
+        print("compiled", kernel.fn.__name__, constants)
+    """
+)
+
+
+def test_the_drawn_trees_kernels_compile_for_sm_90() -> None:
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("compiled") == 3, done.stdout
