@@ -1,9 +1,9 @@
-"""The drawn trees' Triton kernels compile for an H100/H200 (sm_90) on a machine without a GPU:
-the interpreter runs them on the CPU, but a kernel the interpreter accepts may still fail
-Triton's compiler (types of loop-carried values, constant conditions), which only a GPU run
-would otherwise show. Compiled in a subprocess without ``TRITON_INTERPRET`` (under it the
-kernels are interpreted functions, which the compiler does not take); Triton's wheel carries
-the ``ptxas`` the last stage needs."""
+"""Step kernels compile for an H100/H200 (sm_90) on a machine without a GPU — the drawn trees'
+draws and walk and a plain step's writes: the interpreter runs them on the CPU, but a kernel
+the interpreter accepts may still fail Triton's compiler (types of loop-carried values,
+constant conditions), which only a GPU run would otherwise show. Compiled in a subprocess
+without ``TRITON_INTERPRET`` (under it the kernels are interpreted functions, which the
+compiler does not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from eagletree.adapters.kernels.triton import draw_children, tree_sampling
+    from eagletree.adapters.kernels.triton import draw_children, plain_step_writes, tree_sampling
 
     target = GPUTarget("cuda", 90, 32)
     draws = {
@@ -37,7 +37,18 @@ SCRIPT = textwrap.dedent(
         "draft_vocab": "i32", "num_steps": "i32", "K": "constexpr", "HAS_MAP": "constexpr",
         "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
     }
+    writes = {
+        "rows_ptr": "*i64", "tokens_ptr": "*i64", "features_ptr": "*bf16",
+        "seq_lens_ptr": "*i64", "lag_tokens_ptr": "*i64", "lag_features_ptr": "*bf16",
+        "lag_count_ptr": "*i64", "committed_ptr": "*i64", "pending_ptr": "*i64", "width": "i32",
+        "num_features": "i32", "feature_stride": "i32", "HAS_PENDING": "constexpr",
+        "BLOCK_F": "constexpr",
+    }
+    writer = plain_step_writes._plain_step_writes_kernel
+    block_f = plain_step_writes._BLOCK_F
     kernels = [
+        (writer, writes, {"HAS_PENDING": True, "BLOCK_F": block_f}),
+        (writer, writes, {"HAS_PENDING": False, "BLOCK_F": block_f}),
         (draw_children._draw_children_kernel, draws, {"K": 2, "BLOCK_K": 16, "BLOCK_V": 1024}),
         (
             tree_sampling._verify_tree_drawn_kernel, walk,
@@ -58,11 +69,11 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_the_drawn_trees_kernels_compile_for_sm_90() -> None:
+def test_the_step_kernels_compile_for_sm_90() -> None:
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 3, done.stdout
+    assert done.stdout.count("compiled") == 5, done.stdout
