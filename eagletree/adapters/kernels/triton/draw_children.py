@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from eagletree.adapters.kernels.triton.tree_verify import pick
 from eagletree.domain.tree_sampling import FIRST_DRAW_SCORE
 
 
@@ -61,11 +62,9 @@ def _draw_children_kernel(
             ok = ys < vocab
             q = tl.load(probs + ys, mask=ok, other=0.0)
             q = tl.where(_removed(ys, taken, offs_k, i, K) | ~ok, 0.0, q)
-            cdf = carry + tl.cumsum(q, axis=0)
-            carry = tl.max(cdf, axis=0)  # non-decreasing
-            count += tl.sum(((cdf <= threshold) & ok).to(tl.int64), axis=0)
-            nonzero = tl.max(tl.where(q > 0, ys, 0), axis=0).to(tl.int64)
-            last_nonzero = tl.maximum(last_nonzero, nonzero)
+            carry, count, last_nonzero = inverse_cdf_block(
+                q, ys, ok, threshold, carry, count, last_nonzero
+            )
         column = tl.minimum(count, last_nonzero)
         q_x = tl.where(live, tl.load(probs + column), 0.0)
         tl.store(columns_ptr + row * K + i, column)
@@ -80,9 +79,21 @@ def _removed(ys, taken, offs_k, count, K: tl.constexpr):
     hit = ys < 0  # all false
     for j in tl.static_range(K):
         if j < count:  # both compile-time constants
-            x_j = tl.sum(tl.where(offs_k == j, taken, 0), axis=0)
-            hit = hit | (ys == x_j)
+            hit = hit | (ys == pick(taken, offs_k, j))
     return hit
+
+
+@triton.jit
+def inverse_cdf_block(values, ys, ok, threshold, carry, count, last_nonzero):
+    """One block of ``domain.sampling.sample_from_probs``'s scan over a row's ``values`` at
+    columns ``ys`` (``ok`` inside the row): the running sum ``carry`` of the blocks before,
+    ``count`` of cumulative sums at most ``threshold`` (the sample's index, once every block is
+    scanned) and the last column of non-zero value, the index's bound → the three updated."""
+    values = tl.where(ok, values, 0.0)
+    cdf = carry + tl.cumsum(values, axis=0)
+    count += tl.sum(((cdf <= threshold) & ok).to(tl.int64), axis=0)
+    nonzero = tl.max(tl.where(values > 0, ys, 0), axis=0).to(tl.int64)
+    return tl.max(cdf, axis=0), count, tl.maximum(last_nonzero, nonzero)  # cdf: non-decreasing
 
 
 def draw_children(

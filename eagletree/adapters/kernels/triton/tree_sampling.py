@@ -19,13 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block
+from eagletree.adapters.kernels.triton.tree_verify import pick
 from eagletree.domain.verify import VerifyResult
-
-
-@triton.jit
-def _pick(vector, offs, index):
-    # vector[index] as a scalar (0 when index is outside): a register reduction
-    return tl.sum(tl.where(offs == index, vector, 0), axis=0)
 
 
 @triton.jit
@@ -55,9 +51,9 @@ def _residual(
     removed = ys < 0  # all false
     for j in tl.static_range(K):
         live = j < rejected
-        x_j = _pick(xs, offs_k, j)
-        m_j = _pick(ms, offs_k, j)
-        z_j = _pick(zs, offs_k, j)
+        x_j = pick(xs, offs_k, j)
+        m_j = pick(ms, offs_k, j)
+        z_j = pick(zs, offs_k, j)
         remaining = tl.where(removed, 0.0, q)
         is_x = ys == x_j
         q_j = tl.where(drawn, remaining / tl.maximum(m_j, 1e-30), tl.where(is_x, 1.0, 0.0))
@@ -121,7 +117,7 @@ def _verify_tree_drawn_kernel(
             p_row = target_ptr + (req * n + last) * vocab
             children = parent == last
             first = tl.max(tl.where(children & (rank == 0), offs, -1), axis=0)
-            source_row = tl.maximum(_pick(source, offs, first), 0)
+            source_row = tl.maximum(pick(source, offs, first), 0)
             q_row = draft_ptr + (req * draft_rows + source_row) * draft_vocab
             rejected = zero
             xs = tl.zeros([BLOCK_K], dtype=tl.int64) - 1
@@ -142,14 +138,14 @@ def _verify_tree_drawn_kernel(
                             mass += left_q
                         mass_r = tl.sum(mass, axis=0)
                     if (mass_r > 0) | (drawn_flag == 0):
-                        x = _pick(token, offs, child)
+                        x = pick(token, offs, child)
                         at_x = offs_v * 0 + x
                         p_at, q_at = _residual(
                             at_x, offs_v == 0, p_row, q_row, column_of_ptr, xs, ms, zs,
                             offs_k, rejected, drawn, K, HAS_MAP,
                         )  # fmt: skip
-                        p_x = tl.sum(tl.where(offs_v == 0, p_at, 0.0), axis=0)
-                        q_x = tl.sum(tl.where(offs_v == 0, q_at, 0.0), axis=0)
+                        p_x = pick(p_at, offs_v, 0)
+                        q_x = pick(q_at, offs_v, 0)
                         q_x = tl.where(drawn, q_x / tl.maximum(mass_r, 1e-30), 1.0)
                         coin = tl.load(coins_ptr + req * (n - 1) + tl.maximum(child - 1, 0))
                         if coin * q_x < p_x:
@@ -174,7 +170,7 @@ def _verify_tree_drawn_kernel(
                             zs = tl.where(offs_k == rejected, tl.sum(total, axis=0), zs)
                             rejected += 1
             found = chosen >= 0
-            next_token = tl.where(found, _pick(token, offs, chosen), -1)
+            next_token = tl.where(found, pick(token, offs, chosen), -1)
             tl.store(predict_ptr + req * n + last, next_token.to(tl.int32))
             node = tl.where(found, req * n + chosen, -1)
             tl.store(accept_index_ptr + req * (num_steps + 1) + depth, node.to(tl.int32))
@@ -184,7 +180,7 @@ def _verify_tree_drawn_kernel(
     # the bonus: from the residual where the walk stopped, else from the target after the path
     p_row = target_ptr + (req * n + last) * vocab
     first = tl.max(tl.where((parent == last) & (rank == 0), offs, -1), axis=0)
-    source_row = tl.maximum(_pick(source, offs, first), 0)
+    source_row = tl.maximum(pick(source, offs, first), 0)
     q_row = draft_ptr + (req * draft_rows + source_row) * draft_vocab
     rejected = tl.where(active, 0, rejected)
     total = _row_sum(
@@ -207,12 +203,9 @@ def _verify_tree_drawn_kernel(
         p_y, _ = _residual(
             ys, ok, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k, rejected, drawn, K, HAS_MAP
         )
-        p_y = tl.where(ok, p_y, 0.0)
-        cdf = carry + tl.cumsum(p_y, axis=0)
-        carry = tl.max(cdf, axis=0)  # the cumulative sum is non-decreasing
-        count += tl.sum(((cdf <= threshold) & ok).to(tl.int64), axis=0)
-        nonzero = tl.max(tl.where(p_y > 0, ys, 0), axis=0).to(tl.int64)
-        last_nonzero = tl.maximum(last_nonzero, nonzero)
+        carry, count, last_nonzero = inverse_cdf_block(
+            p_y, ys, ok, threshold, carry, count, last_nonzero
+        )
     bonus = tl.minimum(count, last_nonzero)
     tl.store(predict_ptr + req * n + last, bonus.to(tl.int32))
     tl.store(accept_length_ptr + req, length.to(tl.int32))

@@ -20,8 +20,9 @@ from eagletree.domain.verify import VerifyResult
 
 
 @triton.jit
-def _pick(vector, offs, index):
-    # vector[index] as a scalar (0 when index is outside): a register reduction, no memory read
+def pick(vector, offs, index):
+    """``vector[index]`` as a scalar (0 when index is outside): a register reduction, no memory
+    read (the tree walks' kernels share it)."""
     return tl.sum(tl.where(offs == index, vector, 0), axis=0)
 
 
@@ -51,22 +52,22 @@ def _verify_tree_greedy_kernel(
     node_id = tl.load(retrieve_index_ptr + row, mask=valid, other=0).to(tl.int64)
 
     offs_s = tl.arange(0, BLOCK_S)
-    path = tl.where(offs_s == 0, _pick(node_id, offs, 0), -1)
+    path = tl.where(offs_s == 0, pick(node_id, offs, 0), -1)
     accepted = offs == 0
     # loop-carried scalars are int64 throughout (the compiler requires a fixed type)
-    last = _pick(offs.to(tl.int64), offs, 0)  # 0
+    last = pick(offs.to(tl.int64), offs, 0)  # 0
     length = last
     active = last == 0
     for depth in range(1, num_steps + 1):
-        wanted = _pick(predict, offs, last)
-        child = tl.where(active, _pick(next_token, offs, last), -1)
+        wanted = pick(predict, offs, last)
+        child = tl.where(active, pick(next_token, offs, last), -1)
         found = child * 0 - 1
         while (child >= 0) & (found < 0):
-            hit = _pick(candidate, offs, child) == wanted
+            hit = pick(candidate, offs, child) == wanted
             found = tl.where(hit, child, found)
-            child = tl.where(hit, child, _pick(next_sibling, offs, child))
+            child = tl.where(hit, child, pick(next_sibling, offs, child))
         active = found >= 0
-        path = tl.where(active & (offs_s == depth), _pick(node_id, offs, found), path)
+        path = tl.where(active & (offs_s == depth), pick(node_id, offs, found), path)
         accepted = accepted | (active & (offs == found))
         last = tl.where(active, found, last)
         length += active.to(tl.int64)
