@@ -123,6 +123,14 @@ def mean_profile(first: RankProfile, second: RankProfile) -> RankProfile:
     return RankProfile(tuple(rows))
 
 
+def fit_under(kept: Sequence[float], rest: Sequence[float]) -> tuple[float, ...]:
+    """``kept`` then ``rest``, the latter scaled down where together they would claim more than
+    the whole probability: a row of disjoint rates whose first ones are trusted."""
+    room = max(0.0, 1.0 - sum(kept))
+    scale = min(1.0, room / sum(rest)) if sum(rest) > 0 else 1.0
+    return (*kept, *(scale * r for r in rest))
+
+
 def with_lower_ranks(first: RankProfile, lower: RankProfile) -> RankProfile:
     """``first``'s rates with ``lower``'s at the ranks beyond them, scaled down where the two
     would claim more than the whole probability: a profile measured for the first few
@@ -132,10 +140,7 @@ def with_lower_ranks(first: RankProfile, lower: RankProfile) -> RankProfile:
     for depth in range(depths):
         own = first.hit_rates[min(depth, len(first.hit_rates) - 1)]
         ranks = len(lower.hit_rates[min(depth, len(lower.hit_rates) - 1)])
-        rest = [lower.rate(depth, j) for j in range(len(own), ranks)]
-        room = max(0.0, 1.0 - sum(own))
-        scale = min(1.0, room / sum(rest)) if sum(rest) > 0 else 1.0
-        rows.append((*own, *(scale * r for r in rest)))
+        rows.append(fit_under(own, [lower.rate(depth, j) for j in range(len(own), ranks)]))
     return RankProfile(tuple(rows))
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from eagletree.app.training.heads import DraftHead, unrolled_forward
+from eagletree.domain.draft_shape import fit_under
 from eagletree.domain.sampling import sample_from_probs
 
 if TYPE_CHECKING:
@@ -117,7 +118,9 @@ class RankCounts:
             rows = max(self.rows[key][step], 1)
             greedy.append((self.hits[key][step] / rows).tolist())
             sampled.append((self.probs[key][step] / rows).tolist())
-            drawn.append(_disjoint((self.drawn[key][step] / rows).tolist()))
+            # one-sample estimates of the later draws may claim more than is left, on few rows
+            rates = (self.drawn[key][step] / rows).tolist()
+            drawn.append(list(fit_under(rates[:1], rates[1:])))
             conditioned.append(key == "path")
             counted.append(self.rows[key][step])
         agreement = tuple(
@@ -248,13 +251,3 @@ def _draws_accepted(
         q = torch.where(mass > 0, q / mass.clamp(min=1e-30), 0.0)
         rates.append(reached * torch.minimum(p, q).sum(dim=-1))
     return torch.stack(rates, dim=-1)
-
-
-def _disjoint(rates: list[float]) -> list[float]:
-    """``rates`` with the later draws scaled down where the estimates claim more than the
-    whole probability (one-sample estimates may, on few rows)."""
-    rest = sum(rates[1:])
-    if rest <= 0 or rates[0] + rest <= 1.0:
-        return rates
-    scale = max(0.0, 1.0 - rates[0]) / rest
-    return [rates[0], *(r * scale for r in rates[1:])]
