@@ -70,8 +70,6 @@ class TreeVerifier:
     ) -> None:
         self._target = target
         self.shape = shape
-        self.num_steps = shape.num_steps
-        self.num_draft_tokens = shape.num_draft_tokens
         self._kernels = kernels
         self.draws = draws  # sampling requests draw their drafts (``DraftDraws``)
 
@@ -79,7 +77,7 @@ class TreeVerifier:
     def num_coins(self) -> int:
         if self.draws:
             return drawing_coins(self.shape)
-        return self.num_draft_tokens + 1
+        return self.shape.num_draft_tokens + 1
 
     def verify(
         self,
@@ -88,7 +86,7 @@ class TreeVerifier:
         sampling: SamplingInputs,
         draws: DraftDraws | None = None,
     ) -> Verification:
-        n = self.num_draft_tokens
+        n = self.shape.num_draft_tokens
         bs = window.batch_size
         table = self._target.req_to_token_pool.req_to_token
         verify_slots = window.slots(table, n).reshape(bs * n)
@@ -123,7 +121,7 @@ class TreeVerifier:
         sampling: SamplingInputs,
         draws: DraftDraws | None,
     ) -> VerifyResult:
-        n, num_steps = self.num_draft_tokens, self.num_steps
+        n, num_steps = self.shape.num_draft_tokens, self.shape.num_steps
         bs = sampling.batch_size
         candidates = tree.draft_tokens.view(bs, n)
         links = (tree.retrieve_index, tree.retrieve_next_token, tree.retrieve_next_sibling)
