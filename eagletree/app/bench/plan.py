@@ -47,7 +47,8 @@ def plan_run(
     if args.token_map is not None:
         speculative = base.speculative.model_copy(update={"token_map": str(args.token_map)})
         base = base.model_copy(update={"speculative": speculative})
-    device = args.device or (base.model.device if args.settings else None)
+    from_file = base.model.device if args.settings else None
+    device = args.device or (None if from_file == "auto" else from_file)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = torch.device(device).type == "cuda"
     if cuda and not torch.cuda.is_available():

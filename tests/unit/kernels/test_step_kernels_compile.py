@@ -27,6 +27,7 @@ SCRIPT = textwrap.dedent(
         "probs_ptr": "*fp32", "coins_ptr": "*fp32", "columns_ptr": "*i64",
         "drawn_ptr": "*fp32", "scores_ptr": "*fp32", "vocab": "i32", "first_score": "fp32",
         "K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
+        "NUM_BLOCKS": "constexpr",
     }
     walk = {
         "candidates_ptr": "*i64", "parents_ptr": "*i64", "ranks_ptr": "*i64",
@@ -49,7 +50,10 @@ SCRIPT = textwrap.dedent(
     kernels = [
         (writer, writes, {"HAS_PENDING": True, "BLOCK_F": block_f}),
         (writer, writes, {"HAS_PENDING": False, "BLOCK_F": block_f}),
-        (draw_children._draw_children_kernel, draws, {"K": 2, "BLOCK_K": 16, "BLOCK_V": 1024}),
+        (
+            draw_children._draw_children_kernel, draws,
+            {"K": 8, "BLOCK_K": 16, "BLOCK_V": 1024, "NUM_BLOCKS": 128},
+        ),
         (
             tree_sampling._verify_tree_drawn_kernel, walk,
             {"K": 2, "HAS_MAP": True, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024},

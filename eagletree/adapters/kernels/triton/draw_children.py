@@ -3,11 +3,14 @@
 
 The torch reference takes about fifteen small kernels a draw (the mass left, the inverse CDF,
 the score, the removal), k draws a beam row: hundreds of launches a drawn tree step. Here a
-program draws its row's k children in turn, each with two passes over the vocabulary (the
-mass and the Σ q² the earlier draws left, then the inverse-CDF scan against coin · that
-mass). Per-element arithmetic as the reference; its sums run in
-another order, so a coin within a rounding of a token's cumulative edge may pick the
-neighbour. No host sync.
+program reads its row once, keeping each block of ``BLOCK_V`` columns' mass and Σ q² in
+registers; a draw then scans those block sums for the block its coin falls in and reads that
+one block for the column, and the drawn column's removal updates that block's two sums (taken
+again from what the block has left, not by subtraction). One pass over the vocabulary and two
+block reads a draw, where a pass per draw made a k = 8 row read the vocabulary sixteen times
+(0.86 ms of an S = 6 tree step at bs 1 on the H200). Per-element arithmetic as the reference;
+its sums run in another order, so a coin within a rounding of a token's cumulative edge may
+pick the neighbour. No host sync.
 """
 
 from __future__ import annotations
@@ -32,45 +35,52 @@ def _draw_children_kernel(
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,  # a power of two at least cdiv(vocab, BLOCK_V)
 ):
     row = tl.program_id(0).to(tl.int64)
     probs = probs_ptr + row * vocab
     offs_v = tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
+    offs_b = tl.arange(0, NUM_BLOCKS)
+    blocks = tl.cdiv(vocab, BLOCK_V)
+    # masses[b], squares[b]: Σ q and Σ q² of block b's columns not yet drawn
+    masses = tl.zeros([NUM_BLOCKS], dtype=tl.float32)
+    squares = tl.zeros([NUM_BLOCKS], dtype=tl.float32)
+    for b in range(0, blocks):
+        ys = b * BLOCK_V + offs_v
+        q = tl.load(probs + ys, mask=ys < vocab, other=0.0)
+        masses = tl.where(offs_b == b, tl.sum(q, axis=0), masses)
+        squares = tl.where(offs_b == b, tl.sum(q * q, axis=0), squares)
     taken = tl.zeros([BLOCK_K], dtype=tl.int64) - 1  # the columns drawn so far
-    bound = tl.sum(tl.zeros([BLOCK_V], dtype=tl.float32), axis=0) + first_score
+    bound = tl.sum(masses * 0.0, axis=0) + first_score
     for i in tl.static_range(K):
-        masses = tl.zeros([BLOCK_V], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_V], dtype=tl.float32)
-        for start in range(0, vocab, BLOCK_V):
-            ys = start + offs_v
-            q = tl.load(probs + ys, mask=ys < vocab, other=0.0)
-            q = tl.where(_removed(ys, taken, offs_k, i, K), 0.0, q)
-            masses += q
-            squares += q * q
         mass = tl.sum(masses, axis=0)
         live = mass > 0
         if i > 0:
             bound = tl.minimum(bound, tl.sum(squares, axis=0) / tl.maximum(mass, 1e-30))
         bound = tl.where(live, bound, 0.0)
         threshold = tl.load(coins_ptr + row * K + i) * mass
-        carry = mass * 0.0
-        count = row * 0
-        last_nonzero = row * 0
-        for start in range(0, vocab, BLOCK_V):
-            ys = start + offs_v
-            ok = ys < vocab
-            q = tl.load(probs + ys, mask=ok, other=0.0)
-            q = tl.where(_removed(ys, taken, offs_k, i, K) | ~ok, 0.0, q)
-            carry, count, last_nonzero = inverse_cdf_block(
-                q, ys, ok, threshold, carry, count, last_nonzero
-            )
-        column = tl.minimum(count, last_nonzero)
+        # the block: the first whose cumulative mass passes the threshold, or (rounding) the
+        # last that has any; its carry from the same cumulative sums, so that carry <= threshold
+        cumulative = tl.cumsum(masses, axis=0)
+        passed = tl.sum(((cumulative <= threshold) & (offs_b < blocks)).to(tl.int32), axis=0)
+        last_block = tl.max(tl.where(masses > 0, offs_b, 0), axis=0)
+        block = tl.minimum(passed, last_block)
+        carry = tl.sum(tl.where(offs_b == block - 1, cumulative, 0.0), axis=0)
+        ys = block.to(tl.int64) * BLOCK_V + offs_v
+        ok = ys < vocab
+        q = tl.load(probs + ys, mask=ok, other=0.0)
+        q = tl.where(_removed(ys, taken, offs_k, i, K) | ~ok, 0.0, q)
+        _, count, last_nonzero = inverse_cdf_block(q, ys, ok, threshold, carry, row * 0, row * 0)
+        column = tl.minimum(block.to(tl.int64) * BLOCK_V + count, last_nonzero)
         q_x = tl.where(live, tl.load(probs + column), 0.0)
         tl.store(columns_ptr + row * K + i, column)
         tl.store(drawn_ptr + row * K + i, q_x)
         tl.store(scores_ptr + row * K + i, bound)
         taken = tl.where(offs_k == i, column, taken)
+        left = tl.where(ys == column, 0.0, q)
+        masses = tl.where(offs_b == block, tl.sum(left, axis=0), masses)
+        squares = tl.where(offs_b == block, tl.sum(left * left, axis=0), squares)
 
 
 @triton.jit
@@ -110,6 +120,7 @@ def draw_children(
     scores = torch.zeros((rows, k), dtype=torch.float32, device=device)
     if rows == 0:
         return columns, drawn, scores
+    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
     _draw_children_kernel[(rows,)](
         probs.float().contiguous(),
         coins.float().contiguous(),
@@ -120,7 +131,8 @@ def draw_children(
         FIRST_DRAW_SCORE,
         K=k,
         BLOCK_K=max(16, triton.next_power_of_2(k)),
-        BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))),
+        BLOCK_V=block,
+        NUM_BLOCKS=max(16, triton.next_power_of_2(triton.cdiv(vocab, block))),
         num_warps=4,
     )
     return columns, drawn, scores

@@ -18,6 +18,7 @@ from eagletree.domain.verify import verify_tree_greedy
 from tests.chi_square import chi_square_p_value, markov_p_value
 from tests.conftest import requires_triton
 from tests.unit.domain.strategies import DEVICES
+from tests.unit.domain.verify_sampling.draws import edgy_coins
 from tests.unit.domain.verify_sampling.drawn_trees import (
     draw_tree,
     emitted_tokens,
@@ -335,7 +336,12 @@ def test_the_triton_draws_equal_the_reference(
     # a quarter of the rows keep 3 tokens (a top-k request): draws run past their support
     narrow = torch.where(probs >= probs.topk(3, dim=1).values[:, 2:], probs, 0.0)
     probs[: rows // 4] = (narrow / narrow.sum(dim=1, keepdim=True))[: rows // 4]
-    coins = torch.rand((rows, k), generator=gen)
+    # another quarter with a block of zeros between their tokens: the block sums' scan must
+    # step over an empty block, and the coins at 0 and just below 1 pick the row's edges
+    hole = probs[rows // 4 : rows // 2]
+    hole[:, block_v : 2 * block_v] = 0.0
+    probs[rows // 4 : rows // 2] = hole / hole.sum(dim=1, keepdim=True)
+    coins = edgy_coins((rows, k), gen)
     columns, drawn, scores = draw_children(probs, coins)
     got = triton_draw(probs.to(device), coins.to(device), block_v=block_v)
     assert torch.equal(got[0].cpu(), columns)
