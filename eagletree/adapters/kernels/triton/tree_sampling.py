@@ -50,17 +50,16 @@ def _residual(
         q = tl.load(q_row + ys, mask=ok, other=0.0)
     removed = ys < 0  # all false
     for j in tl.static_range(K):
-        live = j < rejected
-        x_j = pick(xs, offs_k, j)
-        m_j = pick(ms, offs_k, j)
-        z_j = pick(zs, offs_k, j)
-        remaining = tl.where(removed, 0.0, q)
-        is_x = ys == x_j
-        q_j = tl.where(drawn, remaining / tl.maximum(m_j, 1e-30), tl.where(is_x, 1.0, 0.0))
-        left = tl.maximum(p - q_j, 0.0)
-        stepped = tl.where(z_j > 0, left / tl.maximum(z_j, 1e-30), p)
-        p = tl.where(live, stepped, p)
-        removed = removed | (live & is_x)
+        if j < rejected:  # a branch, not a select: a node's first child pays for none of it
+            x_j = pick(xs, offs_k, j)
+            m_j = pick(ms, offs_k, j)
+            z_j = pick(zs, offs_k, j)
+            remaining = tl.where(removed, 0.0, q)
+            is_x = ys == x_j
+            q_j = tl.where(drawn, remaining / tl.maximum(m_j, 1e-30), tl.where(is_x, 1.0, 0.0))
+            left = tl.maximum(p - q_j, 0.0)
+            p = tl.where(z_j > 0, left / tl.maximum(z_j, 1e-30), p)
+            removed = removed | is_x
     return p, tl.where(removed, 0.0, q)
 
 
