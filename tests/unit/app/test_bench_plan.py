@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from eagletree.app.bench.arrivals import background_budget
 from eagletree.app.bench.configs import parse_config, parse_configs
@@ -77,6 +78,19 @@ def test_a_settings_file_gives_the_defaults_and_flags_override_it(
     assert p.base.scheduler.overlap == "auto"
     args = parser().parse_args(["--settings", str(file), "--overlap", "off"])
     assert plan_run(args, parse_configs(["plain"]), notify=print).base.scheduler.overlap == "off"
+
+
+def test_a_settings_file_that_names_no_device_runs_on_the_machine_at_hand(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    # an A/B of one setting: the file says nothing of the model, whose device is then "auto"
+    file = tmp_path / "ab.toml"
+    file.write_text('[speculative]\nsampled_drafts = "top_k"\n')
+    args = parser().parse_args(["--target", str(checkpoint), "--settings", str(file)])
+    p = plan_run(args, parse_configs(["chain:S2"]), notify=print)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert p.base.model.device == expected and p.cuda == (expected == "cuda")
+    assert settings_for(p, parse_config("chain:S2")).speculative.sampled_drafts == "top_k"
 
 
 def test_the_arrivals_mode_sizes_for_the_background_batch_and_every_arrival(
