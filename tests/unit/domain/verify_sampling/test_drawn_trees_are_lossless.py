@@ -18,13 +18,13 @@ from eagletree.domain.verify import verify_tree_greedy
 from tests.chi_square import chi_square_p_value, markov_p_value
 from tests.conftest import requires_triton
 from tests.unit.domain.strategies import DEVICES
-from tests.unit.domain.verify_sampling.draws import edgy_coins
 from tests.unit.domain.verify_sampling.drawn_trees import (
     draw_tree,
     emitted_tokens,
     tree_coins,
     verify,
 )
+from tests.unit.domain.verify_sampling.draws import edgy_coins
 
 VOCAB = 5
 NUM_DRAWS = 30_000
