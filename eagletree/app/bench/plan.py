@@ -100,6 +100,7 @@ def plan_run(
         extra_requests = 0
     context = args.prompt_len + 1 + budget
     window = max([2 * s.window_len for c in spec for s in (c.shape, *c.candidates)] or [2])
+    context = _within_positions(context, window, target, args, notify)
     max_bs = max([*args.batch_sizes, 1]) + extra_requests
     needed_slots = max_bs * (context + window + 16)
     memory_update = {
@@ -127,6 +128,34 @@ def plan_run(
         }
     )
     return BenchPlan(settings, target, draft, draft_kind, cuda)
+
+
+def _within_positions(
+    context: int, window: int, target: Path, args: argparse.Namespace, notify: Callable[[str], None]
+) -> int:
+    """``context`` (prompt, the token budget's bound on what a request can emit while measured)
+    cut to what the target's positions leave beside the widest shape's ``window``: the bound
+    assumes a request that accepts every draft at every step, and a deep shape's (S 8: 9
+    tokens a step) passes a 2k-position target at 256 new tokens. A request that does run that
+    far ahead of its batch's slowest ends at the limit (the row counts it); a window whose
+    prompt and new tokens alone do not fit is an error."""
+    from eagletree.adapters.models.config import ConfigReader
+
+    limit = ConfigReader.from_dir(target).get_int("max_position_embeddings", 2048)
+    if context + window <= limit:
+        return context
+    least = args.prompt_len + 1 + args.new_tokens
+    if least + window > limit:
+        raise ConfigurationError(
+            f"--prompt-len {args.prompt_len} + --new-tokens {args.new_tokens} and the widest "
+            f"shape's window ({window} positions) exceed the target's max_position_embeddings "
+            f"({limit}): lower --new-tokens or --prompt-len"
+        )
+    notify(
+        f"contexts cut to the target's {limit} positions: a request that runs more than "
+        f"{limit - window - least} tokens ahead of its batch's slowest ends there"
+    )
+    return limit - window
 
 
 def _draft_kind_of(settings: EngineSettings) -> DraftKind:

@@ -12,6 +12,7 @@ from eagletree.app.bench.configs import parse_config, parse_configs
 from eagletree.app.bench.measure import token_budget
 from eagletree.app.bench.options import parser
 from eagletree.app.bench.plan import plan_run, settings_for
+from eagletree.domain.errors import ConfigurationError
 
 
 @pytest.fixture
@@ -91,6 +92,22 @@ def test_a_settings_file_that_names_no_device_runs_on_the_machine_at_hand(
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert p.base.model.device == expected and p.cuda == (expected == "cuda")
     assert settings_for(p, parse_config("chain:S2")).speculative.sampled_drafts == "top_k"
+
+
+def test_contexts_are_cut_to_the_targets_positions_and_a_window_that_cannot_fit_is_refused(
+    checkpoint: Path,
+) -> None:
+    (checkpoint / "config.json").write_text('{"max_position_embeddings": 640}')
+    flags = ["--target", str(checkpoint), "--device", "cpu", "--prompt-len", "64"]
+    said: list[str] = []
+    args = parser().parse_args([*flags, "--new-tokens", "256", "--configs", "chain:S7"])
+    p = plan_run(args, parse_configs(args.configs), notify=said.append)
+    # every step accepting all 8 tokens would need about 2,000 positions; the target has 640
+    assert p.base.model.max_context_len == 640
+    assert len(said) == 1 and "640 positions" in said[0]
+    args = parser().parse_args([*flags, "--new-tokens", "600", "--configs", "chain:S7"])
+    with pytest.raises(ConfigurationError, match="--new-tokens"):
+        plan_run(args, parse_configs(args.configs), notify=said.append)
 
 
 def test_the_arrivals_mode_sizes_for_the_background_batch_and_every_arrival(
