@@ -9,9 +9,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.band_acceptance import band_of
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
-from eagletree.domain.draft_shape import expected_accepted
 
 if TYPE_CHECKING:
     from eagletree.app.engine.loop import Engine
@@ -68,8 +66,9 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
 
 def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:
     """What an adaptive engine's policy now believes of a batch of ``batch_size`` requests at
-    ``temperature``, per candidate: the tokens a step commits by the band's learned profile and
-    the ms a step costs by its learned costs (empty for any other engine): beside the row's
+    ``temperature``, per candidate: the tokens a step commits as the policy prices it (the
+    band's learned profile, calibrated by the shape's own steps) and the ms a step costs by its
+    learned costs (empty for any other engine): beside the row's
     measured tokens per step and ms per step, where its choice went wrong."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
@@ -78,14 +77,14 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
     costs = policy.costs
     if costs is None:
         return {}
-    profile = policy.profile(band_of(temperature))
+    expected = policy.expected_accepted(temperature)
     sampled = temperature > 0
     return {
         shape.label: {
-            "tokens_per_step": 1.0 + expected_accepted(shape, profile),
+            "tokens_per_step": 1.0 + accepted,
             "ms": 1e3 * costs.of(shape, batch_size, sampled),
         }
-        for shape in policy.shapes
+        for shape, accepted in zip(policy.shapes, expected, strict=True)
     }
 
 

@@ -95,6 +95,7 @@ class AdaptiveShapes:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
         self.shapes = tuple(shapes)
+        self._index = {shape: i for i, shape in enumerate(self.shapes)}
         self.acceptance = BandAcceptance(
             self.shapes,
             prior=prior,
@@ -148,6 +149,12 @@ class AdaptiveShapes:
     def learned_profiles(self) -> dict[str, RankProfile]:
         """The rank profile of every band a step was read back for."""
         return self.acceptance.learned_profiles()
+
+    def expected_accepted(self, temperature: float) -> list[float]:
+        """Every candidate's expected accepted drafts a step for a request at ``temperature``,
+        as the policy prices them (its drawn class where it draws, calibrated)."""
+        every = range(len(self.shapes))
+        return [_known(e) for e in self._expected(band_of(temperature), every)]
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         costs = self._costs
@@ -275,6 +282,7 @@ class AdaptiveShapes:
         if depth == 0 or not requests:
             return
         probed, self._probe = self._probe is not None, None
+        shape_index = self._index.get(shape)
         by_band: dict[str, list[RankedPath]] = {}
         self._observed_steps += 1
         size = len(requests)
@@ -286,7 +294,8 @@ class AdaptiveShapes:
             observed.append((path[:depth], path[depth : 2 * depth]))
         for band, observed in by_band.items():
             # what a probe learned decides the next step; so does a drifted estimate
-            if self.acceptance.record(self._learned_band(band), observed, refresh=probed):
+            learned = self._learned_band(band)
+            if self.acceptance.record(learned, observed, refresh=probed, shape=shape_index):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._probe_interval[band] = self._probe_every

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from eagletree.domain.acceptance_calibration import AcceptanceCalibration
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import (
     RankProfile,
@@ -62,7 +63,9 @@ class BandAcceptance:
     host a tenth of a millisecond per shape and band; a settled estimate moves slowly), at once
     when ``record`` is told to (a probe was read back), and at once with the cadence restarted
     when the rank-0 chain's expected accepted drafts moved by ``drift`` (relative;
-    ``_drifted``).
+    ``_drifted``). Each shape's expectation is scaled by what its own steps accepted against
+    it (``AcceptanceCalibration``, per band): the profile's static tree misses what a step's
+    tree, cut from that step's scores, gains or loses.
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class BandAcceptance:
         self._refreshes: Counter[str] = Counter()
         self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
+        self._calibration: dict[str, AcceptanceCalibration] = {}
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (its prior before any of its paths)."""
@@ -102,9 +106,25 @@ class BandAcceptance:
         """The rank profile of every band a path was recorded for."""
         return {band: learned.profile() for band, learned in self._profiles.items()}
 
-    def record(self, band: str, paths: Sequence[RankedPath], *, refresh: bool = False) -> bool:
-        """One step's ``paths`` of ``band``'s requests. Returns whether its expected tokens are
-        to be recomputed before they are next read: the estimate drifted, or ``refresh``."""
+    def record(
+        self,
+        band: str,
+        paths: Sequence[RankedPath],
+        *,
+        refresh: bool = False,
+        shape: int | None = None,
+    ) -> bool:
+        """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (whose
+        calibration then compares them with what its model expected of them). Returns whether
+        its expected tokens are to be recomputed before they are next read: the estimate
+        drifted, or ``refresh``."""
+        if shape is not None and paths:
+            modelled = self._modelled(band, shape)
+            accepted = sum(_accepted_drafts(ranks) for ranks, _ in paths)
+            calibration = self._calibration.get(band)
+            if calibration is None:
+                calibration = self._calibration[band] = AcceptanceCalibration(len(self.shapes))
+            calibration.record(shape, accepted, modelled, len(paths))
         profile = self._profiles.get(band)
         if profile is None:
             profile = AcceptanceProfile(
@@ -140,7 +160,16 @@ class BandAcceptance:
             profile = self.profile(band)
             for i in missing:
                 cached[i] = expected_accepted(self.shapes[i], profile)
-        return cached
+        calibration = self._calibration.get(band)
+        if calibration is None:
+            return cached
+        return [None if e is None else e * calibration.factor(i) for i, e in enumerate(cached)]
+
+    def _modelled(self, band: str, shape: int) -> float:
+        """The uncalibrated expectation of ``shapes[shape]`` for ``band`` as it now stands."""
+        cached = self._expected.get(band)
+        known = None if cached is None else cached[shape]
+        return expected_accepted(self.shapes[shape], self.profile(band)) if known is None else known
 
     def _prior_of(self, band: str) -> RankProfile:
         greedy = self._head_priors.get("greedy", self._prior)
@@ -188,3 +217,13 @@ def _chain_expectation(top_rates: Sequence[float]) -> float:
         reach *= rate
         total += reach
     return total
+
+
+def _accepted_drafts(ranks: Sequence[int]) -> int:
+    """The drafts a path accepted: its depths up to the first without an accepted rank."""
+    count = 0
+    for rank in ranks:
+        if rank < 0:
+            break
+        count += 1
+    return count

@@ -443,3 +443,34 @@ def test_a_sampling_bands_drawn_drafts_learn_apart_from_its_top_k_drafts(drawn: 
     # a greedy request's chain drafts its argmax: its steps teach the greedy band
     policy.observe(CHAIN, _requests([0.0]), ACCEPTING)
     assert policy.acceptance.learned("greedy") is not None
+
+
+def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_accepted() -> None:
+    # a step of the tree costs 1.15 chain steps; by the profile's static tree it accepts 1.16
+    # drafts a request (0.6, 0.36, 0.2) to the chain's 0.96: 1.88 tokens a chain step's time
+    # against the chain's 1.96, so the chain runs — until the tree's own steps say otherwise
+    chain, tree = DraftShape.chain(2), DraftShape(2, 2, 4)
+    profile = RankProfile(((0.6, 0.2), (0.6, 0.2)))
+    seconds = {(s, b, sampled): 1.15 if s == tree else 1.0 for s in (chain, tree)
+               for b in (1, 8) for sampled in (False, True)}  # fmt: skip
+    # a heavy prior: the profile stays where it is, what moves is the tree's calibration
+    policy = AdaptiveShapes(
+        (chain, tree), prior=profile, prior_weight=1e6, hysteresis=0.0, reprice_every=1
+    )
+    policy.use_costs(StepCosts((1, 8), seconds))
+    batch = _requests([0.0] * 8)
+    modelled = expected_accepted(tree, profile)
+    assert modelled == pytest.approx(1.16)
+    assert policy.choose(batch) == chain
+    assert policy.expected_accepted(0.0)[1] == pytest.approx(modelled)
+    steps = 16
+    for _ in range(steps):  # each of its requests accepts both drafts: 2 against 1.16
+        policy.observe(tree, batch, [[0, 0, 2, 2]] * len(batch))
+    # decayed sums over the 16 steps (half-life 64), the prior 16 requests at the model's mean
+    weights = sum(0.5 ** (age / 64) for age in range(steps))
+    observed, requests = 2.0 * 8 * weights, 8 * weights
+    factor = (observed + 16 * modelled) / (modelled * requests + 16 * modelled)
+    assert policy.expected_accepted(0.0)[1] == pytest.approx(modelled * factor, rel=1e-3)
+    chain_modelled = expected_accepted(chain, profile)
+    assert policy.expected_accepted(0.0)[0] == pytest.approx(chain_modelled, rel=1e-3)
+    assert policy.choose(batch) == tree

@@ -1,0 +1,48 @@
+"""A shape's calibration: observed ÷ modelled accepted drafts, held near 1 by a prior worth a
+few requests, decayed by the shape's own steps, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagletree.domain.acceptance_calibration import AcceptanceCalibration
+
+
+def test_a_shape_not_yet_run_keeps_its_model() -> None:
+    calibration = AcceptanceCalibration(2)
+    assert calibration.factor(0) == 1.0 and calibration.factor(1) == 1.0
+    calibration.record(1, accepted=0.0, modelled=0.0, requests=4)  # plain: nothing to scale
+    assert calibration.factor(1) == 1.0
+
+
+def test_the_factor_is_observed_over_modelled_with_the_models_own_mean_as_prior() -> None:
+    calibration = AcceptanceCalibration(2, prior_weight=4.0, half_life=1e9)
+    # 4 requests accepted 12 drafts where the model expected 2 of each: 12 against 8, and a
+    # prior of 4 requests at the model's mean (2 each) → (12 + 8) / (8 + 8)
+    calibration.record(0, accepted=12.0, modelled=2.0, requests=4)
+    assert calibration.factor(0) == pytest.approx(1.25)
+    assert calibration.factor(1) == 1.0  # another shape's steps move only their own
+    calibration.record(0, accepted=2.0, modelled=2.0, requests=4)
+    # (14 + 4 · 16 / 8) / (16 + 8)
+    assert calibration.factor(0) == pytest.approx(22.0 / 24.0)
+
+
+def test_older_steps_weigh_less_and_the_factor_stays_within_its_bounds() -> None:
+    calibration = AcceptanceCalibration(1, prior_weight=1.0, half_life=1.0, low=0.5, high=2.0)
+    calibration.record(0, accepted=4.0, modelled=1.0, requests=1)
+    calibration.record(0, accepted=1.0, modelled=1.0, requests=1)
+    # the first step weighs half: observed 2 + 1, modelled 0.5 + 1, requests 1.5; prior 1
+    assert calibration.factor(0) == pytest.approx((3.0 + 1.0) / (1.5 + 1.0))
+    for _ in range(8):
+        calibration.record(0, accepted=40.0, modelled=1.0, requests=1)
+    assert calibration.factor(0) == 2.0
+    for _ in range(16):
+        calibration.record(0, accepted=0.0, modelled=1.0, requests=1)
+    assert calibration.factor(0) == 0.5
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="low <= 1 <= high"):
+        AcceptanceCalibration(1, low=1.5)
+    with pytest.raises(ValueError, match="positive"):
+        AcceptanceCalibration(0)
