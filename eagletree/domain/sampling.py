@@ -55,28 +55,42 @@ def probs_from_logits(
     smallest set of most likely tokens whose probability reaches p (>= 1 keeps all). A row that
     neither filter cuts is exactly its tempered softmax, whatever the other rows ask for.
     """
+    return filtered_probs(tempered_probs(logits, temperature), top_k, top_p)
+
+
+def tempered_probs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """(rows, V) logits, (rows,) temperatures → (rows, V) float32: each row's softmax of
+    logits / temperature, or a one-hot on its first maximum where the temperature is <= 0."""
     # logits: (rows, V)
     logits = logits.float()
-    vocab = logits.shape[1]
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     probs = torch.softmax(logits / safe_t.unsqueeze(1), dim=1)
-    if top_k is not None or top_p is not None:
-        # SGLang's order: keep the top k, renormalise, then keep the top-p nucleus of that
-        sorted_p, order = torch.sort(probs, dim=1, descending=True, stable=True)
-        rank = torch.arange(vocab, device=logits.device).unsqueeze(0)
-        if top_k is not None:
-            k = torch.where(top_k <= 0, vocab, top_k).unsqueeze(1)
-            sorted_p = _keep(sorted_p, rank < k)
-        if top_p is not None:
-            # top_p >= 1 keeps every token by definition: the float32 cumulative sum may reach
-            # 1.0 before the tail, and a comparison against it would drop the tail's tokens
-            mass_before = torch.cumsum(sorted_p, dim=1) - sorted_p
-            p = top_p.unsqueeze(1).float()
-            sorted_p = _keep(sorted_p, (p >= 1) | (mass_before < p) | (rank == 0))
-        probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
     return torch.where(greedy.unsqueeze(1), one_hot, probs)
+
+
+def filtered_probs(
+    probs: torch.Tensor, top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``probs`` (rows, V) float32 cut to each row's top k, renormalised, then to the top-p
+    nucleus of that (SGLang's order). A row neither filter cuts, a one-hot row among them, is
+    returned bit for bit."""
+    if top_k is None and top_p is None:
+        return probs
+    vocab = probs.shape[1]
+    sorted_p, order = torch.sort(probs, dim=1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=probs.device).unsqueeze(0)
+    if top_k is not None:
+        k = torch.where(top_k <= 0, vocab, top_k).unsqueeze(1)
+        sorted_p = _keep(sorted_p, rank < k)
+    if top_p is not None:
+        # top_p >= 1 keeps every token by definition: the float32 cumulative sum may reach
+        # 1.0 before the tail, and a comparison against it would drop the tail's tokens
+        mass_before = torch.cumsum(sorted_p, dim=1) - sorted_p
+        p = top_p.unsqueeze(1).float()
+        sorted_p = _keep(sorted_p, (p >= 1) | (mass_before < p) | (rank == 0))
+    return torch.zeros_like(probs).scatter_(1, order, sorted_p)
 
 
 def _keep(probs: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:

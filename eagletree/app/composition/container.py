@@ -29,6 +29,7 @@ from eagletree.adapters.kernels.triton import draw_children as triton_draw_child
 from eagletree.adapters.kernels.triton import path_ranks as triton_path_ranks
 from eagletree.adapters.kernels.triton import plain_step_writes as triton_plain_step_writes
 from eagletree.adapters.kernels.triton import row_argmax as triton_row_argmax
+from eagletree.adapters.kernels.triton import tempered_probs as triton_tempered_probs
 from eagletree.adapters.kernels.triton import tree_build as triton_tree_build
 from eagletree.adapters.kernels.triton import tree_sampling as triton_tree_sampling
 from eagletree.adapters.kernels.triton import tree_verify as triton_tree_verify
@@ -89,6 +90,7 @@ class Container(PoolProviders):
             StepKernels,
             coins=triton_coins.uniform_coins,
             argmax=triton_row_argmax.row_argmax,
+            tempered_probs=triton_tempered_probs.tempered_probs,
             top_k=triton_draft_topk.top_k_probs,
             build_tree=triton_tree_build.build_tree,
             beam_step=triton_beam_step.beam_step,

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.engine.transfers import to_device
-from eagletree.domain.sampling import probs_from_logits, sample_from_probs
+from eagletree.domain.sampling import filtered_probs, sample_from_probs, tempered_probs
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.step_kernels import CoinSource, StepKernels
+    from eagletree.app.workers.step_kernels import CoinSource, StepKernels, TemperedProbs
     from eagletree.domain.request import Request
 
 
@@ -65,16 +65,22 @@ class SamplingInputs:
     def batch_size(self) -> int:
         return int(self.temperature.shape[0])
 
-    def probs(self, logits: torch.Tensor, rows_per_request: int = 1) -> torch.Tensor:
+    def probs(
+        self,
+        logits: torch.Tensor,
+        rows_per_request: int = 1,
+        tempered: TemperedProbs = tempered_probs,
+    ) -> torch.Tensor:
         """(bs·rows_per_request, V) float32 distributions; row r uses request r // rows's
-        parameters (one-hot argmax rows for greedy requests)."""
+        parameters (one-hot argmax rows for greedy requests). ``tempered``: the tempered
+        softmax (``StepKernels.tempered_probs``); the filters cut what it made, so a row's
+        distribution is the same bits whether or not its batch filters."""
         r = rows_per_request
-        temperature = self.temperature.repeat_interleave(r)
+        probs = tempered(logits, self.temperature.repeat_interleave(r))
         if self.mode is not SamplingMode.FILTERED:  # nothing to cut: no sort of the vocabulary
-            return probs_from_logits(logits, temperature)
-        return probs_from_logits(
-            logits, temperature, self.top_k.repeat_interleave(r), self.top_p.repeat_interleave(r)
-        )
+            return probs
+        top_k, top_p = self.top_k.repeat_interleave(r), self.top_p.repeat_interleave(r)
+        return filtered_probs(probs, top_k, top_p)
 
     def coins(self, source: CoinSource, count: int) -> torch.Tensor:
         """(bs, count) this step's coins of every request (greedy rows get unused coins)."""
@@ -137,7 +143,8 @@ def sample_tokens(
     """
     if sampling.all_greedy:
         return kernels.argmax(logits)
-    return sample_from_probs(sampling.probs(logits), sampling.coins(kernels.coins, 1)[:, 0])
+    probs = sampling.probs(logits, tempered=kernels.tempered_probs)
+    return sample_from_probs(probs, sampling.coins(kernels.coins, 1)[:, 0])
 
 
 def sample_next_tokens(

@@ -16,7 +16,7 @@ from eagletree.domain.accepted_path import accepted_path_ranks
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.draft_lag import plain_step_writes
-from eagletree.domain.sampling import greedy_tokens, top_k_probs
+from eagletree.domain.sampling import greedy_tokens, tempered_probs, top_k_probs
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.tree_sampling import draw_children, verify_tree_drawn
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
@@ -25,6 +25,9 @@ from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # logits (rows, V) -> (rows,) int64, each row's first maximum
 Argmax = Callable[[torch.Tensor], torch.Tensor]
+# domain.sampling.tempered_probs's signature: (logits (rows, V), temperature (rows,)) ->
+# (rows, V) float32, one-hot rows where the temperature is <= 0
+TemperedProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TopK(Protocol):
@@ -64,13 +67,14 @@ PlainStepWrites = Callable[..., None]
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins, the greedy argmax, the draft's top-k, the beam step, the verify tree,
-    greedy tree verification, the compaction plan, the accepted path's ranks, a plain step's
-    per-row writes, a drawn node's children and the verification of drawn trees (defaults: the
-    torch references)."""
+    """Sampling coins, the greedy argmax, the tempered softmax, the draft's top-k, the beam
+    step, the verify tree, greedy tree verification, the compaction plan, the accepted path's
+    ranks, a plain step's per-row writes, a drawn node's children and the verification of drawn
+    trees (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
+    tempered_probs: TemperedProbs = tempered_probs
     top_k: TopK = top_k_probs
     build_tree: TreeBuild = build_tree
     beam_step: BeamStepFn = beam_step

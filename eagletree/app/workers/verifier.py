@@ -130,7 +130,7 @@ class TreeVerifier:
             return self._kernels.verify_greedy(candidates, *links, target_predict, num_steps)
         # every node of request b samples with request b's parameters; a greedy request's
         # one-hot rows accept exactly its argmax path whatever its coins
-        probs = sampling.probs(logits, rows_per_request=n)  # (bs·N, V)
+        probs = sampling.probs(logits, n, self._kernels.tempered_probs)  # (bs·N, V)
         if draws is not None:  # drafts drawn from the draft: rejection sampling against it
             return draws.verify(candidates, probs, tree)
         coins = sampling.coins(self._kernels.coins, n + 1)  # (bs, N + 1)

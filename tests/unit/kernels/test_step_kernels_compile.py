@@ -1,9 +1,9 @@
 """Step kernels compile for an H100/H200 (sm_90) on a machine without a GPU — the drawn trees'
-draws and walk and a plain step's writes: the interpreter runs them on the CPU, but a kernel
-the interpreter accepts may still fail Triton's compiler (types of loop-carried values,
-constant conditions), which only a GPU run would otherwise show. Compiled in a subprocess
-without ``TRITON_INTERPRET`` (under it the kernels are interpreted functions, which the
-compiler does not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
+draws and walk, a plain step's writes and the tempered softmax: the interpreter runs them on
+the CPU, but a kernel the interpreter accepts may still fail Triton's compiler (types of
+loop-carried values, constant conditions), which only a GPU run would otherwise show. Compiled
+in a subprocess without ``TRITON_INTERPRET`` (under it the kernels are interpreted functions,
+which the compiler does not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ SCRIPT = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from eagletree.adapters.kernels.triton import draw_children, plain_step_writes, tree_sampling
+    from eagletree.adapters.kernels.triton import (
+        draw_children, plain_step_writes, tempered_probs, tree_sampling,
+    )
 
     target = GPUTarget("cuda", 90, 32)
     draws = {
@@ -45,9 +47,14 @@ SCRIPT = textwrap.dedent(
         "num_features": "i32", "feature_stride": "i32", "HAS_PENDING": "constexpr",
         "BLOCK_F": "constexpr",
     }
+    softmax = {
+        "logits_ptr": "*bf16", "temperature_ptr": "*fp32", "probs_ptr": "*fp32", "vocab": "i32",
+        "stride_row": "i32", "BLOCK_V": "constexpr",
+    }
     writer = plain_step_writes._plain_step_writes_kernel
     block_f = plain_step_writes._BLOCK_F
     kernels = [
+        (tempered_probs._tempered_probs_kernel, softmax, {"BLOCK_V": 1024}),
         (writer, writes, {"HAS_PENDING": True, "BLOCK_F": block_f}),
         (writer, writes, {"HAS_PENDING": False, "BLOCK_F": block_f}),
         (
@@ -80,4 +87,4 @@ def test_the_step_kernels_compile_for_sm_90() -> None:
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 5, done.stdout
+    assert done.stdout.count("compiled") == 6, done.stdout

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eagletree.domain.sampling import probs_from_logits, sample_from_probs
+from eagletree.domain.sampling import probs_from_logits, sample_from_probs, tempered_probs
+from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
 from ..brute_force.verification import inverse_cdf, probs_reference
@@ -93,3 +94,29 @@ def test_sample_from_probs_is_the_inverse_cdf_and_never_returns_a_zero_probabili
     assert tokens.tolist() == expected
     for row, token in zip(weights.tolist(), tokens.tolist(), strict=True):
         assert row[token] > 0 or not any(row)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "vocab", "block_v"), [(torch.float32, 50, 16),
+                                                         (torch.bfloat16, 37, 64)])  # fmt: skip
+def test_the_triton_tempered_softmax_equals_the_reference(
+    device: str, dtype: torch.dtype, vocab: int, block_v: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.tempered_probs import tempered_probs as triton_probs
+
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 12  # the interpreter runs a program per row
+    logits = (3 * torch.randn((rows, vocab), generator=gen)).to(dtype)
+    logits[0, 5] = logits[0, 30 % vocab] = logits[0].max() + 1  # a tie: the first column wins
+    logits[1, : vocab // 2] = float("-inf")  # outside a draft vocabulary: whole blocks at 16
+    logits[2, ::3] = float("-inf")
+    logits[3, 7] = logits[3, 9] = logits[3].max() + 1  # a greedy row's tie
+    temperature = torch.tensor([0.0, 0.5, 1.0, 0.0, 1.7, 0.7] * 2)
+    expected = tempered_probs(logits, temperature)
+    got = triton_probs(logits.to(device), temperature.to(device), block_v=block_v).cpu()
+    greedy = temperature <= 0
+    assert torch.equal(got[greedy], expected[greedy])  # one-hot on the first maximum
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
+    assert torch.equal(got > 0, expected > 0)  # -inf columns stay impossible
+    assert torch.allclose(got.sum(dim=1), torch.ones(rows), atol=1e-5)
