@@ -68,8 +68,8 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
     """What an adaptive engine's policy now believes of a batch of ``batch_size`` requests at
     ``temperature``, per candidate: the tokens a step commits as the policy prices it (the
     band's learned profile, calibrated by the shape's own steps) and the ms a step costs by its
-    learned costs (empty for any other engine): beside the row's
-    measured tokens per step and ms per step, where its choice went wrong."""
+    learned costs (empty for any other engine): beside the row's measured tokens per step and
+    ms per step, where its choice went wrong."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
         return {}

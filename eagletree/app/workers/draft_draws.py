@@ -78,8 +78,8 @@ class DraftDraws:
         per_request = logits.shape[0] // max(bs, 1)  # 1 at the root, k later
         start = 0 if depth == 0 else k + (depth - 1) * k * k
         coins = self._coins[:, start : start + per_request * k].reshape(-1, k)  # (rows, k)
+        # (rows, V_draft)
         probs = self._sampling.probs(logits, per_request, self._kernels.tempered_probs)
-        # probs: (rows, V_draft)
         columns, drawn, scores = self._kernels.draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
