@@ -44,10 +44,10 @@ def _tempered_probs_kernel(
         x = logits * scale
         block_top = tl.max(x, axis=0)
         new_top = tl.maximum(top, block_top)
-        # -inf columns (outside a draft vocabulary, or past the row) weigh nothing, and
-        # exp(-inf − -inf) would be nan while every column so far is one
-        rescale = tl.where(top == neg_inf, 0.0, tl.exp(top - new_top))
-        total = total * rescale + tl.sum(tl.where(x == neg_inf, 0.0, tl.exp(x - new_top)), axis=0)
+        # -inf columns (outside a draft vocabulary, or past the row) weigh exp(-inf) = 0; while
+        # every column so far is one, shifting by 0 keeps exp(-inf − -inf) from being nan
+        shift = tl.where(new_top == neg_inf, 0.0, new_top)
+        total = total * tl.exp(top - shift) + tl.sum(tl.exp(x - shift), axis=0)
         top = new_top
         block_best = tl.max(logits, axis=0)
         first = tl.min(tl.where(logits == block_best, cols, vocab), axis=0).to(tl.int64)
