@@ -1,0 +1,104 @@
+"""Benchmark: a sampled step's Triton kernels against their torch references, at the rows a
+step hands them — a drawn node's children (``draw_children``: bs · k draft rows a depth, k
+draws each) and the tempered softmax (``tempered_probs``: the same draft rows, or bs · N
+verify rows) — at the real pair's vocabulary (16,384) and Llama-3's (128,256).
+
+Both sides are captured in a CUDA graph and replayed (``benchmarks.timing.replay_us``), as a
+decode step runs them: device time without the eager launches. The draws' inputs are spread
+distributions (a softmax of logits · 2), so a draw walks deep into its row; one row in four
+keeps 3 tokens (a top-k request), whose later draws run past their support.
+
+    python -m benchmarks.sampling_kernels --out sampling_kernels.md
+    TRITON_INTERPRET=1 python -m benchmarks.sampling_kernels --smoke
+
+Times are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+import torch
+
+from benchmarks.timing import replay_us
+from eagletree.adapters.kernels.triton.draw_children import draw_children as triton_draws
+from eagletree.adapters.kernels.triton.tempered_probs import tempered_probs as triton_softmax
+from eagletree.domain.sampling import tempered_probs
+from eagletree.domain.tree_sampling import draw_children
+
+VOCABS = (16_384, 128_256)
+# (batch size, k): a chain's draws, a k = 4 and a k = 8 tree's, at bs 1, 8 and 64
+DRAWS = ((1, 1), (1, 4), (1, 8), (8, 8), (64, 1), (64, 8))
+SOFTMAX_ROWS = (1, 8, 32, 512)  # a plain step's row, a chain's draft rows, verify rows
+Case = tuple[Callable[[], object], Callable[[], object]]  # (torch reference, Triton kernel)
+
+
+def draw_case(bs: int, k: int, vocab: int, device: torch.device) -> Case:
+    """The draws of one depth: bs · k rows (the root's depth: bs), k children each."""
+    generator = torch.Generator().manual_seed(bs * k + vocab)
+    rows = bs * k
+    probs = torch.softmax(2 * torch.randn((rows, vocab), generator=generator), dim=1)
+    narrow = torch.where(probs >= probs.topk(3, dim=1).values[:, 2:], probs, 0.0)
+    probs[::4] = (narrow / narrow.sum(dim=1, keepdim=True))[::4]
+    probs = probs.to(device)
+    coins = torch.rand((rows, k), generator=generator).to(device)
+    return (lambda: draw_children(probs, coins), lambda: triton_draws(probs, coins))
+
+
+def softmax_case(rows: int, vocab: int, device: torch.device) -> Case:
+    """bf16 logits, a quarter of the rows greedy, the rest at temperatures 0.7 and 1."""
+    generator = torch.Generator().manual_seed(rows + vocab)
+    logits = (3 * torch.randn((rows, vocab), generator=generator)).to(device, torch.bfloat16)
+    temperature = torch.tensor([0.0, 0.7, 1.0, 1.0]).repeat(rows)[:rows].to(device)
+    return (
+        lambda: tempered_probs(logits, temperature),
+        lambda: triton_softmax(logits, temperature),
+    )
+
+
+def table(
+    title: str, cases: Sequence[tuple[str, Case]], device: torch.device, rep_ms: float
+) -> str:
+    lines = [
+        f"## {title}",
+        "",
+        "| case | torch µs | triton µs | speed-up |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, (reference, kernel) in cases:
+        torch_us = replay_us([reference], device, rep_ms=rep_ms)
+        triton_us = replay_us([kernel], device, rep_ms=rep_ms)
+        lines.append(f"| {name} | {torch_us:.1f} | {triton_us:.1f} | {torch_us / triton_us:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="also write the markdown tables to this path")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, to check it runs")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    vocabs = (50,) if args.smoke else VOCABS
+    draws = ((1, 1), (2, 4)) if args.smoke else DRAWS
+    softmax_rows = (1, 3) if args.smoke else SOFTMAX_ROWS
+    rep_ms = 1.0 if args.smoke else 30.0
+    parts = [f"# Sampled steps' kernels vs torch ({device}{', smoke' if args.smoke else ''})"]
+    for vocab in vocabs:
+        draw_cases = [(f"bs {bs}, k {k}", draw_case(bs, k, vocab, device)) for bs, k in draws]
+        parts.append(table(f"Draws, vocabulary {vocab}", draw_cases, device, rep_ms))
+        softmax_cases = [
+            (f"{rows} rows", softmax_case(rows, vocab, device)) for rows in softmax_rows
+        ]
+        parts.append(table(f"Tempered softmax, vocabulary {vocab}", softmax_cases, device, rep_ms))
+    text = "\n\n".join(parts) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
