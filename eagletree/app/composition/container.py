@@ -212,6 +212,7 @@ class Container(PoolProviders):
         overlap=overlap,
         prefill_step=ModelProviders.config.scheduler.prefill_step,
         phases=phase_agreement,
+        warm_up=providers.Callable(startup.warms_up, ModelProviders.settings, use_cuda_graphs),
     )
     scheduler = engine.provided.scheduler
 

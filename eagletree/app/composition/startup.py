@@ -167,11 +167,13 @@ def assemble_engine(
     overlap: bool = False,
     prefill_step: PrefillStep = "with_decode",
     phases: PhaseAgreement | None = None,
+    warm_up: bool = False,
 ) -> Engine:
     """The engine over the built parts, with the checkpoint's tokenizer (None: ids only);
     ``overlap``: it keeps one step in flight (``scheduler.overlap``); ``prefill_step``: where
     a plan's prefills run (``scheduler.prefill_step``); ``phases``: the agreement of a group
-    sharing its dense layers."""
+    sharing its dense layers; ``warm_up``: its prefills compiled before it is handed over
+    (``Engine.warm_up``, ``warms_up``)."""
     engine = Engine(
         worker,
         allocator,
@@ -185,7 +187,17 @@ def assemble_engine(
         phases=phases,
     )
     engine.tokenizer = tokenizer
+    if warm_up:
+        engine.warm_up()
     return engine
+
+
+def warms_up(settings: EngineSettings, use_cuda_graphs: bool) -> bool:
+    """Whether a new engine runs its warm-up prefills: where its decode steps were captured
+    (CUDA; the kernels a prefill compiles are Triton's), in a single process (a group's ranks
+    would each have to step through them together)."""
+    parallel = settings.parallel
+    return use_cuda_graphs and parallel.tp_size == 1 and parallel.dp_size == 1
 
 
 def eos_token_ids(path: str | Path) -> frozenset[int]:

@@ -1,0 +1,74 @@
+"""An engine's warm-up prefills (run at start where its decode steps are captured) leave no
+request, slot, statistic or learned acceptance behind, and the engine decodes as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
+from eagletree.app.composition.container import build_engine
+from eagletree.app.composition.startup import warms_up
+from eagletree.app.engine.plan import SchedulePlan
+from eagletree.app.engine.reports import EngineStats
+from eagletree.app.engine.worker import StepOutput
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.config.settings import EngineSettings
+from tests.integration.spec.harness import SIZES, WEIGHT_STD, greedy_outputs, ragged_prompts
+
+
+def test_warm_up_leaves_no_request_slot_statistic_or_acceptance_behind(tmp_path: Path) -> None:
+    target, draft = write_random_checkpoint(
+        tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+    )
+    assert draft is not None
+    model = {"target_path": str(target), "device": "cpu", "dtype": "float32"}
+    common = {
+        "backend": {"attention": "torch", "kv_move": "torch"},
+        "memory": {"max_total_tokens": 2048, "max_running_requests": 4},
+    }
+    speculative = {"algorithm": "eagle", "policy": "adaptive",
+                   "candidate_shapes": ["plain", "chain:S2", "tree:S2,k2,N4"]}  # fmt: skip
+    settings = EngineSettings(model={**model, "draft_path": str(draft)},
+                              speculative=speculative, **common)  # fmt: skip
+    engine = build_engine(settings)
+    slots = engine.scheduler.allocator.available_size()
+    rows = engine.scheduler.req_to_token_pool.available_size()
+    steps: list[tuple[list[tuple[int, float]], int]] = []  # (prefills, decode batch size)
+    step = engine.worker.step
+
+    def counted(plan: SchedulePlan) -> StepOutput:
+        prefills = [(r.num_tokens, r.params.temperature) for r in plan.prefill]
+        steps.append((prefills, len(plan.decode)))
+        return step(plan)
+
+    engine.worker.step = counted  # type: ignore[method-assign]
+    engine.warm_up()
+    engine.worker.step = step  # type: ignore[method-assign]
+    # three prefills of one request each (greedy at two lengths, one sampled), no decode step
+    assert steps == [([(17, 0.0)], 0), ([(16, 0.0)], 0), ([(17, 1.0)], 0)]
+    assert engine.stats == EngineStats()
+    assert not engine.has_work()
+    assert engine.scheduler.allocator.available_size() == slots
+    assert engine.scheduler.req_to_token_pool.available_size() == rows
+    policy = engine.worker.policy  # type: ignore[attr-defined]
+    assert isinstance(policy, AdaptiveShapes) and policy.costs is not None
+    assert policy.learned_profiles() == {}  # prefills verify nothing: no path was recorded
+    assert all(
+        policy.costs.observations(shape, 1, sampled) == 0
+        for shape in policy.shapes
+        for sampled in (False, True)
+    )
+    plain = build_engine(EngineSettings(model=model, **common))
+    batch = ragged_prompts(SIZES.vocab_size, [3, 9, 14], seed=4)
+    assert greedy_outputs(engine, batch, 12) == greedy_outputs(plain, batch, 12)
+    assert engine.stats.num_finished == len(batch)  # counted from the warm-up's end
+
+
+def test_an_engine_warms_up_where_its_decode_steps_are_captured_in_one_process() -> None:
+    single = EngineSettings()
+    assert warms_up(single, use_cuda_graphs=True)
+    assert not warms_up(single, use_cuda_graphs=False)  # the CPU: no Triton kernel to compile
+    assert not warms_up(EngineSettings(parallel={"tp_size": 2}), use_cuda_graphs=True)
+    assert not warms_up(EngineSettings(parallel={"dp_size": 2}), use_cuda_graphs=True)
