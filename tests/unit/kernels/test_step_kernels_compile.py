@@ -39,6 +39,7 @@ SCRIPT = textwrap.dedent(
         "accept_length_ptr": "*i32", "n": "i32", "vocab": "i32", "draft_rows": "i32",
         "draft_vocab": "i32", "num_steps": "i32", "K": "constexpr", "HAS_MAP": "constexpr",
         "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
+        "NUM_BLOCKS": "constexpr",
     }
     writes = {
         "rows_ptr": "*i64", "tokens_ptr": "*i64", "features_ptr": "*bf16",
@@ -63,11 +64,13 @@ SCRIPT = textwrap.dedent(
         ),
         (
             tree_sampling._verify_tree_drawn_kernel, walk,
-            {"K": 2, "HAS_MAP": True, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024},
+            {"K": 2, "HAS_MAP": True, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024,
+             "NUM_BLOCKS": 16},
         ),
         (
             tree_sampling._verify_tree_drawn_kernel, walk,
-            {"K": 3, "HAS_MAP": False, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024},
+            {"K": 8, "HAS_MAP": False, "BLOCK_N": 32, "BLOCK_K": 16, "BLOCK_V": 1024,
+             "NUM_BLOCKS": 128},
         ),
     ]
     for kernel, signature, constants in kernels:

@@ -6,9 +6,10 @@ a child, a thousand for S = 6, k = 8, each touching the vocabulary. Here a progr
 request's tree in registers and touches the vocabulary only where the rule needs it. A child
 is accepted by comparing its coin with p_i(x) / q_i(x) at its one token x, and the residual
 after i rejections is a pointwise function of p, q and the rejected tokens with one normaliser
-per rejection, max(0, p_j − q_j) / Z_j: so a child tested costs one pass over the vocabulary
-(the mass q has left, for a drawing request), a rejected one a second (its Z), and the bonus
-two (its total, then the inverse CDF) — a few passes a depth where the reference makes dozens.
+per rejection, max(0, p_j − q_j) / Z_j: so a node costs one pass over the vocabulary (the mass
+q has per block, for a drawing request: what is left after a rejection is those sums with the
+rejected token's block read again), a rejected child a pass for its Z, and the bonus two (its
+total, then the inverse CDF) — a few passes a depth where the reference makes dozens.
 Same rounding per element as the reference; sums are taken in another order, so a coin within
 a rounding of its threshold may fall the other way. No host sync.
 """
@@ -88,6 +89,7 @@ def _verify_tree_drawn_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,  # a power of two at least cdiv(vocab, BLOCK_V)
 ):
     req = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_N).to(tl.int64)  # node indices are int64 scalars below
@@ -101,6 +103,7 @@ def _verify_tree_drawn_kernel(
     drawn = drawn_flag != 0
     offs_k = tl.arange(0, BLOCK_K)
     offs_v = tl.arange(0, BLOCK_V)
+    offs_b = tl.arange(0, NUM_BLOCKS)
 
     tl.store(accept_index_ptr + req * (num_steps + 1), (req * n).to(tl.int32))
     zero = req * 0  # loop-carried scalars are int64 throughout
@@ -121,21 +124,24 @@ def _verify_tree_drawn_kernel(
             rejected = zero
             xs = tl.zeros([BLOCK_K], dtype=tl.int64) - 1
             chosen = zero - 1
+            # per block of target ids, the mass q has there (a drawing request's): read once a
+            # node; a rejection takes its token's block again, without it
+            masses = tl.zeros([NUM_BLOCKS], dtype=tl.float32)
+            if drawn_flag != 0:
+                for b in range(0, tl.cdiv(vocab, BLOCK_V)):
+                    ys = b * BLOCK_V + offs_v
+                    _, left_q = _residual(
+                        ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k,
+                        rejected, drawn, K, HAS_MAP,
+                    )  # fmt: skip
+                    masses = tl.where(offs_b == b, tl.sum(left_q, axis=0), masses)
             for r in tl.static_range(K):
                 child = tl.max(tl.where(children & (rank == r), offs, -1), axis=0)
                 if (chosen < 0) & (child >= 0):
                     # the mass q has left after the rejections so far
-                    mass_r = tl.sum(tl.zeros([BLOCK_V], dtype=tl.float32), axis=0) + 1.0
-                    if drawn_flag != 0:
-                        mass = tl.zeros([BLOCK_V], dtype=tl.float32)
-                        for start in range(0, vocab, BLOCK_V):
-                            ys = start + offs_v
-                            _, left_q = _residual(
-                                ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs,
-                                offs_k, rejected, drawn, K, HAS_MAP,
-                            )  # fmt: skip
-                            mass += left_q
-                        mass_r = tl.sum(mass, axis=0)
+                    mass_r = tl.sum(masses, axis=0)
+                    if drawn_flag == 0:
+                        mass_r = mass_r * 0.0 + 1.0
                     if (mass_r > 0) | (drawn_flag == 0):
                         x = pick(token, offs, child)
                         at_x = offs_v * 0 + x
@@ -168,6 +174,14 @@ def _verify_tree_drawn_kernel(
                                 total += tl.where(ok, tl.maximum(p_y - q_y, 0.0), 0.0)
                             zs = tl.where(offs_k == rejected, tl.sum(total, axis=0), zs)
                             rejected += 1
+                            if drawn_flag != 0:  # x's block, what the rejections leave of it
+                                block = x // BLOCK_V
+                                ys = block * BLOCK_V + offs_v
+                                _, left_q = _residual(
+                                    ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs,
+                                    offs_k, rejected, drawn, K, HAS_MAP,
+                                )  # fmt: skip
+                                masses = tl.where(offs_b == block, tl.sum(left_q, axis=0), masses)
             found = chosen >= 0
             next_token = tl.where(found, pick(token, offs, chosen), -1)
             tl.store(predict_ptr + req * n + last, next_token.to(tl.int32))
@@ -258,6 +272,7 @@ def verify_tree_drawn(
     else:
         column_of = torch.full((vocab,), -1, dtype=torch.int64, device=device)
         column_of[token_ids] = torch.arange(token_ids.numel(), device=device)
+    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
     _verify_tree_drawn_kernel[(bs,)](
         candidates.contiguous(),
         parents.contiguous(),
@@ -281,7 +296,8 @@ def verify_tree_drawn(
         HAS_MAP=token_ids is not None,
         BLOCK_N=max(16, triton.next_power_of_2(n)),
         BLOCK_K=max(16, triton.next_power_of_2(topk)),
-        BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))),
+        BLOCK_V=block,
+        NUM_BLOCKS=max(16, triton.next_power_of_2(triton.cdiv(vocab, block))),
         num_warps=4,
     )
     return VerifyResult(predict=predict, accept_index=accept_index, accept_length=accept_length)
