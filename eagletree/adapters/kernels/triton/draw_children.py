@@ -106,6 +106,13 @@ def inverse_cdf_block(values, ys, ok, threshold, carry, count, last_nonzero):
     return tl.max(cdf, axis=0), count, tl.maximum(last_nonzero, nonzero)  # cdf: non-decreasing
 
 
+def vocab_blocks(vocab: int, block_v: int) -> tuple[int, int]:
+    """A row scan's columns a block (at most ``block_v``, a power of two) and the register
+    vector that holds one sum per block (a power of two, at least 16)."""
+    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    return block, max(16, triton.next_power_of_2(triton.cdiv(vocab, block)))
+
+
 def draw_children(
     probs: torch.Tensor, coins: torch.Tensor, *, block_v: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -120,7 +127,7 @@ def draw_children(
     scores = torch.zeros((rows, k), dtype=torch.float32, device=device)
     if rows == 0:
         return columns, drawn, scores
-    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    block, num_blocks = vocab_blocks(vocab, block_v)
     _draw_children_kernel[(rows,)](
         probs.float().contiguous(),
         coins.float().contiguous(),
@@ -132,7 +139,7 @@ def draw_children(
         K=k,
         BLOCK_K=max(16, triton.next_power_of_2(k)),
         BLOCK_V=block,
-        NUM_BLOCKS=max(16, triton.next_power_of_2(triton.cdiv(vocab, block))),
+        NUM_BLOCKS=num_blocks,
         num_warps=4,
     )
     return columns, drawn, scores

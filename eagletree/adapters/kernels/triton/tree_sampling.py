@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block
+from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block, vocab_blocks
 from eagletree.adapters.kernels.triton.tree_verify import pick
 from eagletree.domain.verify import VerifyResult
 
@@ -129,12 +129,11 @@ def _verify_tree_drawn_kernel(
             masses = tl.zeros([NUM_BLOCKS], dtype=tl.float32)
             if drawn_flag != 0:
                 for b in range(0, tl.cdiv(vocab, BLOCK_V)):
-                    ys = b * BLOCK_V + offs_v
-                    _, left_q = _residual(
-                        ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k,
-                        rejected, drawn, K, HAS_MAP,
+                    left = _block_mass(
+                        b, offs_v, vocab, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k,
+                        rejected, drawn, K, HAS_MAP, BLOCK_V,
                     )  # fmt: skip
-                    masses = tl.where(offs_b == b, tl.sum(left_q, axis=0), masses)
+                    masses = tl.where(offs_b == b, left, masses)
             for r in tl.static_range(K):
                 child = tl.max(tl.where(children & (rank == r), offs, -1), axis=0)
                 if (chosen < 0) & (child >= 0):
@@ -176,12 +175,11 @@ def _verify_tree_drawn_kernel(
                             rejected += 1
                             if drawn_flag != 0:  # x's block, what the rejections leave of it
                                 block = x // BLOCK_V
-                                ys = block * BLOCK_V + offs_v
-                                _, left_q = _residual(
-                                    ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs,
-                                    offs_k, rejected, drawn, K, HAS_MAP,
+                                left = _block_mass(
+                                    block, offs_v, vocab, p_row, q_row, column_of_ptr, xs, ms,
+                                    zs, offs_k, rejected, drawn, K, HAS_MAP, BLOCK_V,
                                 )  # fmt: skip
-                                masses = tl.where(offs_b == block, tl.sum(left_q, axis=0), masses)
+                                masses = tl.where(offs_b == block, left, masses)
             found = chosen >= 0
             next_token = tl.where(found, pick(token, offs, chosen), -1)
             tl.store(predict_ptr + req * n + last, next_token.to(tl.int32))
@@ -222,6 +220,20 @@ def _verify_tree_drawn_kernel(
     bonus = tl.minimum(count, last_nonzero)
     tl.store(predict_ptr + req * n + last, bonus.to(tl.int32))
     tl.store(accept_length_ptr + req, length.to(tl.int32))
+
+
+@triton.jit
+def _block_mass(
+    block, offs_v, vocab, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k, rejected, drawn,
+    K: tl.constexpr, HAS_MAP: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Σ of what q has left in ``block`` of target ids after ``rejected`` rejections."""
+    ys = block * BLOCK_V + offs_v
+    _, left_q = _residual(
+        ys, ys < vocab, p_row, q_row, column_of_ptr, xs, ms, zs, offs_k, rejected, drawn, K,
+        HAS_MAP,
+    )  # fmt: skip
+    return tl.sum(left_q, axis=0)
 
 
 @triton.jit
@@ -272,7 +284,7 @@ def verify_tree_drawn(
     else:
         column_of = torch.full((vocab,), -1, dtype=torch.int64, device=device)
         column_of[token_ids] = torch.arange(token_ids.numel(), device=device)
-    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    block, num_blocks = vocab_blocks(vocab, block_v)
     _verify_tree_drawn_kernel[(bs,)](
         candidates.contiguous(),
         parents.contiguous(),
@@ -297,7 +309,7 @@ def verify_tree_drawn(
         BLOCK_N=max(16, triton.next_power_of_2(n)),
         BLOCK_K=max(16, triton.next_power_of_2(topk)),
         BLOCK_V=block,
-        NUM_BLOCKS=max(16, triton.next_power_of_2(triton.cdiv(vocab, block))),
+        NUM_BLOCKS=num_blocks,
         num_warps=4,
     )
     return VerifyResult(predict=predict, accept_index=accept_index, accept_length=accept_length)
