@@ -154,12 +154,31 @@ def test_repeats_measure_each_row_over_that_many_windows(
     assert len(row["step_ms"]) == row["num_steps"]
 
 
+def test_small_batches_take_more_windows_until_a_row_holds_min_requests(
+    report: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint: Path = report["checkpoint"]
+    argv = tiny_run(checkpoint.parent, "--configs", "plain", "--batch-sizes", "1", "2",
+                    "--min-requests", "3", "--out", str(checkpoint.parent / "least"))  # fmt: skip
+    status, _, err = bench(argv, capsys)
+    assert status == 0, err
+    rows = json.loads((checkpoint.parent / "least.json").read_text())["rows"]
+    once = {r["batch_size"]: r for r in report["json"]["rows"] if r["config"] == "plain"}
+    # bs 1: three windows of one request; bs 2: two windows (4 requests, the first to hold 3)
+    assert [r["num_tokens"] for r in rows] == [3 * once[1]["num_tokens"], 2 * once[2]["num_tokens"]]
+    # one progress bar a row, over all its windows' tokens
+    finished = [line for line in err.splitlines() if "tok/s" in line]
+    assert len(finished) == 2
+    assert "12/12 tokens" in finished[0] and "8/8 tokens" in finished[1]
+
+
 @pytest.mark.parametrize(
     ("argv", "status", "message"),
     [
         (["--configs", "tree:S5,k4"], 2, "bad --configs item 'tree:S5,k4': "),
         (["--batch-sizes", "0"], 2, "--batch-sizes must be at least 1"),
         (["--repeats", "0"], 2, "--repeats must be at least 1"),
+        (["--min-requests", "0"], 2, "--min-requests must be at least 1"),
         (["--preset", "huge"], 2, "invalid choice: 'huge'"),
         (["--new-tokens", "many"], 2, "invalid int value: 'many'"),
         (["--draft-dir", "x"], 2, "--draft-dir needs --target"),

@@ -31,11 +31,12 @@ class MeasureDefaults:
     batch_sizes: tuple[int, ...]
     prompt_len: int
     new_tokens: int
+    min_requests: int
 
 
-TINY_DEFAULTS = MeasureDefaults(("plain", "chain:S3", "tree:S5,k4,N8"), (1, 4), 32, 16)
+TINY_DEFAULTS = MeasureDefaults(("plain", "chain:S3", "tree:S5,k4,N8"), (1, 4), 32, 16, 1)
 FULL_DEFAULTS = MeasureDefaults(
-    ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32"), (1, 8, 32), 256, 48
+    ("plain", "chain:S3", "tree:S5,k4,N8", "tree:S6,k8,N32"), (1, 8, 32), 256, 48, 16
 )
 
 
@@ -57,7 +58,7 @@ class _Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extra = super().parse_known_args(args, namespace)
         defaults = measure_defaults(parsed)
-        for name in ("configs", "batch_sizes", "prompt_len", "new_tokens"):
+        for name in ("configs", "batch_sizes", "prompt_len", "new_tokens", "min_requests"):
             if getattr(parsed, name) is None:
                 value = getattr(defaults, name)
                 setattr(parsed, name, list(value) if isinstance(value, tuple) else value)
@@ -172,6 +173,14 @@ def parser() -> argparse.ArgumentParser:
         help="windows per batch size and temperature, each on another draw of prompts, measured"
         " as one (a sampled bs-1 row is otherwise one random continuation)",
     )
+    runs.add_argument(
+        "--min-requests",
+        type=int,
+        metavar="N",
+        help="at small batch sizes, more windows than --repeats until a row holds N requests "
+        "(a bs-1 row of two prompts measures those two texts) "
+        f"{_by_checkpoint('min_requests')}",
+    )
     runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
     runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
     runs.add_argument(
@@ -235,6 +244,7 @@ def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         ("--new-tokens", [args.new_tokens], 1),
         ("--warmup-steps", [args.warmup_steps], 0),
         ("--repeats", [args.repeats], 1),
+        ("--min-requests", [args.min_requests], 1),
         ("--profile-steps", [args.profile_steps], 0),
         ("--arrivals", [] if args.arrivals is None else [args.arrivals], 1),
         ("--num-arrivals", [args.num_arrivals], 1),

@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import gc
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
@@ -132,11 +132,13 @@ def _measure_windows(
     for temperature in args.temperatures:
         for bs in args.batch_sizes:
             sampled = f" T {temperature:g}" if temperature else ""
-            bar = ProgressBar(err, f"{config.name:<20} bs {bs:>3}{sampled}", args.new_tokens)
+            draws = windows_per_row(args.repeats, args.min_requests, bs)
+            label = f"{config.name:<20} bs {bs:>3}{sampled}"
+            bar = ProgressBar(err, label, draws * args.new_tokens)
             chosen = shape_steps(engine)
             chosen_before = Counter(chosen)
             windows = []
-            for draw in range(args.repeats):
+            for draw in range(draws):
                 batch = prompts.batch(bs, engine.vocab_size, draw)
                 # the router's placement of the batch over idle replicas, the same on every rank
                 placement = route_by_load([len(p) for p in batch], [0] * lockstep.size)
@@ -154,7 +156,8 @@ def _measure_windows(
                         warmup_steps=args.warmup_steps,
                         profile_steps=args.profile_steps if first else 0,
                         cuda=plan.cuda,
-                        on_tokens=bar.update,
+                        # each request's tokens, the windows before this one's included
+                        on_tokens=partial(_add, draw * args.new_tokens, bar.update),
                         lockstep=lockstep,
                         trace=_trace_path(args.trace, config.name, bs)
                         if replica == 0 and first
@@ -173,6 +176,18 @@ def _measure_windows(
             view = policy_view(engine, bs, temperature)
             rows.append(dataclasses.replace(row, shape_steps=ran_steps, policy_view=view))
     return rows
+
+
+def _add(base: int, update: Callable[[int], None], done: int) -> None:
+    update(base + done)
+
+
+def windows_per_row(repeats: int, min_requests: int, batch_size: int) -> int:
+    """Windows measured as one row: ``repeats``, or more where fewer would hold under
+    ``min_requests`` requests. At bs 1 two windows are two prompts' texts, whose acceptance
+    alone moved a row by a fifth on the H200 (an adaptive engine's too: its learning
+    is most of so short a row)."""
+    return max(repeats, -(-min_requests // batch_size))
 
 
 def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:
