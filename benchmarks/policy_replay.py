@@ -1,0 +1,334 @@
+"""Benchmark: the adaptive shape policy replayed on a GPU bench run's steps, on the CPU.
+
+    eagletree bench --policy adaptive --configs plain chain:S3 ... --out run   # on the GPU
+    python -m benchmarks.policy_replay --run run.json --out replay.md          # anywhere
+
+A bench JSON of an adaptive engine holds, per cell (batch size, temperature), every fixed
+configuration's step times and tokens a step, and the adaptive engine's start-up cost table.
+Here each cell is decoded again, by every fixed shape and by ``AdaptiveShapes``, as the bench
+decodes it (windows of ``bs`` requests of ``new_tokens`` each, ``--min-requests`` as the bench
+reads it), with
+
+- a step's time drawn from the steps the GPU measured for that shape in that cell (a plain
+  step that catches the draft up: a plain step plus the table's catch-up excess), and
+- each request's accepted path drawn from a model of the head fitted to the fixed shapes'
+  tokens a step at that temperature (``replay_drafts``), read back one step late (overlap);
+
+so the policy meets the costs, the noise and the static-tree error of the real run, and
+``adaptive ÷ best fixed`` says what its choices, learning and exploration cost there.
+``--option NAME=VALUE`` sets an ``AdaptiveShapes`` argument (to compare settings). A replay
+is not the GPU: its acceptance is the model's, and what it shows is to be confirmed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.replay_drafts import DraftModel, accepted_drafts, fit_model
+from eagletree.adapters.models.head_report import read_rank_priors
+from eagletree.app.bench.runs import windows_per_row
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.step_costs import StepCosts
+from eagletree.config.shape_policy import parse_shape
+from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.request import Request
+from eagletree.domain.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (batch size, temperature) of the run: each fixed shape's measured step seconds and
+    tokens a step (plain: the plain engine's)."""
+
+    batch_size: int
+    temperature: float
+    seconds: Mapping[DraftShape, Sequence[float]]
+    tokens_per_step: Mapping[DraftShape, float]
+    tokens_per_s: Mapping[DraftShape, float]  # as the GPU measured them
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What a replay reads of a bench JSON."""
+
+    cells: list[Cell]
+    costs: StepCosts
+    candidates: tuple[DraftShape, ...]  # the adaptive engine's, its configured shape first
+    drawn: bool
+    new_tokens: int
+    repeats: int
+    measured: Mapping[tuple[int, float], float]  # the GPU's adaptive tok/s per cell
+
+
+def read_run(path: Path) -> Run:
+    data = json.loads(path.read_text())
+    adaptive = data.get("adaptive") or {}
+    engine = data["settings"]["engines"].get("adaptive")
+    if not adaptive or engine is None:
+        raise SystemExit(f"{path}: no adaptive engine (run eagletree bench --policy adaptive)")
+    (state,) = adaptive.values()
+    shapes: dict[str, DraftShape] = {}
+    seconds: dict[tuple[DraftShape, int, bool], float] = {}
+    for row in state["step_costs"]:
+        shape = DraftShape(row["num_steps"], row["topk"], row["num_draft_tokens"])
+        shapes[row["shape"]] = shape
+        seconds[(shape, row["bucket"], row["sampled"])] = row["measured_ms"] / 1e3
+    catch_ups = {(r["bucket"], r["sampled"]): r["measured_ms"] / 1e3 for r in state["catch_ups"]}
+    every = state["catch_ups"][0]["every"] if state["catch_ups"] else 1
+    buckets = tuple(sorted({bucket for _, bucket, _ in seconds}))
+    cells: dict[tuple[int, float], Cell] = {}
+    measured: dict[tuple[int, float], float] = {}
+    for row in data["rows"]:
+        key = (row["batch_size"], row["temperature"])
+        if row["config"].startswith("adaptive"):
+            measured[key] = row["tokens_per_s"]
+            continue
+        cell = cells.setdefault(key, Cell(*key, {}, {}, {}))
+        shape = shapes[row["config"]]
+        cell.seconds[shape] = [ms / 1e3 for ms in row["step_ms"]]  # type: ignore[index]
+        cell.tokens_per_step[shape] = row["tokens_per_step"]  # type: ignore[index]
+        cell.tokens_per_s[shape] = row["tokens_per_s"]  # type: ignore[index]
+    speculative = engine["speculative"]
+    argv = data["settings"]["argv"]
+    return Run(
+        sorted(cells.values(), key=lambda c: (c.temperature, c.batch_size)),
+        StepCosts(buckets, seconds, catch_ups, every),
+        tuple(parse_shape(spec) for spec in speculative["candidate_shapes"]),
+        speculative.get("sampled_drafts") == "drawn",
+        argv["new_tokens"],
+        argv.get("repeats", 1),
+        measured,
+    )
+
+
+class _Clock:
+    """A step's seconds, drawn from the cell's measured steps of its shape."""
+
+    def __init__(self, cell: Cell, costs: StepCosts, rng: random.Random) -> None:
+        self._cell, self._rng = cell, rng
+        bucket = min(b for b in costs.buckets if b >= cell.batch_size)
+        sampled = cell.temperature > 0
+        plain = costs.seconds[(PLAIN, bucket, sampled)]
+        self.catch_up_excess = max(0.0, costs.catch_up.get((bucket, sampled), plain) - plain)
+
+    def __call__(self, shape: DraftShape, catch_up: bool = False) -> float:
+        seconds = self._rng.choice(self._cell.seconds[shape])
+        return seconds + (self.catch_up_excess if catch_up else 0.0)
+
+    def mean(self, shape: DraftShape, catch_up: bool = False) -> float:
+        measured = self._cell.seconds[shape]
+        return sum(measured) / len(measured) + (self.catch_up_excess if catch_up else 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    """A replay of one cell: committed tokens per second, the steps each shape ran, and the
+    worst window's longest step ÷ its median step, each step at its shape's mean measured
+    seconds (the stalls the choices made, apart from the measured steps' own noise)."""
+
+    tokens_per_s: float
+    ran: Counter[DraftShape]
+    worst_over_median: float
+
+
+def replay_cell(
+    run: Run,
+    cell: Cell,
+    model: DraftModel,
+    policy: AdaptiveShapes | DraftShape,
+    *,
+    min_requests: int,
+    seed: int,
+) -> Replayed:
+    """``policy`` (a fixed shape, or the adaptive policy) over the cell's windows."""
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    clock = _Clock(cell, run.costs, rng)
+    worst = 1.0
+    # an adaptive engine's plain steps leave their tokens in the draft's lag (where it has a
+    # catch-up step), as ``SpeculativeWorker._runner_of`` runs them
+    lags = isinstance(policy, AdaptiveShapes) and bool(run.costs.catch_up)
+    sampled = cell.temperature > 0
+    tokens = seconds = 0.0
+    ran: Counter[DraftShape] = Counter()
+    for window in range(windows_per_row(run.repeats, min_requests, cell.batch_size)):
+        # as the bench's window: every request decodes until the slowest has new_tokens, its
+        # budget outlasting that, and every token generated counts
+        params = SamplingParams(max_new_tokens=run.new_tokens, temperature=cell.temperature)
+        size = cell.batch_size
+        decode = [Request(window * size + i, [1, 2], params, 4096) for i in range(size)]
+        generated = torch.zeros(size, dtype=torch.int64)
+        factors = model.request_factors(size, generator)
+        lag = 0
+        steps: list[float] = []
+        pending: Callable[[], None] | None = None  # the step in flight, read back next step
+        while int(generated.min()) < run.new_tokens:
+            chosen = policy if isinstance(policy, DraftShape) else policy.choose(decode)
+            catch_up = False
+            if lags and chosen.is_plain and lag + 1 < run.costs.catch_up_every:
+                shape, lag = PLAIN, lag + 1
+            elif lags and (chosen.is_plain or lag):
+                shape, lag, catch_up = PLAIN, 0, True  # a drafting shape waits one step
+            else:
+                shape = chosen
+            step_seconds = clock(shape, catch_up)
+            steps.append(clock.mean(shape, catch_up))
+            rows: list[list[int]] = []
+            if shape.is_plain:
+                committed = torch.ones(size, dtype=torch.int64)
+            else:
+                ranks, offered = model.paths(shape, factors, generator)
+                committed = 1 + accepted_drafts(ranks)
+                rows = torch.cat([ranks, offered], dim=1).tolist()
+            generated += committed
+            tokens += int(committed.sum())
+            seconds += step_seconds
+            ran[shape] += 1
+            if pending is not None:
+                pending()
+            if isinstance(policy, AdaptiveShapes):
+                pending = _read_back(policy, shape, decode, rows, sampled, step_seconds, catch_up)
+        if pending is not None:
+            pending()
+        worst = max(worst, max(steps) / statistics.median(steps))
+    return Replayed(tokens / seconds, ran, worst)
+
+
+def _read_back(
+    policy: AdaptiveShapes,
+    shape: DraftShape,
+    decode: list[Request],
+    rows: list[list[int]],
+    sampled: bool,
+    seconds: float,
+    catch_up: bool,
+) -> Callable[[], None]:
+    def read_back() -> None:
+        policy.observe_time(shape, len(decode), sampled, seconds, catch_up=catch_up)
+        if rows:
+            policy.observe(shape, decode, rows)
+
+    return read_back
+
+
+def _option(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    if not name or not value:
+        raise argparse.ArgumentTypeError(f"--option wants NAME=VALUE, got {text!r}")
+    return name.replace("-", "_"), float(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--run", type=Path, required=True, help="an eagletree bench JSON")
+    p.add_argument("--draft-dir", type=Path, help="the head's directory: its training.json prior")
+    p.add_argument("--min-requests", type=int, default=16)
+    p.add_argument("--seeds", type=int, default=3, help="replays per cell, averaged")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    run = read_run(args.run)
+    options: dict[str, Any] = dict(args.option)
+    priors = read_rank_priors(args.draft_dir) if args.draft_dir else {}
+    models: dict[float, DraftModel] = {}
+    lines = [
+        f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
+        + "".join(f", {k}={v:g}" for k, v in options.items())
+        + ")",
+        "",
+        "| T | bs | best fixed (others ÷ it) | adaptive ÷ best | ÷ plain | ran | worst ÷ median"
+        " step | best replayed ÷ GPU | GPU: adaptive ÷ best |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = []
+    views: list[str] = []
+    for cell in run.cells:
+        if cell.temperature not in models:
+            models[cell.temperature] = fit_model(_pooled(run, cell.temperature))
+        model = models[cell.temperature]
+        fixed: dict[DraftShape, float] = {}
+        adaptive, ran, stall = 0.0, Counter[DraftShape](), 1.0
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for shape in cell.seconds:
+                replayed = replay_cell(run, cell, model, shape, min_requests=args.min_requests,
+                                       seed=seed)  # fmt: skip
+                fixed[shape] = fixed.get(shape, 0.0) + replayed.tokens_per_s / args.seeds
+            policy = AdaptiveShapes(run.candidates, head_priors=priors, drawn_drafts=run.drawn,
+                                    **options)  # fmt: skip
+            policy.use_costs(run.costs)
+            replayed = replay_cell(run, cell, model, policy, min_requests=args.min_requests,
+                                   seed=seed)  # fmt: skip
+            adaptive += replayed.tokens_per_s / args.seeds
+            ran += replayed.ran
+            stall = max(stall, replayed.worst_over_median)
+        best = max(fixed, key=lambda s: fixed[s])
+        ratios.append(adaptive / fixed[best])
+        total = sum(ran.values())
+        shares = ", ".join(f"{s.label} {100 * n / total:.0f} %" for s, n in ran.most_common(3))
+        others = ", ".join(f"{s.label} {fixed[s] / fixed[best]:.2f}" for s in fixed if s != best)
+        lines.append(
+            f"| {cell.temperature:g} | {cell.batch_size} | {best.label} ({others}) | "
+            f"{adaptive / fixed[best]:.2f} | {adaptive / fixed[PLAIN]:.2f} | {shares} | "
+            f"{stall:.2f} | {fixed[best] / cell.tokens_per_s[best]:.2f} | {_gpu_ratio(run, cell)} |"
+        )
+        views.append(_priced(policy, cell, model, run))
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    lines += [
+        "",
+        f"Geometric mean of adaptive ÷ best fixed: {geomean:.3f}; least {min(ratios):.2f}.",
+        "",
+        "What the last replay's policy priced at its end (tokens a step / ms), against the "
+        "model and the measured steps:",
+        "",
+        *views,
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def _priced(policy: AdaptiveShapes, cell: Cell, model: DraftModel, run: Run) -> str:
+    costs = policy.costs
+    assert costs is not None
+    generator = torch.Generator().manual_seed(0)
+    expected = policy.expected_accepted(cell.temperature)
+    parts = []
+    for shape, accepted in zip(policy.shapes, expected, strict=True):
+        ms = 1e3 * costs.of(shape, cell.batch_size, cell.temperature > 0)
+        true_ms = 1e3 * sum(cell.seconds[shape]) / len(cell.seconds[shape])
+        true = model.tokens_per_step(shape, generator, 1024)
+        parts.append(f"{shape.label} {1 + accepted:.2f}/{ms:.2f} ({true:.2f}/{true_ms:.2f})")
+    return f"- T {cell.temperature:g} bs {cell.batch_size}: " + "; ".join(parts)
+
+
+def _pooled(run: Run, temperature: float) -> dict[DraftShape, float]:
+    """Each drafting shape's tokens a step at ``temperature``, averaged over batch sizes."""
+    per_shape: dict[DraftShape, list[float]] = {}
+    for cell in run.cells:
+        if cell.temperature == temperature:
+            for shape, value in cell.tokens_per_step.items():
+                per_shape.setdefault(shape, []).append(value)
+    return {s: sum(v) / len(v) for s, v in per_shape.items() if not s.is_plain}
+
+
+def _gpu_ratio(run: Run, cell: Cell) -> str:
+    """The GPU run's own adaptive ÷ best fixed in the cell."""
+    measured = run.measured.get((cell.batch_size, cell.temperature))
+    return "—" if measured is None else f"{measured / max(cell.tokens_per_s.values()):.2f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""benchmarks/policy_replay.py and replay_drafts.py: the draft model's paths, and the adaptive
+policy replayed on measured costs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks import policy_replay, replay_drafts
+from benchmarks.policy_replay import Cell, Run, replay_cell
+from benchmarks.replay_drafts import DraftModel, accepted_drafts
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.step_costs import StepCosts
+from eagletree.domain.draft_shape import PLAIN, DraftShape, max_draft_tokens
+from tests.hypothesis_profiles import examples
+
+CHAIN3, CHAIN5 = DraftShape.chain(3), DraftShape.chain(5)
+
+
+def test_a_chain_of_steady_nodes_accepts_each_depth_at_ease_times_confidence() -> None:
+    model = DraftModel(1.0, 0.0, 2.0, 0.0, tail=0.5, request_spread=0.0)
+    rate = 1 / (1 + math.exp(-1.0)) * 1 / (1 + math.exp(-2.0))
+    generator = torch.Generator().manual_seed(0)
+    tokens = model.tokens_per_step(DraftShape.chain(4), generator, steps=20_000)
+    assert tokens == pytest.approx(1 + sum(rate**d for d in range(1, 5)), abs=0.05)
+
+
+@st.composite
+def _models_and_shapes(draw: st.DrawFn) -> tuple[DraftModel, DraftShape]:
+    spread = st.floats(0.0, 3.0)
+    model = DraftModel(draw(st.floats(-2, 5)), draw(spread), draw(st.floats(-1, 5)),
+                       draw(spread), draw(st.floats(0.05, 0.95)))  # fmt: skip
+    steps, k = draw(st.integers(1, 5)), draw(st.integers(1, 4))
+    n = draw(st.integers(2, max_draft_tokens(steps, k))) if k > 1 else steps + 1
+    return model, DraftShape(steps, k, n)
+
+
+@given(_models_and_shapes(), st.integers(0, 2**16))
+@settings(max_examples=examples(60), deadline=None)
+def test_a_path_accepts_only_what_its_tree_offered(
+    case: tuple[DraftModel, DraftShape], seed: int
+) -> None:
+    model, shape = case
+    generator = torch.Generator().manual_seed(seed)
+    ranks, offered = model.paths(shape, model.request_factors(16, generator), generator)
+    accepted = accepted_drafts(ranks)
+    for row_ranks, row_offered, count in zip(ranks, offered, accepted, strict=True):
+        count = int(count)
+        assert count <= min(shape.num_steps, shape.num_draft_tokens - 1)
+        assert (row_ranks[count:] == -1).all()  # nothing after the first miss
+        # every accepted rank was among the candidates verified under the path
+        assert (row_ranks[:count] < row_offered[:count]).all()
+        assert (row_offered[:count] <= shape.topk).all()
+        assert (row_offered[count + 1 :] == 0).all()  # depths the path never reached
+        if shape.topk == 1 and count < shape.num_steps:
+            assert row_offered[count] == 1  # a chain offers its one draft wherever it reaches
+
+
+def _run(costs_ms: dict[DraftShape, float], batch_size: int = 4) -> tuple[Run, Cell]:
+    """A run whose every step of a shape takes the same time, at every bucket."""
+    buckets = (1, 2, 4)
+    seconds = {(s, b, False): ms / 1e3 for s, ms in costs_ms.items() for b in buckets}
+    catch_up = {(b, False): 1.2 * costs_ms[PLAIN] / 1e3 for b in buckets}
+    cell = Cell(batch_size, 0.0, {s: [ms / 1e3] for s, ms in costs_ms.items()}, {}, {})
+    costs = StepCosts(buckets, seconds, catch_up, 4)
+    run = Run([cell], costs, tuple(costs_ms), False, 64, 1, {})
+    return run, cell
+
+
+@pytest.mark.parametrize(
+    ("costs_ms", "best"),
+    [
+        ({CHAIN3: 1.2, PLAIN: 1.0, CHAIN5: 3.0}, CHAIN3),  # the deeper chain's step too dear
+        ({CHAIN3: 1.2, PLAIN: 1.0, CHAIN5: 1.25}, CHAIN5),  # nearly free: the deeper wins
+    ],
+)
+def test_the_replayed_policy_finds_the_fastest_shape(
+    costs_ms: dict[DraftShape, float], best: DraftShape
+) -> None:
+    run, cell = _run(costs_ms)
+    model = DraftModel(3.0, 0.5, 3.0, 0.5)
+    fixed = {
+        shape: replay_cell(run, cell, model, shape, min_requests=32, seed=1).tokens_per_s
+        for shape in costs_ms
+    }
+    assert max(fixed, key=lambda s: fixed[s]) == best
+    policy = AdaptiveShapes(run.candidates)
+    policy.use_costs(run.costs)
+    replayed = replay_cell(run, cell, model, policy, min_requests=32, seed=1)
+    assert replayed.ran.most_common(1)[0][0] == best
+    assert replayed.tokens_per_s >= 0.9 * fixed[best]
+    # plain steps commit a token a request, a drafting step more: the fixed engines' rates
+    assert fixed[PLAIN] == pytest.approx(cell.batch_size / 1e-3)
+    assert fixed[CHAIN3] > fixed[PLAIN] / 1.2
+
+
+def test_the_report_replays_every_cell_of_a_bench_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name, values in (("EASE_MEANS", (3.0,)), ("EASE_SPREADS", (0.5,)),
+                         ("CONFIDENCE_MEANS", (3.0,)), ("CONFIDENCE_SPREADS", (0.5, 1.5)),
+                         ("TAILS", (0.5,))):  # fmt: skip
+        monkeypatch.setattr(replay_drafts, name, values)  # a grid of two points: quick
+    shapes = {"plain": (0, 1, 1, 1.0, 1.0), "chain S3": (3, 1, 4, 1.3, 3.2)}
+    step_costs = [
+        {"shape": label, "num_steps": s, "topk": k, "num_draft_tokens": n, "bucket": b,
+         "sampled": sampled, "measured_ms": ms}
+        for label, (s, k, n, ms, _) in shapes.items() for b in (1, 2) for sampled in (False, True)
+    ]  # fmt: skip
+    rows = [
+        {"config": label, "batch_size": bs, "temperature": 0.0, "step_ms": [ms, 1.1 * ms],
+         "tokens_per_step": tokens, "tokens_per_s": bs * tokens / ms * 1e3}
+        for label, (_, _, _, ms, tokens) in shapes.items() for bs in (1, 2)
+    ] + [{"config": "adaptive (mostly chain S3, 90 %)", "batch_size": bs, "temperature": 0.0,
+          "tokens_per_s": 2000.0 * bs} for bs in (1, 2)]  # fmt: skip
+    speculative = {"candidate_shapes": ["chain:S3", "plain"], "sampled_drafts": "drawn"}
+    bench = {
+        "rows": rows,
+        "adaptive": {"adaptive": {"step_costs": step_costs, "catch_ups": []}},
+        "settings": {"engines": {"adaptive": {"speculative": speculative}},
+                     "argv": {"new_tokens": 16, "repeats": 1}},
+    }  # fmt: skip
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(bench))
+    out = tmp_path / "replay.md"
+    assert policy_replay.main(["--run", str(path), "--seeds", "1", "--min-requests", "2",
+                               "--out", str(out)]) == 0  # fmt: skip
+    table = [line for line in out.read_text().splitlines() if line.startswith("| 0 |")]
+    assert [line.split(" | ")[1] for line in table] == ["1", "2"]
+    # the replayed best fixed shape is the chain (3.2 tokens for 1.3 × a plain step)
+    assert all("| chain S3 (plain " in line for line in table)
+    # the GPU's own adaptive ÷ best fixed: 2000 tok/s a request against the chain's 2462
+    assert all(line.endswith("| 0.81 |") for line in table)
+    assert capsys.readouterr().out.startswith("Policy replay of")
