@@ -64,12 +64,19 @@ class AdaptiveShapes:
     sample, and within a bucket every shape's step costs the same: a serving batch, whose size
     changes whenever a request ends, would be priced every step). No step runs
     a shape — chosen, probed or explored — priced above ``stall_ratio`` × the cheapest
-    candidate's step at the batch's size: the median step a request sees is at least that
-    cheapest one, so no request's worst step reaches 3 × its median (among plain steps of
-    0.6 ms a tree step of 2 ms is a stall to every request in it, however many tokens it
-    commits). ``drawn_drafts``: the worker's sampling requests draw their drafts, which then
-    accept by rejection sampling: a band's shapes are priced by what its drawn drafts accepted
-    (``drawn_band``), learned apart from top-k drafts' rates.
+    candidate's step at the batch's size, or × the steps the batch's requests have been
+    taking there (smoothed, ``LearnedCosts.typical``) where those are longer: the median step
+    a request sees is about those, and at least the cheapest, so no request's worst step
+    reaches 3 × its median (among plain steps of 0.6 ms a tree step of 2 ms is a stall to
+    every request in it, however many tokens it commits). The steps taken count because a
+    plain step that never ran is priced by the start-up table alone, without the host's share
+    of a running step: among chain steps of 0.95 ms, a chain S5 of 1.2 was refused at a batch
+    of 64 as a stall past 2.5 plain steps priced 0.46 ms (a replay of the H200's costs, where
+    they took 0.62). ``drawn_drafts``: the worker's sampling requests draw their drafts, which
+    then accept by rejection sampling: a band's shapes are priced by what its drawn drafts
+    accepted (``drawn_band``), learned apart from top-k drafts' rates. ``calibration_weight``: the
+    requests' worth of agreement with its model each shape's calibration starts with
+    (``AcceptanceCalibration``).
     """
 
     observes = True
@@ -91,6 +98,7 @@ class AdaptiveShapes:
         stall_ratio: float = 2.5,
         drift: float = 0.1,
         drawn_drafts: bool = False,
+        calibration_weight: float = 16.0,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -103,6 +111,7 @@ class AdaptiveShapes:
             prior_weight=prior_weight,
             refresh_steps=refresh_steps,
             drift=drift,
+            calibration_weight=calibration_weight,
         )
         self._hysteresis = hysteresis
         self._costs: LearnedCosts | None = None
@@ -194,7 +203,8 @@ class AdaptiveShapes:
         bands = list(counts)
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        limit = self._stall_ratio * min(seconds)
+        typical = costs.typical(len(decode), sampled) or 0.0
+        limit = self._stall_ratio * max(min(seconds), typical)
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
         expected = [self._expected(band, kept) for band in bands]

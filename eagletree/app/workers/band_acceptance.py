@@ -77,8 +77,10 @@ class BandAcceptance:
         prior_weight: float = 4.0,
         refresh_steps: int = 4,
         drift: float = 0.1,
+        calibration_weight: float = 16.0,
     ) -> None:
         self.shapes = tuple(shapes)
+        self._calibration_weight = calibration_weight
         self._prior = prior
         self._head_priors = dict(head_priors or {})
         self._prior_weight = prior_weight
@@ -92,6 +94,7 @@ class BandAcceptance:
         self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
         self._calibration: dict[str, AcceptanceCalibration] = {}
+        self._most = [s.tokens_per_step - 1 for s in self.shapes]  # accepted drafts, at most
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (its prior before any of its paths)."""
@@ -123,7 +126,9 @@ class BandAcceptance:
             accepted = sum(_accepted_drafts(ranks) for ranks, _ in paths)
             calibration = self._calibration.get(band)
             if calibration is None:
-                calibration = self._calibration[band] = AcceptanceCalibration(len(self.shapes))
+                calibration = self._calibration[band] = AcceptanceCalibration(
+                    len(self.shapes), prior_weight=self._calibration_weight
+                )
             calibration.record(shape, accepted, modelled, len(paths))
         profile = self._profiles.get(band)
         if profile is None:
@@ -163,7 +168,12 @@ class BandAcceptance:
         calibration = self._calibration.get(band)
         if calibration is None:
             return cached
-        return [None if e is None else e * calibration.factor(i) for i, e in enumerate(cached)]
+        # never past the most a step of the shape can accept (a factor learned while the
+        # profile was still low would otherwise price a chain S3 above 3 drafts)
+        return [
+            None if e is None else min(e * calibration.factor(i), self._most[i])
+            for i, e in enumerate(cached)
+        ]
 
     def _modelled(self, band: str, shape: int) -> float:
         """The uncalibrated expectation of ``shapes[shape]`` for ``band`` as it now stands."""

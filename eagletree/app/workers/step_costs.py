@@ -157,6 +157,8 @@ class LearnedCosts:
         self._excess: dict[tuple[int, bool, bool], _Smoothed] = {}
         # per (bucket, sampled, plain) the excess it borrows, found once per new observed bucket
         self._borrowed: dict[tuple[int, bool, bool], _Smoothed | None] = {}
+        # per (bucket, sampled): the steps of every shape (catch-ups too) as requests met them
+        self._typical: dict[tuple[int, bool], _Smoothed] = {}
         # the bucket of every batch size up to the largest (read a few times every step)
         largest = measured.buckets[-1]
         self._bucket_of = [bucket_for(size, measured.buckets) for size in range(largest + 1)]
@@ -190,6 +192,14 @@ class LearnedCosts:
         key, rows = self._key(shape, batch_size, sampled)
         return self._run_mean(key, self._measured) * rows
 
+    def typical(self, batch_size: int, sampled: bool) -> float | None:
+        """The seconds of the steps recorded at this batch size's bucket and sampling, whatever
+        their shape, smoothed (None before the first): what a request there has been waiting
+        a step."""
+        (_, bucket, _, _), rows = self._key(PLAIN, batch_size, sampled)
+        typical = self._typical.get((bucket, sampled))
+        return None if typical is None else typical.mean * rows
+
     def observations(self, shape: DraftShape, batch_size: int, sampled: bool) -> int:
         """How many steps of ``shape`` were recorded at this batch size's bucket and sampling
         (for plain: those that left their token in the lag)."""
@@ -214,6 +224,8 @@ class LearnedCosts:
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)
         value = min(seconds / rows, self._clip * observed.mean)
         observed.add(value, self._weight)
+        typical = self._typical.setdefault((bucket, sampled), _Smoothed(value))
+        typical.add(value, self._weight)
         self._records += 1
         self._recorded_at[key[:3]] = self._records
         kind = (bucket, sampled, shape.is_plain)

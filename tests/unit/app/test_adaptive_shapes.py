@@ -474,3 +474,41 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
     chain_modelled = expected_accepted(chain, profile)
     assert policy.expected_accepted(0.0)[0] == pytest.approx(chain_modelled, rel=1e-3)
     assert policy.choose(batch) == tree
+
+
+def test_a_calibrated_shape_is_never_priced_past_the_drafts_it_verifies() -> None:
+    # the prior says a chain S2 accepts 0.96 drafts; every step accepts both: the profile
+    # rises towards 2 while the calibration still holds the ratios of its first steps (2
+    # against a model near 1), which would price the chain past the 2 drafts it verifies
+    chain = DraftShape.chain(2)
+    policy = AdaptiveShapes((chain,), prior=RankProfile(((0.6,), (0.6,))), prior_weight=1.0)
+    policy.use_costs(StepCosts((1, 8), {(chain, b, x): 1.0 for b in (1, 8)
+                                        for x in (False, True)}))  # fmt: skip
+    batch = _requests([0.0] * 8)
+    for _ in range(40):
+        policy.choose(batch)
+        policy.observe(chain, batch, [[0, 0, 1, 1]] * len(batch))
+    assert policy.profile("greedy").rate(1, 0) > 0.9  # learned: the model now expects ~2
+    assert policy.expected_accepted(0.0) == pytest.approx([2.0])
+
+
+def test_the_stall_limit_follows_the_steps_a_batch_has_been_taking() -> None:
+    # the table prices plain at 1 s and the deep chain at 2.6 (past 2.5 plain steps); the
+    # shallow chain's steps have been taking 1.5 s: 2.6 is 1.7 of those, no stall, and the
+    # deep chain, committing the most a second, runs
+    shallow, deep = DraftShape.chain(1), DraftShape.chain(6)
+    table = {PLAIN: 1.0, shallow: 1.2, deep: 2.6}
+    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    profile = RankProfile(((0.95,),))
+    policy = AdaptiveShapes(
+        (shallow, PLAIN, deep), prior=profile, prior_weight=1e6, hysteresis=0.0,
+        reprice_every=1, probe_every=1000, explore_every=1000,
+    )  # fmt: skip
+    policy.use_costs(costs)
+    batch = _requests([0.0])
+    assert policy.choose(batch) == shallow  # 2.6 > 2.5 × the cheapest (plain's 1 s)
+    for _ in range(20):
+        policy.observe_time(shallow, 1, False, 1.5)
+    assert policy.costs is not None
+    assert policy.costs.typical(1, False) == pytest.approx(1.5, rel=0.05)
+    assert policy.choose(batch) == deep
