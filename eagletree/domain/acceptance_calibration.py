@@ -19,7 +19,8 @@ class AcceptanceCalibration:
 
     ``prior_weight``: requests' worth of agreement with the model each shape starts with, so
     that one step's luck moves its factor little; ``half_life``: the shape's own steps after
-    which a step's weight halves; factors are kept within ``[low, high]``.
+    which a step's weight halves (and, for a shape whose steps accepted less than its model,
+    every other shape's step too); factors are kept within ``[low, high]``.
     """
 
     def __init__(
@@ -51,6 +52,13 @@ class AcceptanceCalibration:
         self._observed[shape] = decay * self._observed[shape] + accepted
         self._modelled[shape] = decay * self._modelled[shape] + modelled * requests
         self._requests[shape] = decay * self._requests[shape] + requests
+        # a shape priced below its model by its last steps fades back towards the model with
+        # every other shape's step: so priced, it may never run again to say otherwise
+        for other, observed in enumerate(self._observed):
+            if other != shape and observed < self._modelled[other]:
+                self._observed[other] *= decay
+                self._modelled[other] *= decay
+                self._requests[other] *= decay
 
     def factor(self, shape: int) -> float:
         """What the model of ``shape`` is to be multiplied by (1 before any of its steps)."""

@@ -1,5 +1,6 @@
 """A shape's calibration: observed ÷ modelled accepted drafts, held near 1 by a prior worth a
-few requests, decayed by the shape's own steps, bounded."""
+few requests, decayed by the shape's own steps (one below its model by the others' too),
+bounded."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def test_bad_arguments_are_refused() -> None:
         AcceptanceCalibration(1, low=1.5)
     with pytest.raises(ValueError, match="positive"):
         AcceptanceCalibration(0)
+
+
+def test_a_shape_priced_below_its_model_fades_back_as_others_run_and_one_above_does_not() -> None:
+    calibration = AcceptanceCalibration(3, prior_weight=1.0, half_life=1.0)
+    calibration.record(0, accepted=0.0, modelled=1.0, requests=4)  # unlucky: 0 against 4
+    calibration.record(1, accepted=8.0, modelled=1.0, requests=4)  # lucky: 8 against 4
+    low, high = calibration.factor(0), calibration.factor(1)
+    assert low < 1.0 < high
+    # shape 0 now runs no more; every step of shape 2 halves its sums (half-life 1 step),
+    # so its prior weighs ever more: its factor returns towards 1; shape 1's stays
+    for _ in range(8):
+        calibration.record(2, accepted=4.0, modelled=1.0, requests=4)
+    assert calibration.factor(0) > 0.95 and calibration.factor(1) == high
