@@ -23,6 +23,7 @@ is not the GPU: its acceptance is the model's, and what it shows is to be confir
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import random
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from benchmarks.replay_drafts import DraftModel, accepted_drafts, fit_model
-from eagletree.adapters.models.head_report import read_rank_priors
+from eagletree.adapters.models.head_report import REPORT_NAME, read_rank_priors
 from eagletree.app.bench.runs import windows_per_row
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.step_costs import StepCosts
@@ -53,9 +54,9 @@ class Cell:
 
     batch_size: int
     temperature: float
-    seconds: Mapping[DraftShape, Sequence[float]]
-    tokens_per_step: Mapping[DraftShape, float]
-    tokens_per_s: Mapping[DraftShape, float]  # as the GPU measured them
+    seconds: dict[DraftShape, list[float]]
+    tokens_per_step: dict[DraftShape, float]
+    tokens_per_s: dict[DraftShape, float]  # as the GPU measured them
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +73,13 @@ class Run:
 
 
 def read_run(path: Path) -> Run:
+    """The cells, costs and adaptive engine of the bench JSON at ``path``."""
     data = json.loads(path.read_text())
     adaptive = data.get("adaptive") or {}
     engine = data["settings"]["engines"].get("adaptive")
     if not adaptive or engine is None:
         raise SystemExit(f"{path}: no adaptive engine (run eagletree bench --policy adaptive)")
-    (state,) = adaptive.values()
+    state = adaptive.get("adaptive") or next(iter(adaptive.values()))
     shapes: dict[str, DraftShape] = {}
     seconds: dict[tuple[DraftShape, int, bool], float] = {}
     for row in state["step_costs"]:
@@ -96,9 +98,9 @@ def read_run(path: Path) -> Run:
             continue
         cell = cells.setdefault(key, Cell(*key, {}, {}, {}))
         shape = shapes[row["config"]]
-        cell.seconds[shape] = [ms / 1e3 for ms in row["step_ms"]]  # type: ignore[index]
-        cell.tokens_per_step[shape] = row["tokens_per_step"]  # type: ignore[index]
-        cell.tokens_per_s[shape] = row["tokens_per_s"]  # type: ignore[index]
+        cell.seconds[shape] = [ms / 1e3 for ms in row["step_ms"]]
+        cell.tokens_per_step[shape] = row["tokens_per_step"]
+        cell.tokens_per_s[shape] = row["tokens_per_s"]
     speculative = engine["speculative"]
     argv = data["settings"]["argv"]
     return Run(
@@ -238,8 +240,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    run = read_run(args.run)
+    if not args.run.is_file():
+        p.error(f"--run {args.run} is not a file: give an eagletree bench JSON")
+    if args.draft_dir is not None and not (args.draft_dir / REPORT_NAME).is_file():
+        p.error(f"--draft-dir {args.draft_dir} holds no {REPORT_NAME}")
+    if args.seeds < 1 or args.min_requests < 1:
+        p.error("--seeds and --min-requests must be at least 1")
     options: dict[str, Any] = dict(args.option)
+    known = inspect.signature(AdaptiveShapes).parameters
+    for name in options:
+        if name not in known or name == "shapes":
+            p.error(f"--option {name}: not an AdaptiveShapes argument")
+    run = read_run(args.run)
     priors = read_rank_priors(args.draft_dir) if args.draft_dir else {}
     models: dict[float, DraftModel] = {}
     lines = [

@@ -138,3 +138,26 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     # the GPU's own adaptive ÷ best fixed: 2000 tok/s a request against the chain's 2462
     assert all(line.endswith("| 0.81 |") for line in table)
     assert capsys.readouterr().out.startswith("Policy replay of")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--option", "hysteresis"], "--option wants NAME=VALUE"),
+        (["--option", "warp=2"], "--option warp: not an AdaptiveShapes argument"),
+        (["--draft-dir", "."], "holds no training.json"),
+        (["--seeds", "0"], "must be at least 1"),
+    ],
+)
+def test_bad_arguments_end_in_one_line_naming_the_flag(
+    tmp_path: Path, extra: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "run.json"
+    path.write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        policy_replay.main(["--run", str(path), *extra])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        policy_replay.main(["--run", str(tmp_path / "missing.json")])
+    assert "is not a file" in capsys.readouterr().err
