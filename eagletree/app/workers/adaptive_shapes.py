@@ -64,11 +64,13 @@ class AdaptiveShapes:
     sample, and within a bucket every shape's step costs the same: a serving batch, whose size
     changes whenever a request ends, would be priced every step). No step runs
     a shape — chosen, probed or explored — priced above ``stall_ratio`` × the cheapest
-    candidate's step at the batch's size, or × the steps the batch's requests have been
-    taking there (smoothed, ``LearnedCosts.typical``) where those are longer: the median step
-    a request sees is about those, and at least the cheapest, so no request's worst step
-    reaches 3 × its median (among plain steps of 0.6 ms a tree step of 2 ms is a stall to
-    every request in it, however many tokens it commits). The steps taken count because a
+    candidate's step at the batch's size, or × the median of the last steps taken there
+    (``LearnedCosts.median_step``) where that is longer: the median step a request sees is
+    about that, and at least the cheapest, so no request's worst step reaches 3 × its median
+    (among plain steps of 0.6 ms a tree step of 2 ms is a stall to every request in it,
+    however many tokens it commits; a smoothed mean of the last steps, which lags a batch
+    that turned to plain steps, let a replay's probe run a 1.44 ms tree step among plain ones
+    of 0.47, 3.05 × the window's median). The steps taken count because a
     plain step that never ran is priced by the start-up table alone, without the host's share
     of a running step: among chain steps of 0.95 ms, a chain S5 of 1.2 was refused at a batch
     of 64 as a stall past 2.5 plain steps priced 0.46 ms (a replay of the H200's costs, where
@@ -203,8 +205,8 @@ class AdaptiveShapes:
         bands = list(counts)
         sampled = any(band != "greedy" for band in bands)
         seconds = [costs.of(shape, len(decode), sampled) for shape in self.shapes]
-        typical = costs.typical(len(decode), sampled) or 0.0
-        limit = self._stall_ratio * max(min(seconds), typical)
+        median = costs.median_step(len(decode), sampled) or 0.0
+        limit = self._stall_ratio * max(min(seconds), median)
         short = [s <= limit for s in seconds]
         kept = [i for i, ok in enumerate(short) if ok]
         expected = [self._expected(band, kept) for band in bands]

@@ -15,7 +15,9 @@ plain decoding, at a batch of 64, at twice what a run of it costs.
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -132,7 +134,8 @@ class LearnedCosts:
     as often: a shape must go stale well within that, or a batch that begins on the slower of
     two close shapes (its rival priced 10 % over its time by the batch before) stays on it to
     the end (64 steps did that on the H200). Once stale, the next exploration (every 8 drafting
-    steps) times it again.
+    steps) times it again. ``median_step``: the median of the last ``recent_steps`` steps at a
+    bucket and sampling, whatever their shape (the adaptive policy's stall limit).
     """
 
     def __init__(
@@ -142,6 +145,7 @@ class LearnedCosts:
         weight: float = 0.1,
         clip: float = 3.0,
         stale_after: int = 16,
+        recent_steps: int = 64,
     ) -> None:
         self.measured = measured
         self._weight = weight
@@ -157,8 +161,10 @@ class LearnedCosts:
         self._excess: dict[tuple[int, bool, bool], _Smoothed] = {}
         # per (bucket, sampled, plain) the excess it borrows, found once per new observed bucket
         self._borrowed: dict[tuple[int, bool, bool], _Smoothed | None] = {}
-        # per (bucket, sampled): the steps of every shape (catch-ups too) as requests met them
-        self._typical: dict[tuple[int, bool], _Smoothed] = {}
+        # per (bucket, sampled): the last ``recent_steps`` steps of every shape (catch-ups too)
+        # as requests met them, in order and sorted (for their median)
+        self._recent_steps = recent_steps
+        self._recent: dict[tuple[int, bool], tuple[deque[float], list[float]]] = {}
         # the bucket of every batch size up to the largest (read a few times every step)
         largest = measured.buckets[-1]
         self._bucket_of = [bucket_for(size, measured.buckets) for size in range(largest + 1)]
@@ -192,13 +198,16 @@ class LearnedCosts:
         key, rows = self._key(shape, batch_size, sampled)
         return self._run_mean(key, self._measured) * rows
 
-    def typical(self, batch_size: int, sampled: bool) -> float | None:
-        """The seconds of the steps recorded at this batch size's bucket and sampling, whatever
-        their shape, smoothed (None before the first): what a request there has been waiting
-        a step."""
+    def median_step(self, batch_size: int, sampled: bool) -> float | None:
+        """The median seconds of the last ``recent_steps`` steps recorded at this batch size's
+        bucket and sampling, whatever their shape (None before the first): the step a request
+        there has mostly been waiting."""
         (_, bucket, _, _), rows = self._key(PLAIN, batch_size, sampled)
-        typical = self._typical.get((bucket, sampled))
-        return None if typical is None else typical.mean * rows
+        recent = self._recent.get((bucket, sampled))
+        if recent is None:
+            return None
+        ordered = recent[1]
+        return ordered[len(ordered) // 2] * rows
 
     def observations(self, shape: DraftShape, batch_size: int, sampled: bool) -> int:
         """How many steps of ``shape`` were recorded at this batch size's bucket and sampling
@@ -224,8 +233,11 @@ class LearnedCosts:
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)
         value = min(seconds / rows, self._clip * observed.mean)
         observed.add(value, self._weight)
-        typical = self._typical.setdefault((bucket, sampled), _Smoothed(value))
-        typical.add(value, self._weight)
+        window, ordered = self._recent.setdefault((bucket, sampled), (deque(), []))
+        window.append(value)
+        bisect.insort(ordered, value)
+        if len(window) > self._recent_steps:
+            del ordered[bisect.bisect_left(ordered, window.popleft())]
         self._records += 1
         self._recorded_at[key[:3]] = self._records
         kind = (bucket, sampled, shape.is_plain)

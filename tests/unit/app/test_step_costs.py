@@ -209,3 +209,16 @@ def test_a_catch_ups_excess_over_a_plain_step_follows_both_as_they_run() -> None
     costs.record(PLAIN, 1, False, 6.0, catch_up=True)
     assert costs.catch_up_excess(1, False) == pytest.approx(5.5 - 1.5)
     assert LearnedCosts(MEASURED).catch_up_excess(8, False) == 0.0  # plain steps need none
+
+
+def test_the_median_step_is_that_of_the_last_steps_of_any_shape() -> None:
+    costs = LearnedCosts(MEASURED, recent_steps=4)
+    assert costs.median_step(1, False) is None
+    for shape, seconds in ((CHAIN, 2.0), (TREE, 3.0), (TREE, 3.0), (PLAIN, 1.0)):
+        costs.record(shape, 1, False, seconds)
+    assert costs.median_step(1, False) == 3.0  # of 1, 2, 3, 3: the upper middle
+    assert costs.median_step(1, True) is None  # the other sampling: nothing yet
+    for _ in range(2):  # the batch turned to plain steps: three of the last four
+        costs.record(PLAIN, 1, False, 1.0)
+    assert costs.median_step(1, False) == 1.0  # the tree steps before them are gone
+    assert costs.median_step(16, False) is None  # bucket 8 ran nothing
