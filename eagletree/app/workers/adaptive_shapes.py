@@ -70,13 +70,13 @@ class AdaptiveShapes:
     (among plain steps of 0.6 ms a tree step of 2 ms is a stall to every request in it,
     however many tokens it commits; a smoothed mean of the last steps, which lags a batch
     that turned to plain steps, let a replay's probe run a 1.44 ms tree step among plain ones
-    of 0.47, 3.05 × the window's median). The steps taken count because a
-    plain step that never ran is priced by the start-up table alone, without the host's share
-    of a running step: among chain steps of 0.95 ms, a chain S5 of 1.2 was refused at a batch
-    of 64 as a stall past 2.5 plain steps priced 0.46 ms (a replay of the H200's costs, where
-    they took 0.62). ``drawn_drafts``: the worker's sampling requests draw their drafts, which
-    then accept by rejection sampling: a band's shapes are priced by what its drawn drafts
-    accepted (``drawn_band``), learned apart from top-k drafts' rates. ``calibration_weight``: the
+    of 0.47, 3.05 × the window's median). The steps taken count because a plain step that
+    never ran is priced by the start-up table alone, without the host's share of a running
+    step: among chain steps of 0.95 ms, a chain S5 of 1.2 was refused at a batch of 64 as a
+    stall past 2.5 plain steps priced 0.46 ms (a replay of the H200's costs, where they took
+    0.62). ``drawn_drafts``: the worker's sampling requests draw their drafts, which then
+    accept by rejection sampling: a band's shapes are priced by what its drawn drafts accepted
+    (``drawn_band``), learned apart from top-k drafts' rates. ``calibration_weight``: the
     requests' worth of agreement with its model each shape's calibration starts with
     (``AcceptanceCalibration``).
     """
