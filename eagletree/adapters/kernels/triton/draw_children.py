@@ -106,10 +106,17 @@ def inverse_cdf_block(values, ys, ok, threshold, carry, count, last_nonzero):
     return tl.max(cdf, axis=0), count, tl.maximum(last_nonzero, nonzero)  # cdf: non-decreasing
 
 
+def row_block(vocab: int, block_v: int) -> int:
+    """The columns a scan over a row of ``vocab`` reads at once: at most ``block_v``, a power
+    of two, at least 16."""
+    block: int = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    return block
+
+
 def vocab_blocks(vocab: int, block_v: int) -> tuple[int, int]:
-    """A row scan's columns a block (at most ``block_v``, a power of two) and the register
-    vector that holds one sum per block (a power of two, at least 16)."""
-    block = min(block_v, max(16, triton.next_power_of_2(vocab)))
+    """A row scan's columns a block (``row_block``) and the register vector that holds one sum
+    per block (a power of two, at least 16)."""
+    block = row_block(vocab, block_v)
     return block, max(16, triton.next_power_of_2(triton.cdiv(vocab, block)))
 
 

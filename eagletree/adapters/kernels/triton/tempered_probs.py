@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from eagletree.adapters.kernels.triton.draw_children import row_block
+
 
 @triton.jit
 def _tempered_probs_kernel(
@@ -82,7 +84,7 @@ def tempered_probs(
         probs,
         vocab,
         logits.stride(0),
-        BLOCK_V=min(block_v, max(16, triton.next_power_of_2(vocab))),
+        BLOCK_V=row_block(vocab, block_v),
         num_warps=4,
     )
     return probs
