@@ -10,6 +10,7 @@ it gets explicit groups (``distributed.parallel_groups``).
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import random
 import socket
@@ -96,10 +97,16 @@ def leave_group(*, together: bool) -> None:
     at a barrier until every rank has: a rank tearing its gloo pairs down while a peer still
     talks over them aborts that peer the same way. After a failure there is no barrier (the
     peers may be gone, or waiting in a collective that will never match it).
+
+    Destroying unregisters the groups; the objects holding them (an engine's layers and
+    workers, which reference each other) are freed by the garbage collector, so it runs here:
+    left to the interpreter's last collection, their gloo teardown ran while it was shutting
+    down and aborted both ranks of a finished ``--dp 2`` run.
     """
     if together:
         dist.barrier()
     dist.destroy_process_group()
+    gc.collect()
 
 
 def run_in_launched_group(work: Callable[[], int]) -> int:

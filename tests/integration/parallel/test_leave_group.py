@@ -1,7 +1,7 @@
 """``process_group.leave_group(together=True)`` under torchrun: no rank tears its groups down
-before every rank has reached the teardown, and afterwards none is left in a group (a rank
-that exits with its gloo groups alive, or tears them down under a peer still using them, can
-abort at exit)."""
+before every rank has reached the teardown, and afterwards none is left in a group and the
+objects that held one are freed (a rank that exits with its gloo groups alive, or tears them
+down under a peer still using them, can abort at exit)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,5 @@ def test_ranks_leave_their_groups_together_and_are_in_none_after(tmp_path: Path)
     assert late["arrived"] - first["arrived"] >= LATE_S * 0.9, (first, late)
     assert first["left"] >= late["arrived"], (first, late)  # rank 0 waited for rank 1
     assert not first["in_group"] and not late["in_group"]
+    # the objects holding a group are freed while the interpreter still runs
+    assert first["cycle_freed"] and late["cycle_freed"]
