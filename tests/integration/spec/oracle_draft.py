@@ -19,19 +19,16 @@ import torch
 from eagletree.adapters.models.runner import DraftModelRunner
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
-from eagletree.ports.attention import AttentionBackend
-from eagletree.ports.memory import KVPool, ReqToTokenPool
 from tests.batch_widths import fixed_width
+from tests.integration.spec.wrapped_draft_runner import WrappedDraftRunner
 
 ON_PATH_LOGIT = 20.0  # the k proposals of an on-path row share almost all probability
 RANK_STEP = 0.01  # keeps the k proposals' probabilities distinct (no exact ties)
 
 
-class OracleDraft:
+class OracleDraft(WrappedDraftRunner):
     """``sequence_of_row(row)`` returns the greedy sequence (prompt + reference continuation)
     of the request that owns req_to_token row ``row``; positions past it are off the path."""
-
-    HOST_STAND_IN = True  # it reads the batch on the host: exempt from the sync tripwire
 
     def __init__(
         self,
@@ -40,35 +37,11 @@ class OracleDraft:
         topk: int,
         seed: int = 0,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._sequence_of_row = sequence_of_row
         self._topk = topk
         self._generator = torch.Generator().manual_seed(seed)
         self.num_on_path_rows = 0
-
-    @property
-    def kv_pool(self) -> KVPool:
-        return self._inner.kv_pool
-
-    @property
-    def req_to_token_pool(self) -> ReqToTokenPool:
-        return self._inner.req_to_token_pool
-
-    @property
-    def attention_backend(self) -> AttentionBackend:
-        return self._inner.attention_backend
-
-    @property
-    def vocab_size(self) -> int:
-        return self._inner.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self._inner.hidden_size
-
-    @property
-    def token_ids(self) -> torch.Tensor | None:
-        return self._inner.token_ids
 
     def forward(
         self,

@@ -17,8 +17,7 @@ from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.domain.batch import ForwardBatch, ForwardMode
 from eagletree.domain.model_output import ModelOutput
-from eagletree.ports.attention import AttentionBackend
-from eagletree.ports.memory import KVPool, ReqToTokenPool
+from eagletree.ports.memory import KVPool
 from eagletree.ports.model import DraftRunner
 from tests.batch_widths import fixed_width
 from tests.integration.models.harness import make_backend, make_pool
@@ -30,6 +29,7 @@ from tests.integration.spec.harness import (
     plain_engine,
     ragged_prompts,
 )
+from tests.integration.spec.wrapped_draft_runner import WrappedDraftRunner
 
 NUM_LAYERS = {"deepseek-mla": 3, "llama": 2}
 WRONG_RATE = 0.2  # the layer oracle's share of deliberately wrong drafts
@@ -38,7 +38,7 @@ MAX_NEW = 16
 ModelCache = Callable[..., SpecModels]
 
 
-class LayerOracle:
+class LayerOracle(WrappedDraftRunner):
     """MTP layer ``layer`` as a DraftRunner that knows the target's greedy continuation.
 
     The real forward runs (its KV is what the pool gets, untouched); then a logits row whose
@@ -47,8 +47,6 @@ class LayerOracle:
     acceptance is deep but not always full and the boundary rows see wrong drafts.
     """
 
-    HOST_STAND_IN = True  # it reads the batch on the host: exempt from the sync tripwire
-
     def __init__(
         self,
         inner: DraftModelRunner,
@@ -56,34 +54,10 @@ class LayerOracle:
         sequence_of_row: Callable[[int], Sequence[int]],
         seed: int,
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._layer = layer
         self._sequence_of_row = sequence_of_row
         self._generator = torch.Generator().manual_seed(seed)
-
-    @property
-    def kv_pool(self) -> KVPool:
-        return self._inner.kv_pool
-
-    @property
-    def req_to_token_pool(self) -> ReqToTokenPool:
-        return self._inner.req_to_token_pool
-
-    @property
-    def attention_backend(self) -> AttentionBackend:
-        return self._inner.attention_backend
-
-    @property
-    def vocab_size(self) -> int:
-        return self._inner.vocab_size
-
-    @property
-    def hidden_size(self) -> int:
-        return self._inner.hidden_size
-
-    @property
-    def token_ids(self) -> torch.Tensor | None:
-        return self._inner.token_ids
 
     def forward(
         self,
