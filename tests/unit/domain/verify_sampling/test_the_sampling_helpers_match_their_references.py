@@ -70,7 +70,7 @@ def test_neutral_filters_keep_every_token_and_leave_the_softmax_bit_for_bit(devi
     # divided by the temperature tensor as the helper does: CUDA divides by a Python scalar as a
     # multiplication by its reciprocal, which differs in the last bit
     softmax = torch.softmax(logits / temperature.unsqueeze(1), dim=1)
-    assert torch.allclose(softmax, torch.softmax(logits / 0.8, dim=1), rtol=1e-6, atol=0.0)
+    assert torch.allclose(softmax, torch.softmax(logits / 0.8, dim=1), rtol=1e-5, atol=0.0)
     neutral_k = torch.tensor([0, 40, 41, 0], device=device)  # 0 and >= V keep all
     neutral_p = torch.tensor([1.0, 1.0, 1.5, 1.0], device=device)
     for top_k, top_p in [(neutral_k, None), (None, neutral_p), (neutral_k, neutral_p)]:
