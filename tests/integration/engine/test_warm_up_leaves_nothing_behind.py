@@ -3,6 +3,7 @@ request, slot, statistic or learned acceptance behind, and the engine decodes as
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app.composition.container import build_engine
 from eagletree.app.composition.startup import warms_up
+from eagletree.app.engine.loop import warm_up_lengths
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.engine.reports import EngineStats
 from eagletree.app.engine.worker import StepOutput
@@ -19,8 +21,9 @@ from tests.integration.spec.harness import SIZES, WEIGHT_STD, greedy_outputs, ra
 
 
 def test_warm_up_leaves_no_request_slot_statistic_or_acceptance_behind(tmp_path: Path) -> None:
+    sizes = dataclasses.replace(SIZES, max_position_embeddings=512)  # prompts past 256
     target, draft = write_random_checkpoint(
-        tmp_path, "llama", "eagle", sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+        tmp_path, "llama", "eagle", sizes=sizes, dtype=torch.float32, std=WEIGHT_STD
     )
     assert draft is not None
     model = {"target_path": str(target), "device": "cpu", "dtype": "float32"}
@@ -46,8 +49,14 @@ def test_warm_up_leaves_no_request_slot_statistic_or_acceptance_behind(tmp_path:
     engine.worker.step = counted  # type: ignore[method-assign]
     engine.warm_up()
     engine.worker.step = step  # type: ignore[method-assign]
-    # three prefills of one request each (greedy at two lengths, one sampled), no decode step
-    assert steps == [([(17, 0.0)], 0), ([(16, 0.0)], 0), ([(17, 1.0)], 0)]
+    # prefills of one request each, no decode step: greedy at lengths that meet every kernel
+    # variant a prompt up to 256 tokens compiles, then one sampled
+    assert all(len(prefills) == 1 and decode == 0 for prefills, decode in steps)
+    greedy = [n for ((n, temperature),) in (p for p, _ in steps) if temperature == 0.0]
+    sampled = [n for ((n, temperature),) in (p for p, _ in steps) if temperature > 0.0]
+    assert len(sampled) == 1 and len(greedy) == len(set(greedy)) == len(steps) - 1
+    assert engine.max_context_len > 256
+    assert {_variant(n) for n in range(1, 257)} == {_variant(n) for n in greedy}
     assert engine.stats == EngineStats()
     assert not engine.has_work()
     assert engine.scheduler.allocator.available_size() == slots
@@ -64,6 +73,19 @@ def test_warm_up_leaves_no_request_slot_statistic_or_acceptance_behind(tmp_path:
     batch = ragged_prompts(SIZES.vocab_size, [3, 9, 14], seed=4)
     assert greedy_outputs(engine, batch, 12) == greedy_outputs(plain, batch, 12)
     assert engine.stats.num_finished == len(batch)  # counted from the warm-up's end
+
+
+def _variant(prompt_len: int) -> tuple[int, bool, bool]:
+    """What a prefill's kernels are compiled for: the power-of-two tile over its rows (for any
+    power-of-two number of query heads a key head serves), and Triton's specialisation of an
+    integer argument equal to 1 or divisible by 16."""
+    return 1 << (prompt_len - 1).bit_length(), prompt_len == 1, prompt_len % 16 == 0
+
+
+def test_warm_up_lengths_stop_at_the_longest_prompt_the_engine_takes() -> None:
+    assert warm_up_lengths(20) == [n for n in warm_up_lengths(4096) if n <= 20]
+    assert max(warm_up_lengths(20)) == 16 and warm_up_lengths(0) == []
+    assert warm_up_lengths(4096) == warm_up_lengths(256)  # a longer prompt reuses its tiles
 
 
 def test_an_engine_warms_up_where_its_decode_steps_are_captured_in_one_process() -> None:
