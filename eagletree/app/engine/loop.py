@@ -197,8 +197,11 @@ class Engine:
         their first call for each tile size and integer specialisation they meet, and
         CUDA-graph capture runs only the decode steps' (on a fresh H200 a first request of 64
         tokens compiled its attention and GEMM tiles for 1.3 s; once compiled it took 0.07).
-        Every request finishes; nothing stays allocated."""
-        lengths = warm_up_lengths(self.max_context_len - 1)
+        Every request finishes; nothing stays allocated; a length the pools could not hold
+        is left out."""
+        problem = self._scheduler.capacity_problem  # a small pool holds only the shorter ones
+        longest = self.max_context_len - 1
+        lengths = [n for n in warm_up_lengths(longest) if problem(n + 1) is None]
         for size in lengths:
             self.generate([[0] * size], max_new_tokens=1, seed=0)
         if lengths:  # the sampler's kernels, for a prompt of any length

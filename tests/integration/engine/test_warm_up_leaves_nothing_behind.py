@@ -88,6 +88,31 @@ def test_warm_up_lengths_stop_at_the_longest_prompt_the_engine_takes() -> None:
     assert warm_up_lengths(4096) == warm_up_lengths(256)  # a longer prompt reuses its tiles
 
 
+def test_a_pool_too_small_for_the_longest_lengths_warms_up_at_those_it_holds(
+    tmp_path: Path,
+) -> None:
+    target, _ = write_random_checkpoint(
+        tmp_path, "llama", None, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+    )
+    engine = build_engine(
+        EngineSettings(
+            model={"target_path": str(target), "device": "cpu", "dtype": "float32"},
+            memory={"max_total_tokens": 48, "max_running_requests": 2},
+        )
+    )
+    prefilled: list[int] = []
+    step = engine.worker.step
+
+    def counted(plan: SchedulePlan) -> StepOutput:
+        prefilled.extend(r.num_tokens for r in plan.prefill)
+        return step(plan)
+
+    engine.worker.step = counted  # type: ignore[method-assign]
+    engine.warm_up()  # a 256-token prompt would not fit: it is left out, not an error
+    assert 31 in prefilled and max(prefilled) < 48
+    assert not engine.has_work() and engine.scheduler.allocator.available_size() == 48
+
+
 def test_an_engine_warms_up_where_its_decode_steps_are_captured_in_one_process() -> None:
     single = EngineSettings()
     assert warms_up(single, use_cuda_graphs=True)
