@@ -8,14 +8,19 @@ pair at T 0, a tree S5 k4 N16 committed 5.97 tokens a step where the static tree
 learned profile expected 5.02, while chains matched their model within 1 %); where the
 profile's lower ranks, learned only where EAGLE kept them, overstate them, it accepts less.
 ``AcceptanceCalibration`` keeps, per shape, decayed sums of the drafts its steps' requests
-accepted and of what the model expected of them: their ratio scales the shape's model.
+accepted and of those requests: their mean, over what the model expects of a request now,
+scales the shape's model. Now, not when the step ran: the profile under the model learns from
+the same steps, so a ratio against the model of a step's own time counts the profile's early
+error twice once the profile has learned it (in a replay of the H200's real pair at T 1, a
+chain S3 whose first steps met a young profile's 2.5 tokens a step was priced at 1.6–1.9 for
+60 steps where it committed 2.0, and the batch ran plain and chain S5 instead).
 """
 
 from __future__ import annotations
 
 
 class AcceptanceCalibration:
-    """Per shape (by index), observed ÷ modelled accepted drafts, decayed.
+    """Per shape (by index), accepted drafts a request, decayed, over the model's.
 
     ``prior_weight``: requests' worth of agreement with the model each shape starts with, so
     that one step's luck moves its factor little; ``half_life``: the shape's own steps after
@@ -40,31 +45,31 @@ class AcceptanceCalibration:
         self._prior_weight = prior_weight
         self._low, self._high = low, high
         self._observed = [0.0] * num_shapes
-        self._modelled = [0.0] * num_shapes
+        self._model = [0.0] * num_shapes  # per shape, its model's latest expectation
         self._requests = [0.0] * num_shapes
 
     def record(self, shape: int, accepted: float, modelled: float, requests: int) -> None:
         """One step of shape ``shape``: ``requests`` of its requests accepted ``accepted``
-        drafts in all, where the model expected ``modelled`` of each."""
+        drafts in all, where the model now expects ``modelled`` of each."""
         if requests <= 0 or modelled <= 0:
             return  # nothing to scale: plain, or a model that expects nothing
         decay = self._decay
         self._observed[shape] = decay * self._observed[shape] + accepted
-        self._modelled[shape] = decay * self._modelled[shape] + modelled * requests
         self._requests[shape] = decay * self._requests[shape] + requests
+        self._model[shape] = modelled
         # a shape priced below its model by its last steps fades back towards the model with
         # every other shape's step: so priced, it may never run again to say otherwise
         for other, observed in enumerate(self._observed):
-            if other != shape and observed < self._modelled[other]:
+            if other != shape and observed < self._model[other] * self._requests[other]:
                 self._observed[other] *= decay
-                self._modelled[other] *= decay
                 self._requests[other] *= decay
 
-    def factor(self, shape: int) -> float:
-        """What the model of ``shape`` is to be multiplied by (1 before any of its steps)."""
+    def factor(self, shape: int, modelled: float) -> float:
+        """What the model of ``shape``, expecting ``modelled`` drafts a request now, is to be
+        multiplied by (1 before any of its steps)."""
         requests = self._requests[shape]
-        if requests <= 0:
+        if requests <= 0 or modelled <= 0:
             return 1.0
-        prior = self._prior_weight * self._modelled[shape] / requests  # the model's own mean
-        ratio = (self._observed[shape] + prior) / (self._modelled[shape] + prior)
+        prior = self._prior_weight
+        ratio = (self._observed[shape] + prior * modelled) / ((requests + prior) * modelled)
         return min(max(ratio, self._low), self._high)

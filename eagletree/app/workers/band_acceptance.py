@@ -94,7 +94,6 @@ class BandAcceptance:
         self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
         self._calibration: dict[str, AcceptanceCalibration] = {}
-        self._most = [s.tokens_per_step - 1 for s in self.shapes]  # accepted drafts, at most
 
     def profile(self, band: str) -> RankProfile:
         """The rank profile learned for ``band`` (its prior before any of its paths)."""
@@ -168,12 +167,9 @@ class BandAcceptance:
         calibration = self._calibration.get(band)
         if calibration is None:
             return cached
-        # never past the most a step of the shape can accept (a factor learned while the
-        # profile was still low would otherwise price a chain S3 above 3 drafts)
-        return [
-            None if e is None else min(e * calibration.factor(i), self._most[i])
-            for i, e in enumerate(cached)
-        ]
+        # a mean of what the shape's steps accepted and of the model, weighted by their
+        # requests and the prior: never past the most a step of the shape can accept
+        return [None if e is None else e * calibration.factor(i, e) for i, e in enumerate(cached)]
 
     def _modelled(self, band: str, shape: int) -> float:
         """The uncalibrated expectation of ``shapes[shape]`` for ``band`` as it now stands."""

@@ -478,8 +478,8 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
 
 def test_a_calibrated_shape_is_never_priced_past_the_drafts_it_verifies() -> None:
     # the prior says a chain S2 accepts 0.96 drafts; every step accepts both: the profile
-    # rises towards 2 while the calibration still holds the ratios of its first steps (2
-    # against a model near 1), which would price the chain past the 2 drafts it verifies
+    # rises towards 2, and the calibration, had it kept the ratios of its first steps (2
+    # against a model near 1), would price the chain past the 2 drafts it verifies
     chain = DraftShape.chain(2)
     policy = AdaptiveShapes((chain,), prior=RankProfile(((0.6,), (0.6,))), prior_weight=1.0)
     policy.use_costs(StepCosts((1, 8), {(chain, b, x): 1.0 for b in (1, 8)
@@ -489,7 +489,8 @@ def test_a_calibrated_shape_is_never_priced_past_the_drafts_it_verifies() -> Non
         policy.choose(batch)
         policy.observe(chain, batch, [[0, 0, 1, 1]] * len(batch))
     assert policy.profile("greedy").rate(1, 0) > 0.9  # learned: the model now expects ~2
-    assert policy.expected_accepted(0.0) == pytest.approx([2.0])
+    (accepted,) = policy.expected_accepted(0.0)
+    assert 1.99 < accepted <= 2.0
 
 
 def test_the_stall_limit_follows_the_steps_a_batch_has_been_taking() -> None:
