@@ -94,7 +94,7 @@ class AdaptiveShapes:
         refresh_steps: int = 4,
         probe_every: int = 16,
         observe_per_step: int = 8,
-        explore_every: int = 8,
+        explore_every: int = 16,
         explore_margin: float = 0.2,
         reprice_every: int = 4,
         stall_ratio: float = 2.5,

@@ -133,8 +133,8 @@ class LearnedCosts:
     plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps, and a batch
     as often: a shape must go stale well within that, or a batch that begins on the slower of
     two close shapes (its rival priced 10 % over its time by the batch before) stays on it to
-    the end (64 steps did that on the H200). Once stale, the next exploration (every 8 drafting
-    steps) times it again. ``median_step``: the median of the last ``recent_steps`` steps at a
+    the end (64 steps did that on the H200). Once stale, the next exploration (every 16
+    drafting steps) times it again. ``median_step``: the median of the last ``recent_steps`` steps at a
     bucket and sampling, whatever their shape (the adaptive policy's stall limit).
     """
 
