@@ -134,8 +134,8 @@ class LearnedCosts:
     as often: a shape must go stale well within that, or a batch that begins on the slower of
     two close shapes (its rival priced 10 % over its time by the batch before) stays on it to
     the end (64 steps did that on the H200). Once stale, the next exploration (every 16
-    drafting steps) times it again. ``median_step``: the median of the last ``recent_steps`` steps at a
-    bucket and sampling, whatever their shape (the adaptive policy's stall limit).
+    drafting steps) times it again. ``median_step``: the median of the last ``recent_steps``
+    steps at a bucket and sampling, whatever their shape (the adaptive policy's stall limit).
     """
 
     def __init__(
