@@ -38,7 +38,7 @@ import torch
 
 from benchmarks.replay_drafts import DraftModel, accepted_drafts, fit_model
 from eagletree.adapters.models.head_report import REPORT_NAME, read_rank_priors
-from eagletree.app.bench.runs import windows_per_row
+from eagletree.app.bench.windows import windows_per_row
 from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.step_costs import StepCosts
 from eagletree.config.shape_policy import parse_shape

@@ -189,6 +189,8 @@ def test_small_batches_take_more_windows_until_a_row_holds_min_requests(
         (["--temperatures", "-1"], 2, "--temperatures must be >= 0"),
         (["--policy", "adaptive", "--configs", "plain"], 2, "needs a speculative config"),
         (["--policy", "adaptive", "--arrivals", "2"], 2, "decode window of one process group"),
+        (["--interleave", "--arrivals", "2"], 2, "--interleave alternates decode windows"),
+        (["--interleave", "--dp", "2"], 2, "run it without --tp and --dp"),
         (["--target", "/nonexistent/target", "--device", "cpu"], 1, "holds no config.json"),
         (["--prompts", "/nonexistent/held.jsonl"], 2, "--prompts /nonexistent/held.jsonl does not"),
     ],
@@ -377,3 +379,60 @@ def test_prompts_cut_from_documents_are_measured_and_each_engine_times_its_first
         assert f["cold_over_warm"] == pytest.approx(f["cold_ms"] / f["warm_ms"])
     assert "| config | cold ms | warm ms | cold ÷ warm |" in out
     assert "| ms/step | worst ÷ median step |" in out
+
+
+def test_interleaved_engines_decode_what_engines_measured_in_turn_decode(
+    report: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint: Path = report["checkpoint"]
+    out = checkpoint.parent / "together"
+    argv = tiny_run(checkpoint.parent, "--configs", "tree:S2,k2,N3", "--batch-sizes", "1", "2",
+                    "--repeats", "2", "--interleave", "--out", str(out))  # fmt: skip
+    status, _, err = bench(argv, capsys)
+    assert status == 0, err
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert "engines interleaved" in data["title"]
+    # greedy, the same prompts: each engine's windows are what it decodes alone (two of them
+    # here, one in the module's run), whichever engine ran between them
+    in_turn = {(r["config"], r["batch_size"]): r for r in report["json"]["rows"]}
+    rows = data["rows"]
+    assert [(r["config"], r["batch_size"]) for r in rows] == list(in_turn)
+    for row in rows:
+        once = in_turn[(row["config"], row["batch_size"])]
+        assert row["num_tokens"] == 2 * once["num_tokens"]
+        assert row["num_steps"] == 2 * once["num_steps"]
+        assert row["tokens_per_step"] == pytest.approx(once["tokens_per_step"])
+        # (the random tiny pair accepts few drafts: the ops a profiled step runs tell a tree's
+        # engine from plain decoding's)
+        assert row["launches_per_step"] == once["launches_per_step"]
+    assert [f["config"] for f in data["first_requests"]] == ["plain", TREE]
+    # one progress bar a cell over both engines' windows, then a line per engine
+    bars = [line for line in err.splitlines() if "interleaved" in line]
+    assert len(bars) == 2 and all("2 engines" in bar for bar in bars)
+    assert "16/16 tokens" in bars[0]  # bs 1: 2 engines x 2 windows x 4 tokens
+    finished = [line for line in err.splitlines() if line.endswith("ms/step")]
+    assert [line.split()[0] for line in finished] == ["plain", "tree", "plain", "tree"]
+
+
+def test_an_engine_that_does_not_fit_beside_the_others_names_interleave(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eagletree.app.bench import runs
+
+    build = runs._build
+    built: list[object] = []
+
+    def second_runs_out(*args: Any) -> Any:
+        if built:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+        built.append(None)
+        return build(*args)
+
+    monkeypatch.setattr(runs, "_build", second_runs_out)
+    argv = tiny_run(tmp_path, "--configs", "chain:S2", "--batch-sizes", "1", "--interleave")
+    status, out, err = bench(argv, capsys)
+    assert status == 1 and out == ""
+    (line,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert "--interleave holds every engine at once, and chain S2's does not fit beside" in line
+    assert "beside the 1 built before it" in line
+    assert "Tried to allocate 2.00 GiB)" in line and "run without --interleave" in line

@@ -14,6 +14,8 @@ rank runs the same measurements; rank 0 prints and writes. ``--dp M`` measures M
 replicas (of N ranks each with ``--tp``): a batch of ``bs`` requests is spread over them by the
 router, the replicas step in lockstep, and a row is the group's (tok/s of all replicas, ms per
 lockstep step; launches and device time from rank 0's profile, replica 0's share alone).
+``--interleave`` holds every engine at once and decodes each draw of prompts with all of them
+before the next (``app/bench/windows.py``): the rows of a cell share the machine's drift.
 
 ``--arrivals K`` measures requests arriving instead (``app/bench/arrivals.py``): ``bs``
 background requests decode throughout while a new one (``--prompt-len``, ``--new-tokens``)
@@ -151,7 +153,8 @@ def _header(plan: BenchPlan, args: argparse.Namespace, engines: dict[str, Any]) 
         f"draft {plan.draft_kind}"
         f"{f' (token map {args.token_map})' if args.token_map is not None else ''}, "
         f"{f'prompts from {_names(args.prompts)}, ' if args.prompts else ''}"
-        f"prompt {args.prompt_len}, new tokens {args.new_tokens}, {date}"
+        f"prompt {args.prompt_len}, new tokens {args.new_tokens}, "
+        f"{'engines interleaved, ' if args.interleave else ''}{date}"
     )
     return {
         "title": title,

@@ -181,6 +181,13 @@ def parser() -> argparse.ArgumentParser:
         "(a bs-1 row of two prompts measures those two texts) "
         f"{_by_checkpoint('min_requests')}",
     )
+    runs.add_argument(
+        "--interleave",
+        action="store_true",
+        help="hold every configuration's engine at once and decode each draw of prompts with "
+        "all of them before the next draw, so that a drift in the machine's speed weighs on "
+        "every configuration of a cell alike (needs the memory of all the engines together)",
+    )
     runs.add_argument("--profile-steps", type=int, default=3, metavar="N", help="0: no profile")
     runs.add_argument("--hf", action="store_true", help="also time transformers' generate")
     runs.add_argument(
@@ -258,6 +265,10 @@ def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--hf times transformers in one process: run it without {flag}")
     if args.arrivals is not None and args.dp > 1:
         p.error("--arrivals steps one engine: run it without --dp")
+    if args.interleave and args.arrivals is not None:
+        p.error("--interleave alternates decode windows: run it without --arrivals")
+    if args.interleave and (args.tp > 1 or args.dp > 1):
+        p.error("--interleave holds its engines in one process: run it without --tp and --dp")
     if args.arrivals is not None and args.hf:
         p.error("--hf is compared with the decode window: run it without --arrivals")
     if args.prefill_step is not None and len(args.prefill_step) > 1 and args.arrivals is None:

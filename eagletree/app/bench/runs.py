@@ -1,36 +1,27 @@
 """Application: the measurements of one `eagletree bench` run — one engine per configuration,
-built in turn (and freed before the next), its first request timed cold and warm, measured at
-every batch size, or under arrivals, and transformers' ``generate`` on the plain
-configuration's checkpoint if asked.
+built in turn (and freed before the next; with ``--interleave`` all held until the end), its
+first request timed cold and warm, measured at every batch size (``windows``), or under
+arrivals, and transformers' ``generate`` on the plain configuration's checkpoint if asked.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
-from collections import Counter
-from collections.abc import Callable, Sequence
-from functools import partial
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
-from eagletree.app.bench.adaptive_state import (
-    adaptive_state,
-    last_shape,
-    policy_view,
-    shape_steps,
-)
+from eagletree.app.bench.adaptive_state import adaptive_state
 from eagletree.app.parallel.launch import with_parallel
 
 if TYPE_CHECKING:
     from eagletree.app.bench.arrivals import ArrivalsMeasurement
     from eagletree.app.bench.configs import BenchConfig
     from eagletree.app.bench.lockstep import Lockstep
-    from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.prompts import BenchPrompts
     from eagletree.app.bench.report import ArrivalRow, BenchRow, FirstRequestRow, HFRow
+    from eagletree.app.bench.windows import BenchEngine
     from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
 
@@ -51,60 +42,96 @@ class Measurements(NamedTuple):
 def measure_all(
     plan: BenchPlan, configs: Sequence[BenchConfig], args: argparse.Namespace, err: TextIO
 ) -> Measurements:
-    """Every configuration's engine, built in turn: its first request cold and warm, then
-    every batch size and temperature (or arrivals), with transformers' generate beside the
-    plain one if asked."""
-    from eagletree.app.bench.plan import settings_for
+    """Every configuration's engine, built in turn (with ``--interleave`` all held at once):
+    its first request cold and warm, then every batch size and temperature (or arrivals), with
+    transformers' generate beside the plain one if asked."""
     from eagletree.app.bench.prompts import bench_prompts
     from eagletree.app.bench.report import with_break_even
 
     # before any engine is built: a bad --prompts file ends the run at once
     prompts = bench_prompts(args, plan.target, lambda message: print(message, file=err))
-    rows: list[BenchRow] = []
-    arrival_rows: list[ArrivalRow] = []
-    hf_rows: list[HFRow] = []
-    first_requests: list[FirstRequestRow] = []
-    used: dict[str, Any] = {}
-    adaptive: dict[str, Any] = {}
-    for config in configs:
-        settings = settings_for(plan, config)
-        tp_size, dp_size = (size if size > 1 else None for size in (args.tp, args.dp))
-        settings = with_parallel(settings, tp_size, dp_size)  # a flag at 1 keeps the file's size
-        engine, replica, lockstep, used[config.name] = _build(settings, err)
-        # random weights: an EOS token would end a request at a random step
-        engine.eos_token_ids = frozenset()
-        first_requests.append(_first_request(engine, config, prompts, args, plan, err, lockstep))
-        if args.arrivals is not None:
-            arrival_rows += _measure_arrivals(engine, config, plan, args, err, prompts)
-        else:
-            rows += _measure_windows(engine, config, plan, args, err, replica, lockstep, prompts)
-        if args.hf and not config.speculative:
-            hf_rows = _measure_hf(plan, engine, args, err, prompts)
-        learned = adaptive_state(engine)
-        if learned is not None:
-            adaptive[config.name] = learned
-        del engine
+    m = Measurements([], [], [], [], {}, {})
+    for group in [list(configs)] if args.interleave else [[config] for config in configs]:
+        # the group's engines are gone once it returns: the next group's need the memory
+        _measure_group(group, plan, args, err, prompts, m)
         _release_memory(plan.cuda)
-    return Measurements(
-        with_break_even(rows), arrival_rows, hf_rows, first_requests, used, adaptive
-    )
+    return m._replace(rows=with_break_even(m.rows))
+
+
+def _measure_group(
+    group: Sequence[BenchConfig],
+    plan: BenchPlan,
+    args: argparse.Namespace,
+    err: TextIO,
+    prompts: BenchPrompts,
+    m: Measurements,
+) -> None:
+    """Build the group's engines one after the other (each one's first request timed before
+    the next is built), measure them together, and add what they measured to ``m``."""
+    from eagletree.app.bench.windows import measure_windows
+
+    engines: list[BenchEngine] = []
+    for config in group:
+        engine = _start(plan, config, args, err, m.engines, held=len(engines))
+        m.first_requests.append(_first_request(engine, prompts, args, plan, err))
+        engines.append(engine)
+    if args.arrivals is not None:
+        m.arrival_rows.extend(_measure_arrivals(engines[0], plan, args, err, prompts))
+    else:
+        m.rows.extend(measure_windows(engines, plan, args, err, prompts))
+    for e in engines:
+        if args.hf and not e.config.speculative:
+            m.hf_rows[:] = _measure_hf(plan, e.engine, args, err, prompts)
+        learned = adaptive_state(e.engine)
+        if learned is not None:
+            m.adaptive[e.config.name] = learned
+
+
+def _start(
+    plan: BenchPlan,
+    config: BenchConfig,
+    args: argparse.Namespace,
+    err: TextIO,
+    used: dict[str, Any],
+    *,
+    held: int,
+) -> BenchEngine:
+    """``config``'s engine, built beside the ``held`` engines already built (its resolved
+    settings into ``used``); MeasurementError where the device's memory cannot hold it too."""
+    import torch
+
+    from eagletree.app.bench.measure import MeasurementError
+    from eagletree.app.bench.plan import settings_for
+    from eagletree.app.bench.windows import BenchEngine
+
+    settings = settings_for(plan, config)
+    tp_size, dp_size = (size if size > 1 else None for size in (args.tp, args.dp))
+    settings = with_parallel(settings, tp_size, dp_size)  # a flag at 1 keeps the file's size
+    try:
+        engine, replica, lockstep, used[config.name] = _build(settings, err)
+    except torch.OutOfMemoryError as error:
+        if not held:
+            raise
+        raise MeasurementError(
+            f"--interleave holds every engine at once, and {config.name}'s does not fit beside "
+            f"the {held} built before it ({str(error).splitlines()[0]}): run without "
+            "--interleave, or with fewer --configs"
+        ) from None
+    # random weights: an EOS token would end a request at a random step
+    engine.eos_token_ids = frozenset()
+    return BenchEngine(engine, config, replica, lockstep)
 
 
 def _first_request(
-    engine: Engine,
-    config: BenchConfig,
-    prompts: BenchPrompts,
-    args: argparse.Namespace,
-    plan: BenchPlan,
-    err: TextIO,
-    lockstep: Lockstep,
+    e: BenchEngine, prompts: BenchPrompts, args: argparse.Namespace, plan: BenchPlan, err: TextIO
 ) -> FirstRequestRow:
     """The engine's first request (the first prompt of batch size 1), then the same again."""
     from eagletree.app.bench.latency import first_request_seconds
     from eagletree.app.bench.report import FirstRequestRow
 
-    prompt = prompts.batch(1, engine.vocab_size)[0]
-    cold, warm = first_request_seconds(engine, prompt, args.new_tokens, plan.cuda, lockstep)
+    prompt = prompts.batch(1, e.engine.vocab_size)[0]
+    cold, warm = first_request_seconds(e.engine, prompt, args.new_tokens, plan.cuda, e.lockstep)
+    config = e.config
     print(
         f"{config.name:<20} first request {1000 * cold:.1f} ms, again {1000 * warm:.1f} ms",
         file=err,
@@ -112,95 +139,8 @@ def _first_request(
     return FirstRequestRow(config.name, 1000.0 * cold, 1000.0 * warm)
 
 
-def _measure_windows(
-    engine: Engine,
-    config: BenchConfig,
-    plan: BenchPlan,
-    args: argparse.Namespace,
-    err: TextIO,
-    replica: int,
-    lockstep: Lockstep,
-    prompts: BenchPrompts,
-) -> list[BenchRow]:
-    """One engine's decode windows at every temperature and batch size; an adaptive engine's
-    rows name the shape it ran most in each window."""
-    from eagletree.app.bench.measure import measure_decode, merged
-    from eagletree.app.bench.progress import ProgressBar
-    from eagletree.app.parallel.router import route_by_load
-
-    rows = []
-    for temperature in args.temperatures:
-        for bs in args.batch_sizes:
-            sampled = f" T {temperature:g}" if temperature else ""
-            draws = windows_per_row(args.repeats, args.min_requests, bs)
-            label = f"{config.name:<20} bs {bs:>3}{sampled}"
-            bar = ProgressBar(err, label, draws * args.new_tokens)
-            chosen = shape_steps(engine)
-            chosen_before = Counter(chosen)
-            windows = []
-            for draw in range(draws):
-                batch = prompts.batch(bs, engine.vocab_size, draw)
-                # the router's placement of the batch over idle replicas, the same on every rank
-                placement = route_by_load([len(p) for p in batch], [0] * lockstep.size)
-                first = draw == 0
-                windows.append(
-                    measure_decode(
-                        engine,
-                        [
-                            prompt
-                            for prompt, r in zip(batch, placement, strict=True)
-                            if r == replica
-                        ],
-                        new_tokens=args.new_tokens,
-                        max_tokens_per_step=config.max_tokens_per_step,
-                        warmup_steps=args.warmup_steps,
-                        profile_steps=args.profile_steps if first else 0,
-                        cuda=plan.cuda,
-                        # each request's tokens, the windows before this one's included
-                        on_tokens=partial(_add, draw * args.new_tokens, bar.update),
-                        lockstep=lockstep,
-                        trace=_trace_path(args.trace, config.name, bs)
-                        if replica == 0 and first
-                        else None,
-                        temperature=temperature,
-                        # only an adaptive engine's steps differ in shape: no other engine's
-                        # timed loop pays the lookup
-                        launched=partial(last_shape, engine) if config.adaptive else None,
-                    )
-                )
-            m = merged(windows)
-            bar.close(f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step")
-            ran = (Counter(chosen) - chosen_before).most_common()
-            row = _row(config.name, m, temperature, ran[0][0].label if ran else None)
-            ran_steps = {s.label: n for s, n in ran}
-            view = policy_view(engine, bs, temperature)
-            rows.append(dataclasses.replace(row, shape_steps=ran_steps, policy_view=view))
-    return rows
-
-
-def _add(base: int, update: Callable[[int], None], done: int) -> None:
-    update(base + done)
-
-
-def windows_per_row(repeats: int, min_requests: int, batch_size: int) -> int:
-    """Windows measured as one row: ``repeats``, or more where fewer would hold under
-    ``min_requests`` requests. At bs 1 two windows are two prompts' texts, whose acceptance
-    alone moved a row by a fifth on the H200 (an adaptive engine's too: its learning
-    is most of so short a row)."""
-    return max(repeats, -(-min_requests // batch_size))
-
-
-def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | None:
-    """``DIR/<config>-bs<N>.json`` for a row's Chrome trace, or None without ``--trace``."""
-    if directory is None:
-        return None
-    name = "-".join(config.replace(",", " ").split())
-    return directory / f"{name}-bs{batch_size}.json"
-
-
 def _measure_arrivals(
-    engine: Engine,
-    config: BenchConfig,
+    e: BenchEngine,
     plan: BenchPlan,
     args: argparse.Namespace,
     err: TextIO,
@@ -211,6 +151,7 @@ def _measure_arrivals(
     from eagletree.app.bench.arrivals import measure_arrivals
     from eagletree.app.bench.progress import ProgressBar
 
+    engine, config = e.engine, e.config
     rows = []
     for bs in args.batch_sizes:
         batch = prompts.batch(bs + args.num_arrivals, engine.vocab_size)
@@ -281,35 +222,6 @@ def _build(settings: EngineSettings, err: TextIO) -> tuple[Engine, int, Lockstep
     draws = container.speculative().draw_drafts
     resolved["speculative"]["sampled_drafts"] = "drawn" if draws else "top_k"
     return engine, replica, lockstep, resolved
-
-
-def _row(
-    config: str, m: DecodeMeasurement, temperature: float = 0.0, chosen: str | None = None
-) -> BenchRow:
-    from eagletree.app.bench.report import BenchRow
-
-    profile = m.profile
-    return BenchRow(
-        config=config,
-        batch_size=m.batch_size,
-        temperature=temperature,
-        chosen=chosen,
-        tokens_per_s=m.tokens_per_s,
-        ms_per_step=m.ms_per_step,
-        tokens_per_step=m.tokens_per_step,
-        launches_per_step=None if profile is None else profile.launches_per_step,
-        device_ms_per_step=None if profile is None else profile.device_ms_per_step,
-        profiled_ms_per_step=None if profile is None else profile.wall_ms_per_step,
-        top_kernels=() if profile is None else profile.top_kernels,
-        gaps=None if profile is None else profile.gaps,
-        num_steps=m.num_steps,
-        num_tokens=m.num_tokens,
-        replica_batch_sizes=m.replica_batch_sizes if len(m.replica_batch_sizes) > 1 else (),
-        num_ended_early=m.num_ended_early,
-        ended_early_reason=m.ended_early_reason,
-        step_ms=tuple(1000.0 * t for t in m.step_seconds),
-        step_shapes=m.step_shapes,
-    )
 
 
 def _measure_hf(

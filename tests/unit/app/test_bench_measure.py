@@ -22,6 +22,7 @@ from eagletree.app.bench.profiling import (
     launched_in_window,
     top_kernels,
 )
+from eagletree.app.bench.windows import turn_order
 from eagletree.app.engine.loop import Engine
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling import SamplingParams
@@ -273,3 +274,13 @@ def test_windows_measured_as_one_sum_their_steps_and_weigh_acceptance_by_steps()
     assert m.tokens_per_s == pytest.approx(80.0) and m.ms_per_step == pytest.approx(50.0)
     assert (m.num_ended_early, m.ended_early_reason) == (1, "eos")
     assert len(m.step_seconds) == 40 and m.batch_size == 2
+
+
+@pytest.mark.parametrize("num_engines", [1, 2, 3, 5])
+def test_each_engine_runs_first_once_in_as_many_draws_as_engines(num_engines: int) -> None:
+    orders = [turn_order(num_engines, draw) for draw in range(2 * num_engines)]
+    assert all(sorted(order) == list(range(num_engines)) for order in orders)
+    # over any num_engines draws in a row each engine leads once
+    for start in range(num_engines):
+        leads = [order[0] for order in orders[start : start + num_engines]]
+        assert sorted(leads) == list(range(num_engines))
