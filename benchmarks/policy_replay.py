@@ -115,22 +115,51 @@ def read_run(path: Path) -> Run:
 
 
 class _Clock:
-    """A step's seconds, drawn from the cell's measured steps of its shape."""
+    """A step's seconds, drawn from the cell's measured steps of its shape; with
+    ``host_stalls``, drawn from its calm steps (at most ``_CALM`` × its median) and stretched
+    by the host's slowdown at that point of the cell's timeline (``_slowdowns``), whatever
+    shape runs there, as a host that stalls stretches every shape's steps."""
 
-    def __init__(self, cell: Cell, costs: StepCosts, rng: random.Random) -> None:
+    def __init__(
+        self, cell: Cell, costs: StepCosts, rng: random.Random, host_stalls: bool = False
+    ) -> None:
         self._cell, self._rng = cell, rng
         bucket = min(b for b in costs.buckets if b >= cell.batch_size)
         sampled = cell.temperature > 0
         plain = costs.seconds[(PLAIN, bucket, sampled)]
         self.catch_up_excess = max(0.0, costs.catch_up.get((bucket, sampled), plain) - plain)
+        self._slowdowns = _slowdowns(cell) if host_stalls else []
+        self._at = rng.randrange(len(self._slowdowns)) if self._slowdowns else 0
+        medians = {shape: statistics.median(seconds) for shape, seconds in cell.seconds.items()}
+        self._calm = {
+            shape: [t for t in seconds if t <= _CALM * medians[shape]]
+            for shape, seconds in cell.seconds.items()
+        }
 
     def __call__(self, shape: DraftShape, catch_up: bool = False) -> float:
-        seconds = self._rng.choice(self._cell.seconds[shape])
-        return seconds + (self.catch_up_excess if catch_up else 0.0)
+        excess = self.catch_up_excess if catch_up else 0.0
+        if not self._slowdowns:
+            return self._rng.choice(self._cell.seconds[shape]) + excess
+        self._at = (self._at + 1) % len(self._slowdowns)
+        return (self._rng.choice(self._calm[shape]) + excess) * self._slowdowns[self._at]
 
     def mean(self, shape: DraftShape, catch_up: bool = False) -> float:
         measured = self._cell.seconds[shape]
         return sum(measured) / len(measured) + (self.catch_up_excess if catch_up else 0.0)
+
+
+# a measured step over this many times its row's median ran while the host stalled
+_CALM = 1.4
+
+
+def _slowdowns(cell: Cell) -> list[float]:
+    """The cell's fixed rows one after the other, each step as its share of its row's median
+    where it is a stall (over ``_CALM``), else 1: the host's slowdowns as the GPU met them."""
+    timeline = []
+    for seconds in cell.seconds.values():
+        median = statistics.median(seconds)
+        timeline += [t / median if t > _CALM * median else 1.0 for t in seconds]
+    return timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +181,11 @@ def replay_cell(
     *,
     min_requests: int,
     seed: int,
+    host_stalls: bool = False,
 ) -> Replayed:
     """``policy`` (a fixed shape, or the adaptive policy) over the cell's windows."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    clock = _Clock(cell, run.costs, rng)
+    clock = _Clock(cell, run.costs, rng, host_stalls)
     worst = 1.0
     # an adaptive engine's plain steps leave their tokens in the draft's lag (where it has a
     # catch-up step), as ``SpeculativeWorker._runner_of`` runs them
@@ -238,6 +268,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="replays per cell, averaged")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument(
+        "--host-stalls",
+        action="store_true",
+        help="a step's time: a calm one of its shape's, stretched where the cell's steps "
+        "show the host stalling at that point (runs of slow steps hit whatever runs)",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if not args.run.is_file():
@@ -256,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     models: dict[float, DraftModel] = {}
     lines = [
         f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
+        + (", host stalls" if args.host_stalls else "")
         + "".join(f", {k}={v:g}" for k, v in options.items())
         + ")",
         "",
@@ -274,13 +311,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for shape in cell.seconds:
                 replayed = replay_cell(run, cell, model, shape, min_requests=args.min_requests,
-                                       seed=seed)  # fmt: skip
+                                       seed=seed, host_stalls=args.host_stalls)  # fmt: skip
                 fixed[shape] = fixed.get(shape, 0.0) + replayed.tokens_per_s / args.seeds
             policy = AdaptiveShapes(run.candidates, head_priors=priors, drawn_drafts=run.drawn,
                                     **options)  # fmt: skip
             policy.use_costs(run.costs)
             replayed = replay_cell(run, cell, model, policy, min_requests=args.min_requests,
-                                   seed=seed)  # fmt: skip
+                                   seed=seed, host_stalls=args.host_stalls)  # fmt: skip
             adaptive += replayed.tokens_per_s / args.seeds
             ran += replayed.ran
             stall = max(stall, replayed.worst_over_median)

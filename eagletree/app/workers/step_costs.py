@@ -123,17 +123,21 @@ class LearnedCosts:
     decoding). Such a price is never below ``_FLOOR`` of the table's (an excess is negative
     where the table overstates). Plain steps and their catch-ups are learned apart and a plain
     step priced as their mean over a run (``StepCosts``). A step that took more than ``clip``
-    times its estimate counts as that (an engine that waited between two steps); ``weight``: how
-    fast an average follows a change. A shape's own times go stale once ``stale_after`` steps
-    were recorded since its last: it is priced by the table and the excess again, and its next
-    step starts a new average. A shape that stopped running keeps whatever its last steps said —
-    steps among another shape's, which pay that one's host work, a bench's pause before the
-    read-back — and, never chosen again, would never say otherwise: on the H200 a plain step
-    priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8 × as fast as
-    plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps, and a batch
-    as often: a shape must go stale well within that, or a batch that begins on the slower of
-    two close shapes (its rival priced 10 % over its time by the batch before) stays on it to
-    the end (64 steps did that on the H200). Once stale, the next exploration (every 16
+    times its estimate counts as that (an engine that waited between two steps); one over
+    ``stall_over`` times both its shape's average and the median step at its bucket is not
+    learned from at all (``_stalled``): on a shared H100 host a small model's steps ran 1.4–5 ×
+    their median for 10–50 ms every second or two, whatever ran, and a T 1 batch of 8 that met
+    one on chain S3 priced it up and ran chain S5, 0.87 × as fast, for the next 150 steps.
+    ``weight``: how fast an average follows a change. A shape's own times go stale once
+    ``stale_after`` steps were recorded since its last: it is priced by the table and the excess
+    again, and its next step starts a new average. A shape that stopped running keeps whatever
+    its last steps said — steps among another shape's, which pay that one's host work, a bench's
+    pause before the read-back — and, never chosen again, would never say otherwise: on the H200
+    a plain step priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8
+    × as fast as plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps,
+    and a batch as often: a shape must go stale well within that, or a batch that begins on the
+    slower of two close shapes (its rival priced 10 % over its time by the batch before) stays
+    on it to the end (64 steps did that on the H200). Once stale, the next exploration (every 16
     drafting steps) times it again. ``median_step``: the median of the last ``recent_steps``
     steps at a bucket and sampling, whatever their shape (the adaptive policy's stall limit).
     """
@@ -144,12 +148,14 @@ class LearnedCosts:
         *,
         weight: float = 0.1,
         clip: float = 3.0,
+        stall_over: float = 1.5,
         stale_after: int = 16,
         recent_steps: int = 64,
     ) -> None:
         self.measured = measured
         self._weight = weight
         self._clip = clip
+        self._stall_over = stall_over
         self._stale_after = stale_after
         self._observed: dict[_Key, _Smoothed] = {}
         # per (shape, bucket, sampled), the record count at its last step (a plain step's and
@@ -232,20 +238,32 @@ class LearnedCosts:
         if observed is None:  # a new average, its estimate the first sample
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)
         value = min(seconds / rows, self._clip * observed.mean)
-        observed.add(value, self._weight)
         window, ordered = self._recent.setdefault((bucket, sampled), (deque(), []))
+        stalled = self._stalled(value, observed, ordered)
         window.append(value)
         bisect.insort(ordered, value)
         if len(window) > self._recent_steps:
             del ordered[bisect.bisect_left(ordered, window.popleft())]
         self._records += 1
         self._recorded_at[key[:3]] = self._records
+        if stalled:
+            return
+        observed.add(value, self._weight)
         kind = (bucket, sampled, shape.is_plain)
         excess = self._excess.get(kind)
         if excess is None:
             excess = self._excess[kind] = _Smoothed(0.0)
             self._borrowed.clear()
         excess.add(value - self._measured(key), self._weight)
+
+    def _stalled(self, value: float, observed: _Smoothed, recent: list[float]) -> bool:
+        """Whether a step of ``value`` seconds ran while the host stalled: over ``stall_over``
+        times both its shape's average (of two steps at least: a young one may still be an
+        estimate far too low) and the median of the recent steps at its bucket (eight at
+        least). Such a step says nothing of what its shape costs, only that the shape ran."""
+        if observed.count < 3 or len(recent) < 8:
+            return False
+        return value > self._stall_over * max(observed.mean, recent[len(recent) // 2])
 
     def _run_mean(self, key: _Key, per_bucket: Callable[[_Key], float]) -> float:
         """A step's seconds at its bucket; a plain one's, amortised over a run of plain steps

@@ -222,3 +222,37 @@ def test_the_median_step_is_that_of_the_last_steps_of_any_shape() -> None:
         costs.record(PLAIN, 1, False, 1.0)
     assert costs.median_step(1, False) == 1.0  # the tree steps before them are gone
     assert costs.median_step(16, False) is None  # bucket 8 ran nothing
+
+
+def test_steps_while_the_host_stalls_teach_nothing_of_what_a_shape_costs() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    for _ in range(20):
+        costs.record(CHAIN, 8, False, 5.0)  # 1 s over its table's 4
+    chain, tree = costs.of(CHAIN, 8, False), costs.of(TREE, 8, False)
+    assert chain == pytest.approx(5.0, rel=0.01)
+    assert tree == pytest.approx(6.0 + 1.0)
+    for seconds in (12.0, 20.0, 9.0, 16.0, 11.0, 15.0, 8.0, 20.0, 13.0, 10.0):  # 1.6-4 x
+        costs.record(CHAIN, 8, False, seconds)
+    # neither its own average nor the excess its kind lends the tree moved; it still ran
+    assert (costs.of(CHAIN, 8, False), costs.of(TREE, 8, False)) == (chain, tree)
+    assert costs.observations(CHAIN, 8, False) == 20
+    assert costs.median_step(8, False) == 5.0  # (the median saw them: 10 of the last 30)
+
+
+def test_a_young_average_learns_a_cost_far_above_its_estimate() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    for _ in range(10):
+        costs.record(PLAIN, 8, False, 2.0)  # as its table says: the median step 2
+    for _ in range(5):
+        costs.record(TREE, 8, False, 15.0)  # 2.5 x its table's 6, 7.5 x the median
+    # the plain mean of its estimate and its five steps, none taken for a stall
+    assert costs.of(TREE, 8, False) == pytest.approx((6.0 + 5 * 15.0) / 6)
+
+
+def test_a_lasting_rise_in_a_shapes_steps_is_followed() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    for _ in range(20):
+        costs.record(CHAIN, 8, False, 4.0)
+    for _ in range(60):
+        costs.record(CHAIN, 8, False, 5.6)  # 1.4 x: longer contexts, a busier host
+    assert costs.of(CHAIN, 8, False) == pytest.approx(5.6, rel=0.01)
