@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,19 @@ def test_bad_arguments_end_in_one_line_naming_the_flag(
         policy_replay.main(["--run", str(path), *extra])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_host_stalls_stretch_whatever_shape_runs_where_the_cell_met_them() -> None:
+    # the chain's row met a stall of two steps (4 and 6 x its median); plain's none
+    chain = [1.0, 1.0, 4.0, 6.0, 1.0, 1.0, 1.0]
+    cell = Cell(4, 0.0, {CHAIN3: chain, PLAIN: [0.5] * 5}, {}, {})
+    costs = StepCosts((4,), {(s, 4, False): 1.0 for s in (CHAIN3, PLAIN)}, {}, 1)
+    timeline = [1.0, 1.0, 4.0, 6.0, 1.0, 1.0, 1.0] + [1.0] * 5
+    clock = policy_replay._Clock(cell, costs, random.Random(3), host_stalls=True)
+    # a whole turn of the timeline on plain steps: its calm 0.5 s, stretched where it stalled
+    assert sorted(clock(PLAIN) for _ in timeline) == sorted(0.5 * f for f in timeline)
+    # the chain's own stalled steps are not among its calm ones: no stall counted twice
+    assert sorted(clock(CHAIN3) for _ in timeline) == sorted(timeline)
+    # without host stalls a step is any of its shape's measured ones
+    plain = policy_replay._Clock(cell, costs, random.Random(3))
+    assert {plain(CHAIN3) for _ in range(200)} == set(chain)
