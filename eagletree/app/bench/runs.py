@@ -72,9 +72,9 @@ def _measure_group(
 
     engines: list[BenchEngine] = []
     for config in group:
-        engine = _start(plan, config, args, err, m.engines, held=len(engines))
-        m.first_requests.append(_first_request(engine, prompts, args, plan, err))
-        engines.append(engine)
+        started = _start(plan, config, args, err, m.engines, held=len(engines))
+        m.first_requests.append(_first_request(started, prompts, args, plan, err))
+        engines.append(started)
     if args.arrivals is not None:
         m.arrival_rows.extend(_measure_arrivals(engines[0], plan, args, err, prompts))
     else:
