@@ -213,6 +213,7 @@ class Container(PoolProviders):
         prefill_step=ModelProviders.config.scheduler.prefill_step,
         phases=phase_agreement,
         warm_up=providers.Callable(startup.warms_up, ModelProviders.settings, use_cuda_graphs),
+        progress=ModelProviders.progress,
     )
     scheduler = engine.provided.scheduler
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -168,12 +169,14 @@ def assemble_engine(
     prefill_step: PrefillStep = "with_decode",
     phases: PhaseAgreement | None = None,
     warm_up: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> Engine:
     """The engine over the built parts, with the checkpoint's tokenizer (None: ids only);
     ``overlap``: it keeps one step in flight (``scheduler.overlap``); ``prefill_step``: where
     a plan's prefills run (``scheduler.prefill_step``); ``phases``: the agreement of a group
     sharing its dense layers; ``warm_up``: its prefills compiled before it is handed over
-    (``Engine.warm_up``, ``warms_up``)."""
+    (``Engine.warm_up``, ``warms_up``; its time a line through ``progress``, default: the
+    ``eagletree.engine`` logger — on a fresh machine it compiles every prefill kernel)."""
     engine = Engine(
         worker,
         allocator,
@@ -188,7 +191,12 @@ def assemble_engine(
     )
     engine.tokenizer = tokenizer
     if warm_up:
-        engine.warm_up()
+        started = time.perf_counter()
+        lengths = engine.warm_up()
+        (progress or _log.info)(
+            f"warmed up the prefills of {lengths} prompt lengths in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
     return engine
 
 

@@ -191,14 +191,14 @@ class Engine:
         )
         return generation.stream(self, batch)
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> int:
         """Prefill one request of each length in ``warm_up_lengths`` greedily, and one sampled,
         a token each, then forget their statistics: a prefill's Triton kernels compile on
         their first call for each tile size and integer specialisation they meet, and
         CUDA-graph capture runs only the decode steps' (on a fresh H200 a first request of 64
         tokens compiled its attention and GEMM tiles for 1.3 s; once compiled it took 0.07).
         Every request finishes; nothing stays allocated; a length the pools could not hold
-        is left out."""
+        is left out. Returns how many lengths it prefilled."""
         problem = self._scheduler.capacity_problem  # a small pool holds only the shorter ones
         longest = self.max_context_len - 1
         lengths = [n for n in warm_up_lengths(longest) if problem(n + 1) is None]
@@ -207,6 +207,7 @@ class Engine:
         if lengths:  # the sampler's kernels, for a prompt of any length
             self.generate([[0] * lengths[-1]], max_new_tokens=1, temperature=1.0, seed=0)
         self.stats = EngineStats()
+        return len(lengths)
 
     def result_of(self, request: Request) -> GenerationResult:
         """The result of a finished request, with its text when the engine has a tokenizer."""

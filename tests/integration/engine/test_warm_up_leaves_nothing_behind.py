@@ -4,12 +4,13 @@ request, slot, statistic or learned acceptance behind, and the engine decodes as
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import torch
 
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
-from eagletree.app.composition.container import build_engine
+from eagletree.app.composition.container import build_engine, build_engine_container
 from eagletree.app.composition.startup import warms_up
 from eagletree.app.engine.loop import warm_up_lengths
 from eagletree.app.engine.plan import SchedulePlan
@@ -47,14 +48,14 @@ def test_warm_up_leaves_no_request_slot_statistic_or_acceptance_behind(tmp_path:
         return step(plan)
 
     engine.worker.step = counted  # type: ignore[method-assign]
-    engine.warm_up()
+    warmed = engine.warm_up()
     engine.worker.step = step  # type: ignore[method-assign]
     # prefills of one request each, no decode step: greedy at lengths that meet every kernel
     # variant a prompt up to 256 tokens compiles, then one sampled
     assert all(len(prefills) == 1 and decode == 0 for prefills, decode in steps)
     greedy = [n for ((n, temperature),) in (p for p, _ in steps) if temperature == 0.0]
     sampled = [n for ((n, temperature),) in (p for p, _ in steps) if temperature > 0.0]
-    assert len(sampled) == 1 and len(greedy) == len(set(greedy)) == len(steps) - 1
+    assert len(sampled) == 1 and len(greedy) == len(set(greedy)) == len(steps) - 1 == warmed
     assert engine.max_context_len > 256
     assert {_variant(n) for n in range(1, 257)} == {_variant(n) for n in greedy}
     assert engine.stats == EngineStats()
@@ -119,3 +120,20 @@ def test_an_engine_warms_up_where_its_decode_steps_are_captured_in_one_process()
     assert not warms_up(single, use_cuda_graphs=False)  # the CPU: no Triton kernel to compile
     assert not warms_up(EngineSettings(parallel={"tp_size": 2}), use_cuda_graphs=True)
     assert not warms_up(EngineSettings(parallel={"dp_size": 2}), use_cuda_graphs=True)
+
+
+def test_the_engine_built_reports_how_long_its_warm_up_took(tmp_path: Path) -> None:
+    target, _ = write_random_checkpoint(
+        tmp_path, "llama", None, sizes=SIZES, dtype=torch.float32, std=WEIGHT_STD
+    )
+    settings = EngineSettings(
+        model={"target_path": str(target), "device": "cpu", "dtype": "float32"},
+        memory={"max_total_tokens": 48, "max_running_requests": 2},
+    )
+    lines: list[str] = []
+    container = build_engine_container(settings, progress=lines.append)
+    container.engine.add_kwargs(warm_up=True)  # (the CPU has no Triton kernel to compile)
+    engine = container.engine()
+    (line,) = [line for line in lines if line.startswith("warmed up")]
+    match = re.fullmatch(r"warmed up the prefills of (\d+) prompt lengths in \d+\.\d s", line)
+    assert match is not None and int(match[1]) == engine.warm_up() > 0
