@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 
 from eagletree.app.bench.configs import ADAPTIVE_NAME, PLAIN
-from eagletree.app.bench.report import BenchRow
+from eagletree.app.bench.rows import BenchRow
 
 
 def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:

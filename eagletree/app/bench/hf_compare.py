@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from eagletree.app.bench.report import HFRow
+from eagletree.app.bench.rows import HFRow
 from eagletree.domain.errors import ConfigurationError
 
 

@@ -1,139 +1,20 @@
-"""Application: the rows of `eagletree bench` and their markdown and JSON forms.
+"""Application: the markdown and JSON forms of `eagletree bench`'s rows (``rows``).
 
-A row is one (configuration, batch size). ``break_even`` is the speculative row's step time
-divided by the plain row's at the same batch size: the mean acceptance length at which
-speculation starts to pay. On the CPU the launch column counts top-level aten operators and
-there is no device time, so those columns are named and filled accordingly. With
-``--arrivals`` a row is one (configuration, batch size, prefill step) of the arrivals mode
-(``ArrivalRow``, ``render_arrivals_markdown``).
+On the CPU the launch column counts top-level aten operators and there is no device time, so
+those columns are named and filled accordingly. The arrivals mode has its own table
+(``render_arrivals_markdown``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eagletree.app.bench.device_gaps import SHORT_GAP_US, DeviceGaps
-
-
-@dataclass(frozen=True, slots=True)
-class BenchRow:
-    """One measured (configuration, batch size); None where a value was not measured."""
-
-    config: str
-    batch_size: int
-    tokens_per_s: float
-    ms_per_step: float
-    tokens_per_step: float
-    launches_per_step: float | None = None
-    device_ms_per_step: float | None = None
-    break_even: float | None = None  # speculative rows with a plain row at the same bs
-    profiled_ms_per_step: float | None = None  # wall time under the profiler (JSON only)
-    # (kernel, launches/step, ms/step) of the costliest kernels (CUDA; JSON and --breakdown)
-    top_kernels: tuple[tuple[str, float, float], ...] = ()
-    gaps: DeviceGaps | None = None  # idle device time inside the profiled steps (CUDA)
-    # the timed window (JSON only): its steps and the tokens all requests generated in it
-    num_steps: int | None = None
-    num_tokens: int | None = None
-    replica_batch_sizes: tuple[int, ...] = ()  # data-parallel: each replica's share of bs
-    # requests that finished (EOS, stop, context) while measured, and the first one's reason
-    num_ended_early: int = 0
-    ended_early_reason: str | None = None
-    temperature: float = 0.0
-    chosen: str | None = None  # the shape an adaptive engine ran most in the window
-    # an adaptive engine's steps of each shape in the window, most first (JSON only)
-    shape_steps: dict[str, int] = dataclasses.field(default_factory=dict)
-    speedup: float | None = None  # tok/s ÷ the plain row's at the same bs and temperature
-    step_ms: tuple[float, ...] = ()  # each timed step's wall time, in order (JSON only)
-    # an adaptive engine's: the shape each one ran (with overlap: the step it read back)
-    step_shapes: tuple[str, ...] = ()
-    # an adaptive engine's policy after the window, per candidate: the tokens per step and ms
-    # per step it expects at this batch size and temperature (JSON only; adaptive_state)
-    policy_view: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
-
-    @property
-    def worst_over_median(self) -> float | None:
-        """The longest timed step over the median one: 1 for even steps; above 3 a request
-        saw a step longer than three median steps."""
-        if not self.step_ms or statistics.median(self.step_ms) <= 0:
-            return None
-        return max(self.step_ms) / statistics.median(self.step_ms)
-
-    @property
-    def device_busy(self) -> float | None:
-        """Share of the (unprofiled) step wall time the device spent in kernels."""
-        if self.device_ms_per_step is None or self.ms_per_step <= 0:
-            return None
-        return self.device_ms_per_step / self.ms_per_step
-
-
-@dataclass(frozen=True, slots=True)
-class HFRow:
-    """transformers' ``generate`` at one batch size, compared with the engine's plain output."""
-
-    batch_size: int
-    tokens_per_s: float
-    ms_per_token: float
-    matching_share: float  # generated tokens before the first divergence, over all tokens
-
-    @property
-    def same_tokens(self) -> bool:
-        return self.matching_share == 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class FirstRequestRow:
-    """One configuration's first request after its engine was built (cold) and the same
-    request again (warm): one prompt of ``--prompt-len``, ``--new-tokens``, end to end."""
-
-    config: str
-    cold_ms: float
-    warm_ms: float
-
-    @property
-    def cold_over_warm(self) -> float | None:
-        return self.cold_ms / self.warm_ms if self.warm_ms > 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class ArrivalRow:
-    """One arrivals run: ``batch_size`` background requests, one arrival every ``arrival_every``
-    steps, ``num_arrivals`` in all; tok/s of every request over the window."""
-
-    config: str
-    prefill_step: str
-    batch_size: int
-    arrival_every: int
-    num_arrivals: int
-    tokens_per_s: float
-    mean_ttft_ms: float
-    num_steps: int
-    num_tokens: int
-    num_arrival_tokens: int
-    num_prefill_only_steps: int
-    ttft_ms: tuple[float, ...] = ()  # per arrival, in arrival order (JSON only)
-
-
-def with_break_even(rows: Sequence[BenchRow], plain: str = "plain") -> list[BenchRow]:
-    """``rows`` with ``break_even`` and ``speedup`` filled for every non-plain row that has a
-    plain twin (same batch size and temperature)."""
-    twins = {(r.batch_size, r.temperature): r for r in rows if r.config == plain}
-    result = []
-    for row in rows:
-        base = twins.get((row.batch_size, row.temperature))
-        if row.config != plain and base is not None and base.ms_per_step:
-            row = dataclasses.replace(
-                row,
-                break_even=row.ms_per_step / base.ms_per_step,
-                speedup=row.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None,
-            )
-        result.append(row)
-    return result
+from eagletree.app.bench.rows import ArrivalRow, BenchRow, FirstRequestRow, HFRow
 
 
 def render_markdown(
@@ -180,6 +61,7 @@ def render_markdown(
             f"`{r.config}` at bs {r.batch_size}: {r.num_ended_early} request(s) ended early "
             f"({r.ended_early_reason}) while measured; the later steps ran a smaller batch."
         )
+    lines += _stalled_lines(rows)
     lines += _first_request_lines(first_requests)
     if hf_rows:
         lines += [
@@ -203,6 +85,24 @@ def render_markdown(
         if r.gaps is not None:
             lines += ["", _gaps_line(r.gaps)]
     return "\n".join(lines) + "\n"
+
+
+def _stalled_lines(rows: Sequence[BenchRow]) -> list[str]:
+    """A line naming the rows where steps over 3 × the median took 5 % or more of the time."""
+    stalled = [r for r in rows if (r.stalled_share or 0.0) >= 0.05]
+    if not stalled:
+        return []
+    named = ", ".join(
+        f"`{r.config}` bs {r.batch_size}{f' T {r.temperature:g}' if r.temperature else ''} "
+        f"{r.stalled_share:.0%}"
+        for r in stalled
+    )
+    return [
+        "",
+        f"Steps over 3 × their row's median took 5 % or more of these rows' time: {named} (a "
+        "host that stalled, or an engine that did; rows measured apart meet different stalls, "
+        "and `--interleave` has the rows of a cell share them).",
+    ]
 
 
 def _first_request_lines(rows: Sequence[FirstRequestRow]) -> list[str]:
@@ -269,6 +169,7 @@ def report_json(
                 **dataclasses.asdict(r),
                 "device_busy": r.device_busy,
                 "worst_over_median": r.worst_over_median,
+                "stalled_share": r.stalled_share,
             }
             if isinstance(r, BenchRow)
             else dataclasses.asdict(r)

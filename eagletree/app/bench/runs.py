@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from eagletree.app.bench.lockstep import Lockstep
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.prompts import BenchPrompts
-    from eagletree.app.bench.report import ArrivalRow, BenchRow, FirstRequestRow, HFRow
+    from eagletree.app.bench.rows import ArrivalRow, BenchRow, FirstRequestRow, HFRow
     from eagletree.app.bench.windows import BenchEngine
     from eagletree.app.engine.loop import Engine
     from eagletree.config.settings import EngineSettings
@@ -46,7 +46,7 @@ def measure_all(
     its first request cold and warm, then every batch size and temperature (or arrivals), with
     transformers' generate beside the plain one if asked."""
     from eagletree.app.bench.prompts import bench_prompts
-    from eagletree.app.bench.report import with_break_even
+    from eagletree.app.bench.rows import with_break_even
 
     # before any engine is built: a bad --prompts file ends the run at once
     prompts = bench_prompts(args, plan.target, lambda message: print(message, file=err))
@@ -127,7 +127,7 @@ def _first_request(
 ) -> FirstRequestRow:
     """The engine's first request (the first prompt of batch size 1), then the same again."""
     from eagletree.app.bench.latency import first_request_seconds
-    from eagletree.app.bench.report import FirstRequestRow
+    from eagletree.app.bench.rows import FirstRequestRow
 
     prompt = prompts.batch(1, e.engine.vocab_size)[0]
     cold, warm = first_request_seconds(e.engine, prompt, args.new_tokens, plan.cuda, e.lockstep)
@@ -178,7 +178,7 @@ def _measure_arrivals(
 
 
 def _arrival_row(config: str, prefill_step: str, m: ArrivalsMeasurement) -> ArrivalRow:
-    from eagletree.app.bench.report import ArrivalRow
+    from eagletree.app.bench.rows import ArrivalRow
 
     return ArrivalRow(
         config=config,

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from eagletree.app.bench.measure import DecodeMeasurement
     from eagletree.app.bench.plan import BenchPlan
     from eagletree.app.bench.prompts import BenchPrompts
-    from eagletree.app.bench.report import BenchRow
+    from eagletree.app.bench.rows import BenchRow
     from eagletree.app.engine.loop import Engine
 
 
@@ -175,7 +175,7 @@ def _trace_path(directory: Path | None, config: str, batch_size: int) -> Path | 
 def _row(
     config: str, m: DecodeMeasurement, temperature: float = 0.0, chosen: str | None = None
 ) -> BenchRow:
-    from eagletree.app.bench.report import BenchRow
+    from eagletree.app.bench.rows import BenchRow
 
     profile = m.profile
     return BenchRow(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from eagletree.app.bench.adaptive_table import adaptive_lines
-from eagletree.app.bench.report import BenchRow
+from eagletree.app.bench.rows import BenchRow
 
 
 def _row(config: str, bs: int, temperature: float, tok_s: float, **extra: object) -> BenchRow:

@@ -10,15 +10,8 @@ import pytest
 
 from eagletree.app.bench.device_gaps import DeviceGaps
 from eagletree.app.bench.progress import ProgressBar
-from eagletree.app.bench.report import (
-    BenchRow,
-    FirstRequestRow,
-    HFRow,
-    render_markdown,
-    report_json,
-    with_break_even,
-    write_report,
-)
+from eagletree.app.bench.report import render_markdown, report_json, write_report
+from eagletree.app.bench.rows import BenchRow, FirstRequestRow, HFRow, with_break_even
 
 ROWS = [
     BenchRow("plain", 1, 30.3, 30.0, 1.0, 1512, 7.5),
@@ -151,7 +144,7 @@ def test_the_spread_column_is_the_longest_timed_step_over_the_median_one() -> No
     row = BenchRow("plain", 1, 500.0, 3.0, 1.0, step_ms=steps)
     assert row.worst_over_median == pytest.approx(7.0 / 2.0)
     assert BenchRow("plain", 1, 500.0, 3.0, 1.0).worst_over_median is None  # not measured
-    (line,) = render_markdown("cpu", [row], cuda=False).splitlines()[4:]
+    line = render_markdown("cpu", [row], cuda=False).splitlines()[4]
     assert line.split(" | ")[5] == "3.50"
     data = report_json({}, [row], [], {})
     assert data["rows"][0]["worst_over_median"] == pytest.approx(3.5)
@@ -166,3 +159,21 @@ def test_the_first_requests_table_sets_each_cold_request_against_the_warm_one() 
     assert "cold ms" not in render_markdown("h", ROWS[:1])  # none measured: no table
     data = report_json({}, [], [], {}, rows)
     assert [f["cold_over_warm"] for f in data["first_requests"]] == [30.0, 1.0]
+
+
+def test_rows_whose_long_steps_took_a_twentieth_of_their_time_are_named_under_the_table() -> None:
+    stalled = BenchRow("plain", 8, 500.0, 3.0, 1.0, temperature=1.0,
+                       step_ms=(2.0, 2.0, 2.0, 2.0, 7.0, 7.0))  # fmt: skip
+    calm = BenchRow("chain S3", 8, 900.0, 3.0, 3.0, step_ms=(2.0,) * 40 + (6.5,))
+    # the median step 2: the two of 7 ms are over 3 of them, 14 of the row's 22 ms
+    assert stalled.stalled_share == pytest.approx(14.0 / 22.0)
+    assert calm.stalled_share == pytest.approx(6.5 / 86.5)
+    calmer = BenchRow("chain S3", 8, 900.0, 3.0, 3.0, step_ms=(2.0,) * 200 + (6.5,))
+    assert BenchRow("plain", 1, 500.0, 3.0, 1.0).stalled_share is None  # not measured
+    text = render_markdown("h", [stalled, calm, calmer])
+    (line,) = [line for line in text.splitlines() if line.startswith("Steps over 3 ×")]
+    assert "`plain` bs 8 T 1 64%, `chain S3` bs 8 8% (a host" in line
+    assert render_markdown("h", [calmer]).count("Steps over 3 ×") == 0  # 1.6 %: not named
+    assert report_json({}, [stalled], [], {})["rows"][0]["stalled_share"] == pytest.approx(
+        14.0 / 22.0
+    )
