@@ -513,3 +513,19 @@ def test_the_stall_limit_follows_the_steps_a_batch_has_been_taking() -> None:
     assert policy.costs is not None
     assert policy.costs.median_step(1, False) == pytest.approx(1.5)
     assert policy.choose(batch) == deep
+
+
+def test_by_default_a_shape_a_little_faster_than_the_current_one_is_taken() -> None:
+    prior = RankProfile(((0.56,),))
+    tokens = 1 + expected_accepted(CHAIN, prior)  # a greedy request's, a chain step
+    # per plain step's second the chain commits 2 % more than plain decoding
+    costs = StepCosts(
+        (1, 8),
+        {(s, b, sampled): (tokens / 1.02 if s == CHAIN else 1.0) for s in SHAPES
+         for b in (1, 8) for sampled in (False, True)},
+    )  # fmt: skip
+    for hysteresis, expected in ((None, CHAIN), (0.05, PLAIN)):
+        options = {} if hysteresis is None else {"hysteresis": hysteresis}
+        policy = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1, **options)
+        policy.use_costs(costs)
+        assert policy.choose(_requests([0.0] * 4)) == expected  # from plain, its first shape
