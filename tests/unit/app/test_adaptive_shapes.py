@@ -524,8 +524,8 @@ def test_by_default_a_shape_a_little_faster_than_the_current_one_is_taken() -> N
         {(s, b, sampled): (tokens / 1.02 if s == CHAIN else 1.0) for s in SHAPES
          for b in (1, 8) for sampled in (False, True)},
     )  # fmt: skip
-    for hysteresis, expected in ((None, CHAIN), (0.05, PLAIN)):
-        options = {} if hysteresis is None else {"hysteresis": hysteresis}
-        policy = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1, **options)
+    default = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1)
+    margin = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1, hysteresis=0.05)
+    for policy, expected in ((default, CHAIN), (margin, PLAIN)):
         policy.use_costs(costs)
         assert policy.choose(_requests([0.0] * 4)) == expected  # from plain, its first shape
