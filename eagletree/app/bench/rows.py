@@ -58,18 +58,24 @@ class BenchRow:
     def worst_over_median(self) -> float | None:
         """The longest timed step over the median one: 1 for even steps; above 3 a request
         saw a step longer than three median steps."""
-        if not self.step_ms or statistics.median(self.step_ms) <= 0:
-            return None
-        return max(self.step_ms) / statistics.median(self.step_ms)
+        median = self._median_step_ms()
+        return None if median is None else max(self.step_ms) / median
 
     @property
     def stalled_share(self) -> float | None:
         """The share of the timed steps' time spent in steps over 3 × the median one: what
         a host that stalled (or an engine that did) weighed on the row."""
-        if not self.step_ms or statistics.median(self.step_ms) <= 0:
+        median = self._median_step_ms()
+        if median is None:
             return None
-        limit = 3 * statistics.median(self.step_ms)
-        return sum(t for t in self.step_ms if t > limit) / sum(self.step_ms)
+        return sum(t for t in self.step_ms if t > 3 * median) / sum(self.step_ms)
+
+    def _median_step_ms(self) -> float | None:
+        """The median timed step, or None where no step was timed (or none took time)."""
+        if not self.step_ms:
+            return None
+        median = statistics.median(self.step_ms)
+        return median if median > 0 else None
 
     @property
     def device_busy(self) -> float | None:
