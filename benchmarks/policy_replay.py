@@ -128,13 +128,16 @@ class _Clock:
         sampled = cell.temperature > 0
         plain = costs.seconds[(PLAIN, bucket, sampled)]
         self.catch_up_excess = max(0.0, costs.catch_up.get((bucket, sampled), plain) - plain)
-        self._slowdowns = _slowdowns(cell) if host_stalls else []
+        self._slowdowns: list[float] = []
+        self._calm: dict[DraftShape, list[float]] = {}
+        if host_stalls:
+            medians = {s: statistics.median(seconds) for s, seconds in cell.seconds.items()}
+            self._slowdowns = _slowdowns(cell, medians)
+            self._calm = {
+                shape: [t for t in seconds if t <= _CALM * medians[shape]]
+                for shape, seconds in cell.seconds.items()
+            }
         self._at = rng.randrange(len(self._slowdowns)) if self._slowdowns else 0
-        medians = {shape: statistics.median(seconds) for shape, seconds in cell.seconds.items()}
-        self._calm = {
-            shape: [t for t in seconds if t <= _CALM * medians[shape]]
-            for shape, seconds in cell.seconds.items()
-        }
 
     def __call__(self, shape: DraftShape, catch_up: bool = False) -> float:
         excess = self.catch_up_excess if catch_up else 0.0
@@ -152,12 +155,13 @@ class _Clock:
 _CALM = 1.4
 
 
-def _slowdowns(cell: Cell) -> list[float]:
+def _slowdowns(cell: Cell, medians: Mapping[DraftShape, float]) -> list[float]:
     """The cell's fixed rows one after the other, each step as its share of its row's median
-    where it is a stall (over ``_CALM``), else 1: the host's slowdowns as the GPU met them."""
+    (``medians``) where it is a stall (over ``_CALM``), else 1: the host's slowdowns as the
+    GPU met them."""
     timeline = []
-    for seconds in cell.seconds.values():
-        median = statistics.median(seconds)
+    for shape, seconds in cell.seconds.items():
+        median = medians[shape]
         timeline += [t / median if t > _CALM * median else 1.0 for t in seconds]
     return timeline
 
