@@ -68,6 +68,7 @@ VARIANT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "unroll": ("unroll_steps", int),
     "warmup": ("warmup_steps", int),
     "regression": ("loss.regression", float),
+    "alignment": ("loss.alignment", float),
     "ce": ("loss.cross_entropy", float),
     "step_decay": ("loss.step_decay", float),
     "draft_vocab": ("draft_vocab_size", int),

@@ -128,6 +128,10 @@ class DraftTrainer:
             for name, what in _EAGLE3_OPTIONS.items():
                 if getattr(options, name) != defaults[name]:
                     raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
+            if options.loss.alignment:
+                raise ConfigurationError(
+                    f"the alignment loss is EAGLE-3's: drop it for {options.algorithm}"
+                )
         if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options

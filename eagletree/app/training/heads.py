@@ -156,9 +156,14 @@ class Eagle3Head(nn.Module):
         mask: torch.Tensor,
     ) -> torch.Tensor:
         # hidden: (batch, seq_len, n·H) target aux states at step 0, else (batch, seq_len, H)
-        h = self.fc(hidden.to(embeds.dtype)) if first else hidden
+        h = self.fused_input(hidden.to(embeds.dtype)) if first else hidden
         out: torch.Tensor = self.midlayer(embeds, h, rope, caches[0], mask)
         return out
+
+    def fused_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(batch, seq_len, n·H) target aux states -> (batch, seq_len, H), step 0's input."""
+        fused: torch.Tensor = self.fc(hidden)
+        return fused
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """(batch, seq_len, H) -> (batch, seq_len, draft_vocab) in the compute dtype."""

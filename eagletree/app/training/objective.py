@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch.nn import functional
 
-from eagletree.app.training.heads import DraftHead, unrolled_forward
+from eagletree.app.training.heads import DraftHead, Eagle3Head, unrolled_forward
 from eagletree.app.training.losses import (
     Labels,
     Precision,
@@ -39,10 +39,14 @@ class LossWeights:
     """Cross-entropy 1.0 on hard labels, plus for EAGLE-1 0.2 × the feature regression: the
     recipe that beat the EAGLE paper's regression 1.0 + soft cross-entropy 0.1 within a short
     budget on an H200 (docs/training.md). EAGLE-3 has no regression: its output is not in the
-    target's feature space (its own norm and lm_head read it)."""
+    target's feature space (its own norm and lm_head read it). ``alignment`` (EAGLE-3 only)
+    regresses each step's output at q onto what step 0 reads at q + 1, the fused target states
+    ``fc(aux(q + 1))`` (detached): the next step's input, held near the one it was trained on
+    at step 0, as EAGLE-1's regression holds its output near the target's feature."""
 
     cross_entropy: float = 1.0
     regression: float = 0.2
+    alignment: float = 0.0
     step_decay: float = 0.8
     labels: Labels = "hard"
     # hard labels' log-softmax in the head's compute dtype (bfloat16 under CUDA's autocast,
@@ -119,6 +123,11 @@ class Objective:
         with self._autocast():
             embeds = self.target.embed_tokens(ids[:, 1:])
             outputs = unrolled_forward(self.head, embeds, features[:, :-1], self.num_steps)
+            aligned_to = None
+            if is_eagle3 and self.weights.alignment > 0:
+                assert isinstance(self.head, Eagle3Head)
+                with torch.no_grad():  # (batch, T − 1, H): step 0's input at q + 1
+                    aligned_to = self.head.fused_input(features[:, 1:])
         weights = step_weights(self.num_steps, self.weights.step_decay)
         ce_weight = self.weights.cross_entropy
         total = torch.zeros((), device=ids.device)
@@ -133,6 +142,9 @@ class Objective:
             if not is_eagle3:
                 reg = feature_regression(output, next_feature, rows)
                 loss = loss + self.weights.regression * reg
+            elif aligned_to is not None:
+                reg = feature_regression(output, aligned_to, rows)
+                loss = loss + self.weights.alignment * reg
             total = total + weight * loss
             correct, counted = top1_hits(logits.detach(), choice, rows)
             # SYNC: per-step accuracy for the progress display, once per batch

@@ -174,3 +174,52 @@ def test_the_targets_logits_are_read_in_their_own_dtype_as_if_upcast(labels: str
     ]
     assert results[0].accuracy == results[1].accuracy
     assert torch.equal(results[0].loss, results[1].loss) and torch.isfinite(results[0].loss)
+
+
+def test_eagle3_alignment_adds_the_regression_of_each_step_onto_step_0s_next_input() -> None:
+    # alignment w: every unrolled step's output at q is pulled, with weight w · decay^s, toward
+    # the fused target states at q + 1 (fc of the aux states, detached) — what step 0 reads there
+    from eagletree.app.training.head_modules import HeadShape
+    from eagletree.app.training.heads import Eagle3Head, unrolled_forward
+    from eagletree.app.training.losses import feature_regression, step_weights
+    from eagletree.app.training.losses import valid_rows as rows_of
+    from eagletree.app.training.objective import Objective
+    from eagletree.app.training.target_features import TargetBatch
+    from eagletree.app.training.vocab import vocab_map
+
+    torch.manual_seed(0)
+    shape = HeadShape(16, 32, 2, 1, 8, 1e-6, 10_000.0)
+    embed, lm_head = torch.nn.Embedding(24, 16), torch.nn.Linear(16, 24, bias=False)
+    aux_proj = torch.nn.Linear(16, 48, bias=False)
+
+    class Target:
+        device = torch.device("cpu")
+        embed_tokens = embed
+
+        def __call__(self, tokens: torch.Tensor) -> TargetBatch:
+            hidden = embed(tokens)
+            return TargetBatch(lm_head(hidden), hidden, aux_proj(hidden))
+
+    head = Eagle3Head(shape, 3, 24)
+    vocab = vocab_map(torch.arange(24), 24)
+    tokens = torch.randint(0, 24, (2, 7), generator=torch.Generator().manual_seed(1))
+    steps, weight = 3, 0.5
+
+    def loss(alignment: float) -> torch.Tensor:
+        weights = LossWeights(alignment=alignment)
+        objective = Objective(head, Target(), steps, weights, vocab)  # type: ignore[arg-type]
+        return objective(tokens).loss
+
+    with torch.no_grad():
+        out = Target()(tokens)
+        assert out.aux is not None
+        outputs = unrolled_forward(head, embed(tokens[:, 1:]), out.aux[:, :-1], steps)
+        aligned_to = head.fused_input(out.aux[:, 1:])
+        decays = step_weights(steps, 0.8)
+        rows = [rows_of(6, step, tokens.device).expand(2, 6) for step in range(steps)]
+        expected = sum(
+            decays[s] * feature_regression(outputs[s], aligned_to, rows[s]) for s in range(steps)
+        )
+        got = loss(weight) - loss(0.0)
+    assert float(expected) > 0
+    torch.testing.assert_close(got, weight * expected)
