@@ -97,6 +97,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=loss["regression"],
         help="EAGLE-1 feature regression",
     )
+    add("--alignment-weight", type=float, default=loss["alignment"],
+        help="EAGLE-3: each unrolled step's output regressed onto step 0's input at the next"
+        " position (the fused target states)")  # fmt: skip
     add("--num-layers", type=int, default=option["num_layers"], help="EAGLE-1 decoder layers")
     add("--draft-vocab-size", type=int, help="EAGLE-3 (default: min(vocab, 32000))")
     add(
@@ -183,7 +186,12 @@ def run(args: argparse.Namespace) -> int:
         grad_clip=args.grad_clip,
         unroll_steps=args.unroll_steps,
         loss=LossWeights(
-            args.ce_weight, args.regression_weight, args.step_decay, args.labels, args.ce_precision
+            cross_entropy=args.ce_weight,
+            regression=args.regression_weight,
+            alignment=args.alignment_weight,
+            step_decay=args.step_decay,
+            labels=args.labels,
+            ce_precision=args.ce_precision,
         ),
         num_layers=args.num_layers,
         draft_vocab_size=args.draft_vocab_size,

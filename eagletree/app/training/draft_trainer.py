@@ -33,7 +33,7 @@ from eagletree.app.training.corpus import Corpus, build_corpus
 from eagletree.app.training.evaluation import Evaluation, evaluate
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
-from eagletree.app.training.objective import Objective
+from eagletree.app.training.objective import LossWeights, Objective
 from eagletree.app.training.options import TrainOptions, aux_layer_ids
 from eagletree.app.training.progress import ProgressLine
 from eagletree.app.training.target_features import HFTarget
@@ -115,6 +115,19 @@ def _check_positions(options: TrainOptions, positions: int) -> None:
             )
 
 
+def _check_loss_weights(options: TrainOptions) -> None:
+    """A loss weight the algorithm does not read is refused, not ignored."""
+    default = LossWeights()
+    unread = (
+        ("regression", "--regression-weight is EAGLE-1's feature regression")
+        if options.algorithm == "eagle3"
+        else ("alignment", "--alignment-weight is EAGLE-3's alignment loss")
+    )
+    name, what = unread
+    if getattr(options.loss, name) != getattr(default, name):
+        raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
+
+
 class DraftTrainer:
     def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
         options = options.resolved()
@@ -128,10 +141,7 @@ class DraftTrainer:
             for name, what in _EAGLE3_OPTIONS.items():
                 if getattr(options, name) != defaults[name]:
                     raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
-            if options.loss.alignment:
-                raise ConfigurationError(
-                    f"the alignment loss is EAGLE-3's: drop it for {options.algorithm}"
-                )
+        _check_loss_weights(options)
         if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options

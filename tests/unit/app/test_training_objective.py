@@ -223,3 +223,21 @@ def test_eagle3_alignment_adds_the_regression_of_each_step_onto_step_0s_next_inp
         got = loss(weight) - loss(0.0)
     assert float(expected) > 0
     torch.testing.assert_close(got, weight * expected)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "loss", "flag"),
+    [
+        ("eagle", LossWeights(alignment=0.5), "--alignment-weight is EAGLE-3's"),
+        ("eagle3", LossWeights(regression=1.0), "--regression-weight is EAGLE-1's"),
+    ],
+)
+def test_a_loss_weight_the_algorithm_does_not_read_is_refused(
+    algorithm: str, loss: LossWeights, flag: str, tmp_path: Path
+) -> None:
+    from eagletree.app.training.draft_trainer import DraftTrainer
+    from eagletree.domain.errors import ConfigurationError
+
+    options = TrainOptions(tmp_path / "target", algorithm, (tmp_path,), tmp_path, loss=loss)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=f"{flag}.*drop it for {algorithm}"):
+        DraftTrainer(options)
