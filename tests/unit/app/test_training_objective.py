@@ -52,7 +52,12 @@ def test_soft_labels_are_the_soft_cross_entropy_and_mixed_is_the_mean_of_both() 
 
 def test_the_defaults_are_the_short_budget_recipe_and_the_device_picks_batch_and_window() -> None:
     assert LossWeights() == LossWeights(
-        cross_entropy=1.0, regression=0.2, step_decay=0.8, labels="hard", ce_precision="bfloat16"
+        cross_entropy=1.0,
+        regression=0.2,
+        alignment=0.0,
+        step_decay=0.8,
+        labels="hard",
+        ce_precision="bfloat16",
     )
     base = TrainOptions(Path("t"), "eagle3", (Path("d"),), Path("o"))
     # the learning rate the sweep chose (docs/training.md); the recipe's unroll and warm-up
@@ -76,6 +81,8 @@ def test_the_cli_takes_the_labels_and_names_the_flag_when_they_are_wrong(
     default = TrainOptions(Path("t"), "eagle", (Path("d"),), Path("o"))
     assert args.labels == "mixed" and args.batch_size is None and args.lr == default.lr
     assert args.ce_precision == default.loss.ce_precision == "bfloat16"
+    assert (args.regression_weight, args.alignment_weight) == (0.2, 0.0)
+    assert (default.loss.regression, default.loss.alignment) == (0.2, 0.0)
     assert parser.parse_args([*required, "--ce-precision", "float32"]).ce_precision == "float32"
     with pytest.raises(SystemExit):
         parser.parse_args([*required, "--labels", "sof"])
@@ -226,18 +233,22 @@ def test_eagle3_alignment_adds_the_regression_of_each_step_onto_step_0s_next_inp
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "loss", "flag"),
+    ("algorithm", "option", "message"),
     [
-        ("eagle", LossWeights(alignment=0.5), "--alignment-weight is EAGLE-3's"),
-        ("eagle3", LossWeights(regression=1.0), "--regression-weight is EAGLE-1's"),
+        ("eagle", ["--alignment-weight", "0.5"], "--alignment-weight is EAGLE-3's alignment loss"),
+        ("eagle3", ["--regression-weight", "1"], "--regression-weight is EAGLE-1's feature"),
     ],
 )
 def test_a_loss_weight_the_algorithm_does_not_read_is_refused(
-    algorithm: str, loss: LossWeights, flag: str, tmp_path: Path
+    algorithm: str,
+    option: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from eagletree.app.training.draft_trainer import DraftTrainer
-    from eagletree.domain.errors import ConfigurationError
-
-    options = TrainOptions(tmp_path / "target", algorithm, (tmp_path,), tmp_path, loss=loss)  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match=f"{flag}.*drop it for {algorithm}"):
-        DraftTrainer(options)
+    # refused before the target is read: the paths need not exist
+    args = ["--target", str(tmp_path / "target"), "--algorithm", algorithm, "--data",
+            str(tmp_path), "--out", str(tmp_path / "out"), *option]  # fmt: skip
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert message in err and f": drop it for {algorithm}" in err
