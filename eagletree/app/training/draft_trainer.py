@@ -117,14 +117,11 @@ def _check_positions(options: TrainOptions, positions: int) -> None:
 
 def _check_loss_weights(options: TrainOptions) -> None:
     """A loss weight the algorithm does not read is refused, not ignored."""
-    default = LossWeights()
-    unread = (
-        ("regression", "--regression-weight is EAGLE-1's feature regression")
-        if options.algorithm == "eagle3"
-        else ("alignment", "--alignment-weight is EAGLE-3's alignment loss")
-    )
-    name, what = unread
-    if getattr(options.loss, name) != getattr(default, name):
+    if options.algorithm == "eagle3":
+        name, what = "regression", "--regression-weight is EAGLE-1's feature regression"
+    else:
+        name, what = "alignment", "--alignment-weight is EAGLE-3's alignment loss"
+    if getattr(options.loss, name) != getattr(LossWeights(), name):
         raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
 
 

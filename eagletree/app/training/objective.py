@@ -42,7 +42,9 @@ class LossWeights:
     target's feature space (its own norm and lm_head read it). ``alignment`` (EAGLE-3 only)
     regresses each step's output at q onto what step 0 reads at q + 1, the fused target states
     ``fc(aux(q + 1))`` (detached): the next step's input, held near the one it was trained on
-    at step 0, as EAGLE-1's regression holds its output near the target's feature."""
+    at step 0, as EAGLE-1's regression holds its output near the target's feature. Off by
+    default: on the real pair it flattened EAGLE-3's agreement by lowering the first steps, and
+    cost the greedy chains 2–4 % (docs/training.md)."""
 
     cross_entropy: float = 1.0
     regression: float = 0.2
