@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,6 +21,7 @@ from torch import nn
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import (
+    Algorithm,
     draft_config,
     head_shape,
     latest_checkpoint,
@@ -33,7 +34,7 @@ from eagletree.app.training.corpus import Corpus, build_corpus
 from eagletree.app.training.evaluation import Evaluation, evaluate
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
-from eagletree.app.training.objective import LossWeights, Objective
+from eagletree.app.training.objective import Objective
 from eagletree.app.training.options import TrainOptions, aux_layer_ids
 from eagletree.app.training.progress import ProgressLine
 from eagletree.app.training.target_features import HFTarget
@@ -66,11 +67,16 @@ class TrainReport:
         return self.tokens_seen / max(self.train_tokens, 1)
 
 
-# the options only an EAGLE-3 head reads, and how a refusal names each
-_EAGLE3_OPTIONS = {
-    "aux_layers": "--aux-layers chooses EAGLE-3's fused features",
-    "eagle3_norm": "eagle3_norm is EAGLE-3's",
-    "eagle3_lm_head": "eagle3_lm_head is EAGLE-3's",
+# the options only one algorithm reads ("loss." for LossWeights' fields), and how a refusal
+# names each: set for the other algorithm, they are refused rather than ignored
+_OWN_OPTIONS: dict[Algorithm, dict[str, str]] = {
+    "eagle3": {
+        "aux_layers": "--aux-layers chooses EAGLE-3's fused features",
+        "eagle3_norm": "eagle3_norm is EAGLE-3's",
+        "eagle3_lm_head": "eagle3_lm_head is EAGLE-3's",
+        "loss.alignment": "--alignment-weight is EAGLE-3's alignment loss",
+    },
+    "eagle": {"loss.regression": "--regression-weight is EAGLE-1's feature regression"},
 }
 
 
@@ -115,14 +121,22 @@ def _check_positions(options: TrainOptions, positions: int) -> None:
             )
 
 
-def _check_loss_weights(options: TrainOptions) -> None:
-    """A loss weight the algorithm does not read is refused, not ignored."""
-    if options.algorithm == "eagle3":
-        name, what = "regression", "--regression-weight is EAGLE-1's feature regression"
-    else:
-        name, what = "alignment", "--alignment-weight is EAGLE-3's alignment loss"
-    if getattr(options.loss, name) != getattr(LossWeights(), name):
-        raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
+def _option(options: TrainOptions, path: str) -> object:
+    value: object = options
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def _check_own_options(options: TrainOptions) -> None:
+    """Another algorithm's options left at their defaults (``_OWN_OPTIONS``)."""
+    defaults = TrainOptions(options.target, options.algorithm, options.data, options.out)
+    for algorithm, own in _OWN_OPTIONS.items():
+        if algorithm == options.algorithm:
+            continue
+        for path, what in own.items():
+            if _option(options, path) != _option(defaults, path):
+                raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
 
 
 class DraftTrainer:
@@ -133,12 +147,7 @@ class DraftTrainer:
         for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
             if getattr(options, name) < 1:
                 raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
-        if options.algorithm != "eagle3":  # EAGLE-3's options left at their defaults
-            defaults = {f.name: f.default for f in fields(TrainOptions)}
-            for name, what in _EAGLE3_OPTIONS.items():
-                if getattr(options, name) != defaults[name]:
-                    raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
-        _check_loss_weights(options)
+        _check_own_options(options)
         if options.window < 2:
             raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
         self.options = options
