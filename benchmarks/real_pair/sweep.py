@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -130,7 +131,10 @@ def _variant(text: str) -> Variant:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="train-draft variants on the real pair")
+    parser = argparse.ArgumentParser(
+        description="train-draft variants on the real pair",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
     add("--out", type=Path, required=True, help="a real pair's --out (made if missing)")
     add("--report-dir", type=Path, help="sweep.md and sweep.json (default: --out/sweep)")
@@ -143,6 +147,19 @@ def parser() -> argparse.ArgumentParser:
     add("--prompt-len", type=int, default=64)
     add("--eval-new-tokens", type=int, default=64)
     add("--depths", type=int, nargs="+", default=[3, 5, 7])
+    # what it passes on, named in --help (argparse has no public list of a parser's flags)
+    own = {flag for action in parser._actions for flag in action.option_strings} | {"--reuse"}
+    passed_on = [
+        flag
+        for action in pair_parser()._actions
+        for flag in action.option_strings
+        if flag.startswith("--") and flag not in own
+    ]
+    parser.epilog = textwrap.fill(
+        "Options it does not know go to the real pair's parser (python -m benchmarks.real_pair"
+        f" --help): {' '.join(passed_on)}",
+        break_on_hyphens=False,
+    )
     return parser
 
 
