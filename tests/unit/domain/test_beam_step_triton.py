@@ -1,5 +1,7 @@
 """One beam step with its ancestor slots: the Triton kernel against ``domain.tree.beam_step``
-bit for bit on hypothesis' draft beams (exact ties included), every step of each beam."""
+bit for bit on hypothesis' draft beams (exact ties included), every step of each beam; the
+hidden states each step carries are the draft forward's own rows (distinct per branch), every
+other step read through a strided view, as a forward's output slice may be."""
 
 from __future__ import annotations
 
@@ -32,10 +34,13 @@ def test_the_triton_beam_step_equals_the_reference(device: str, case: DraftCase)
         k,
     )
     scores = first.scores
-    hidden = first.hidden_states
     ancestors = torch.zeros((bs * k, 0), dtype=torch.int64, device=device)
     for step in range(1, case.num_steps):
         own_slots = torch.randint(1, 1000, (bs * k,), generator=generator).to(device)
+        # (bs·k, H): what draft forward ``step`` returned for each branch
+        hidden = case.step_hidden[step].to(device)
+        if step % 2 == 0:
+            hidden = torch.cat([hidden, hidden.flip(1)], dim=1)[:, : hidden.shape[1]]
         args = (
             step,
             case.step_probs[step].to(device),
@@ -55,4 +60,4 @@ def test_the_triton_beam_step_equals_the_reference(device: str, case: DraftCase)
             assert a.shape == b.shape and torch.equal(a, b)
         assert torch.equal(got_ancestors, expected_ancestors)
         assert got_ancestors.shape == (bs * k, step)
-        scores, hidden, ancestors = expected.scores, expected.hidden_states, expected_ancestors
+        scores, ancestors = expected.scores, expected_ancestors

@@ -5,8 +5,10 @@ probabilities give k² path scores; the k best survive (ties towards the lower f
 carrying its parent branch's ancestor slots plus the parent's own slot of the forward just run.
 The torch reference (``domain.tree.beam_step``: ``select_top_k_tokens`` and the ancestor update)
 takes some twenty small kernels per step; here one program per request computes them all in
-registers, and the survivors' hidden states are one row gather. Outputs equal the reference's
-bit for bit (the products are the same single fp32 multiplies).
+registers, then copies each survivor's parent hidden state into the next forward's input rows
+(a separate row gather would be one more launch per draft depth, at bs 1 about as long as the
+beam step itself). Outputs equal the reference's bit for bit (the products are the same single
+fp32 multiplies; the hidden rows are copied, not computed).
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ def _beam_step_kernel(
     survivors_ptr,  # (bs, k) int64 out: flat ids k + k²(step − 1) + survivor
     input_ids_ptr,  # (bs·k,) int64 out: survivors' tokens
     new_scores_ptr,  # (bs, k) float32 out
-    parent_rows_ptr,  # (bs·k,) int64 out: b·k + parent branch (the hidden state to carry)
     new_ancestors_ptr,  # (bs·k, depth + 1) int64 out
+    hidden_ptr,  # (bs·k, H) the branches' hidden states, rows hidden_stride apart
+    new_hidden_ptr,  # (bs·k, H) out, contiguous: each survivor's parent's row
     depth,
     flat_offset,
+    hidden_size,
+    hidden_stride,
     K: tl.constexpr,
     BLOCK_KK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     req = tl.program_id(0).to(tl.int64)
     flat = tl.arange(0, BLOCK_KK)
@@ -66,7 +72,6 @@ def _beam_step_kernel(
     tl.store(survivors_ptr + rows, survivor + flat_offset, mask=k_ok)
     tl.store(input_ids_ptr + rows, token, mask=k_ok)
     tl.store(new_scores_ptr + rows, score, mask=k_ok)
-    tl.store(parent_rows_ptr + rows, req * K + parent, mask=k_ok)
 
     # the survivor's path: its parent branch's ancestors, then the parent's own slot
     offs_d = tl.arange(0, BLOCK_D)
@@ -83,6 +88,14 @@ def _beam_step_kernel(
         path,
         mask=k_ok[:, None] & (offs_d[None, :] <= depth),
     )
+
+    # the survivor's hidden state: its parent branch's row
+    offs_h = tl.arange(0, BLOCK_H)
+    for start in range(0, hidden_size, BLOCK_H):
+        cols = start + offs_h
+        keep = k_ok[:, None] & (cols[None, :] < hidden_size)
+        row = tl.load(hidden_ptr + source[:, None] * hidden_stride + cols[None, :], mask=keep)
+        tl.store(new_hidden_ptr + rows[:, None] * hidden_size + cols[None, :], row, mask=keep)
 
 
 def beam_step(
@@ -102,11 +115,15 @@ def beam_step(
     bs = scores.shape[0]
     device = scores.device
     depth = step - 1
+    hidden_size = hidden_states.shape[1]
+    if hidden_states.stride(1) != 1:
+        hidden_states = hidden_states.contiguous()
+    new_hidden = torch.empty(bs * k, hidden_size, dtype=hidden_states.dtype, device=device)
+    block_k = max(2, triton.next_power_of_2(k))
     expand = torch.empty(bs, k, k, dtype=torch.float32, device=device)
     survivors = torch.empty(bs, k, dtype=torch.int64, device=device)
     input_ids = torch.empty(bs * k, dtype=torch.int64, device=device)
     new_scores = torch.empty(bs, k, dtype=torch.float32, device=device)
-    parent_rows = torch.empty(bs * k, dtype=torch.int64, device=device)
     new_ancestors = torch.empty(bs * k, depth + 1, dtype=torch.int64, device=device)
     if bs > 0:
         _beam_step_kernel[(bs,)](
@@ -119,18 +136,23 @@ def beam_step(
             survivors,
             input_ids,
             new_scores,
-            parent_rows,
             new_ancestors,
+            hidden_states,
+            new_hidden,
             depth,
             k * k * (step - 1) + k,
+            hidden_size,
+            hidden_states.stride(0),
             K=k,
             BLOCK_KK=max(16, triton.next_power_of_2(k * k)),
-            BLOCK_K=max(2, triton.next_power_of_2(k)),
+            BLOCK_K=block_k,
             BLOCK_D=max(2, triton.next_power_of_2(depth + 1)),
+            # about 4k elements a round of the copy, whatever k is
+            BLOCK_H=max(16, min(triton.next_power_of_2(hidden_size), 4096 // block_k)),
         )
     beam = BeamStep(
         input_ids=input_ids,
-        hidden_states=hidden_states.index_select(0, parent_rows),
+        hidden_states=new_hidden,
         scores=new_scores,
         tree_info=(expand, topk_index.view(bs, k * k), survivors),
     )
