@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from benchmarks.timing import replay_us
 
 TABLES = ((16384, 768), (128256, 4096))
-ROWS = (1, 8, 64, 512)
+ROWS = (1, 8, 16, 64, 512)
 COPIES = 4
 Gather = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -21,6 +21,7 @@ from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.adapters.models.random_checkpoint_config import Arch, ModelSizes
 from eagletree.adapters.models.tensor_files import TensorFiles, fill_module, module_tensors
 from eagletree.adapters.models.tensor_parallel import (
+    FEW_ROWS,
     CheckpointShard,
     ColumnParallelLinear,
     RowParallelLinear,
@@ -159,3 +160,13 @@ def test_each_rank_of_a_target_loads_its_blocks_of_the_same_checkpoint(
         head = shard.lm_head.weight
         assert (head is shard.embed_tokens.weight) == sizes.tie_word_embeddings
         assert head.shape == (sizes.vocab_size // WORLD, sizes.hidden_size)
+
+
+@pytest.mark.parametrize("count", [1, 8, FEW_ROWS, FEW_ROWS + 1, 40])
+def test_an_unsharded_lookup_of_few_or_many_ids_is_nn_embeddings(count: int) -> None:
+    torch.manual_seed(count)
+    embedding = VocabParallelEmbedding(50, 6)
+    ids = torch.randint(0, 50, (count,))
+    got = embedding(ids)
+    assert got.shape == (count, 6)
+    assert torch.equal(got, nn.functional.embedding(ids, embedding.weight))
