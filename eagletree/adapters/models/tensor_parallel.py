@@ -183,7 +183,7 @@ class RowParallelLinear(StreamedLinear):
         return y if self.bias is None else y + self.bias
 
 
-# at most this many ids, CUDA's index_select runs its small-index kernel, serial over the ids
+# up to this many ids CUDA's index_select runs its small-index kernel, serial over the ids
 FEW_ROWS = 16
 
 
@@ -204,10 +204,12 @@ class VocabParallelEmbedding(nn.Embedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: (num_tokens,) -> (num_tokens, H)
         if not self.tp.is_parallel:
-            if input_ids.numel() <= FEW_ROWS:
-                # a draft depth's few tokens: nn.Embedding's index_select walks up to 16 ids
-                # one after another in every thread (CUDA's small-index kernel: 4.4 µs for 8
-                # rows of 768 against 2.2 for one); an advanced index copies them all at once
+            if 1 < input_ids.numel() <= FEW_ROWS:
+                # a draft depth's few tokens: CUDA's small-index kernel behind nn.Embedding's
+                # index_select walks the ids one after another in every thread, where an
+                # advanced index copies them all at once (H100, 768 wide: 8 rows 7.7 µs
+                # against 3.3, 16 rows 12.5 against 3.4; one row 3.1 against 4.8, so a lone
+                # id stays with index_select; benchmarks/row_gather.py)
                 return self.weight[input_ids]
             return super().forward(input_ids)
         local = input_ids - self.vocab_start

@@ -162,7 +162,7 @@ def test_each_rank_of_a_target_loads_its_blocks_of_the_same_checkpoint(
         assert head.shape == (sizes.vocab_size // WORLD, sizes.hidden_size)
 
 
-@pytest.mark.parametrize("count", [1, 8, FEW_ROWS, FEW_ROWS + 1, 40])
+@pytest.mark.parametrize("count", [1, 2, 8, FEW_ROWS, FEW_ROWS + 1, 40])
 def test_an_unsharded_lookup_of_few_or_many_ids_is_nn_embeddings(count: int) -> None:
     torch.manual_seed(count)
     embedding = VocabParallelEmbedding(50, 6)
