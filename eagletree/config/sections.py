@@ -93,7 +93,7 @@ class SpeculativeSettings(_Section):
     candidate_shapes: list[str] | None = Field(
         default=None,
         description='adaptive only: "plain", "chain:S<n>" or "tree:S<n>,k<n>,N<n>" each; '
-        "unset: plain, chains S3/S5/S7, trees S5 k4 N8/N16, S6 k8 N32, S8 k8 N64.",
+        "unset: plain, chains S3/S5/S7, trees S5 k4 N8/N16, S8 k4 N32, S8 k8 N64.",
     )
     sampled_drafts: SampledDraftsName = Field(
         default="auto",
