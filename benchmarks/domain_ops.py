@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.printed_table import PrintedTable
 from benchmarks.timing import median_us
 from eagletree.domain.compaction import accepted_move_plan, compact_to_front
 from eagletree.domain.tree import (
@@ -185,15 +186,14 @@ def main() -> None:
     parser.add_argument("--out", help="also write the table to this file")
     args = parser.parse_args()
 
-    lines = [
+    table = PrintedTable(
         f"domain ops, median µs per call (L_b in [{args.seq_len // 2}, {args.seq_len}], "
         f"H = {args.hidden_size}, sync-debug = {'error' if args.sync_debug else 'off'}, "
         f"torch {torch.__version__})",
         "",
         "| device | bs | k | S | N | " + " | ".join(COLUMNS) + " |",
         "|---" * (5 + len(COLUMNS)) + "|",
-    ]
-    print("\n".join(lines), flush=True)
+    )
     for name in args.devices:
         device = torch.device(name)
         label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -202,15 +202,10 @@ def main() -> None:
                 times = benchmark_row(device, bs, shape, args)
                 k, steps, n = shape
                 cells = " | ".join(f"{t:.1f}" for t in times)
-                line = f"| {label} | {bs} | {k} | {steps} | {n} | {cells} |"
-                print(line, flush=True)
-                lines.append(line)
+                table.add(f"| {label} | {bs} | {k} | {steps} | {n} | {cells} |")
     if args.sync_debug and "cuda" in args.devices:
-        lines += ["", "Every timed CUDA call ran under set_sync_debug_mode('error'): no host sync."]
-        print(lines[-1])
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+        table.add("", "Every timed CUDA call ran under set_sync_debug_mode('error'): no host sync.")
+    table.write(args.out)
 
 
 if __name__ == "__main__":

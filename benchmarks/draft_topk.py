@@ -22,6 +22,7 @@ from functools import partial
 
 import torch
 
+from benchmarks.printed_table import PrintedTable
 from benchmarks.timing import replay_us
 from eagletree.adapters.kernels.triton.draft_topk import TopKConfig, default_config, top_k_probs
 from eagletree.domain.sampling import top_k_probs as reference_top_k
@@ -84,20 +85,15 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     vocabs = (1000,) if args.smoke else args.vocabs
     rows_list = (4,) if args.smoke else args.rows
-    lines = [
+    table = PrintedTable(
         "| vocab | rows | k | torch µs | default µs (tile) | best µs | best tile | default ÷ best"
         " | mapped µs | then gather µs |",
         "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    print("\n".join(lines), flush=True)
+    )
     for vocab in vocabs:
         for rows in rows_list:
-            line = measure(vocab, rows, args.k, tiles(args.smoke), device)
-            lines.append(line)
-            print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            table.add(measure(vocab, rows, args.k, tiles(args.smoke), device))
+    table.write(args.out)
 
 
 if __name__ == "__main__":

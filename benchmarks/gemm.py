@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from triton.runtime.errors import OutOfResources
 
 from benchmarks.gemm_in_layer import in_layer_table
+from benchmarks.printed_table import PrintedTable
 from benchmarks.timing import kernel_names, replay_us
 from eagletree.adapters.kernels.triton.skinny_gemm import (
     MAX_ROWS,
@@ -163,20 +164,15 @@ def main() -> None:
         shapes = tuple(s for s in shapes if s.name in args.shapes)
     rows_list = args.rows or ((1, 8) if args.smoke else ROWS)
     cfgs = [SkinnyConfig(16, 32, 4, 2)] if args.smoke else configs(args.quick)
-    lines = [
+    table = PrintedTable(
         "| GEMM | rows | cuBLAS µs (TB/s) | cuBLASLt µs (TB/s) | Triton best µs (TB/s) |"
         " best config | cuBLAS ÷ Triton | default µs (tile) |",
         "|---|---|---|---|---|---|---|---|",
-    ]
-    print("\n".join(lines), flush=True)
+    )
     for shape in shapes:
         for rows in rows_list:
-            line = measure(shape, rows, cfgs, device)
-            lines.append(line)
-            print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            table.add(measure(shape, rows, cfgs, device))
+    table.write(args.out)
 
 
 if __name__ == "__main__":

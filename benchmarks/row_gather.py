@@ -21,6 +21,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from benchmarks.printed_table import PrintedTable
 from benchmarks.timing import replay_us
 
 TABLES = ((16384, 768), (128256, 4096))
@@ -69,19 +70,14 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     tables = ((1000, 64),) if args.smoke else TABLES
     rows_list = (1, 8) if args.smoke else ROWS
-    lines = [
+    table = PrintedTable(
         "| table | rows | " + " | ".join(f"{name} µs" for name in VARIANTS) + " |",
         "|---|---|" + "---|" * len(VARIANTS),
-    ]
-    print("\n".join(lines), flush=True)
+    )
     for entries, hidden in tables:
         for rows in rows_list:
-            line = measure(entries, hidden, rows, device)
-            lines.append(line)
-            print(line, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            table.add(measure(entries, hidden, rows, device))
+    table.write(args.out)
 
 
 if __name__ == "__main__":
