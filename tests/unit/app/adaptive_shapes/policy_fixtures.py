@@ -1,0 +1,29 @@
+"""What the adaptive policy's tests share: a chain S3 against plain, a table where a chain step
+costs two plain ones, a pessimistic prior, fully accepted paths, requests at given temperatures."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from eagletree.app.workers.step_costs import StepCosts
+from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile
+from eagletree.domain.request import Request
+from eagletree.domain.sampling import SamplingParams
+
+CHAIN = DraftShape.chain(3)
+SHAPES = (CHAIN, PLAIN)
+# a chain step costs two plain steps: it pays when it commits more than two tokens
+COSTS = StepCosts(
+    (1, 8),
+    {(s, b, sampled): (2.0 if s == CHAIN else 1.0) for s in SHAPES for b in (1, 8)
+     for sampled in (False, True)},
+)  # fmt: skip
+PESSIMISTIC = RankProfile(((0.2,),))  # the chain would commit 1.25 tokens: plain wins
+ACCEPTING = [[0, 0, 0, 1, 1, 1]]  # every draft of a chain S3 accepted
+
+
+def requests_at(temperatures: Sequence[float]) -> list[Request]:
+    return [
+        Request(i, [1, 2], SamplingParams(max_new_tokens=8, temperature=t, seed=i), 64)
+        for i, t in enumerate(temperatures)
+    ]

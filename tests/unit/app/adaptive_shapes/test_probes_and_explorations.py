@@ -1,0 +1,111 @@
+"""The adaptive policy trying what it does not run, against hand-set costs: a band kept on plain
+steps probes drafting (ever more rarely while plain stays right), a close runner-up is explored
+and its real time decides, and a return from plain steps pays the draft's catch-up."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.step_costs import StepCosts
+from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
+
+from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+
+
+def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:
+    policy = AdaptiveShapes(
+        SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4, refresh_steps=64
+    )
+    policy.use_costs(COSTS)
+    batch = requests_at([0.0] * 8)
+    assert [policy.choose(batch) for _ in range(3)] == [PLAIN] * 3
+    assert policy.choose(batch) == CHAIN  # the fourth plain step probes
+    # the probe stands until a drafting step is read back (a catch-up may run first)
+    assert policy.choose(batch) == CHAIN
+    policy.observe(CHAIN, batch, ACCEPTING * len(batch))  # 8 paths outweigh the prior's 4
+    # what the probe read is priced at once, not after the 64 steps of a refresh
+    assert policy.choose(batch) == CHAIN  # drafting now on merit
+    assert policy.profile("greedy").rate(0, 0) > 0.5
+
+
+def test_probes_thin_out_while_plain_stays_right() -> None:
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, hysteresis=0.0, probe_every=4)
+    policy.use_costs(COSTS)
+    batch = requests_at([1.0])
+    probes = []
+    for step in range(4 + 8 + 16 + 32):
+        if policy.choose(batch) == CHAIN:
+            probes.append(step)
+            policy.observe(CHAIN, batch, [[-1, -1, -1, 1, 0, 0]])  # nothing accepted
+    assert probes == [3, 11, 27, 59]  # after 4, 8, 16, 32 plain steps
+
+
+def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
+    tree = DraftShape(3, 2, 6)
+    prior = RankProfile(((0.9, 0.05),))
+    tokens = {s: 1 + expected_accepted(s, prior) for s in (tree, CHAIN)}
+    # the table: the tree 10 % faster than the chain (2 s a step), plain far behind; as the
+    # engine runs, the tree's steps take 30 % more than the table says, the others as said
+    tree_seconds = tokens[tree] / (1.1 * tokens[CHAIN] / 2.0)
+    table = {CHAIN: 2.0, tree: tree_seconds, PLAIN: 1.0}
+    real = {CHAIN: 2.0, tree: 1.3 * tree_seconds, PLAIN: 1.0}
+    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    policy = AdaptiveShapes(
+        (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000, explore_every=4
+    )
+    policy.use_costs(costs)
+    batch = requests_at([0.0])
+    ran = []
+    for _ in range(16):
+        ran.append(policy.choose(batch))
+        policy.observe_time(ran[-1], 1, False, real[ran[-1]])
+    # the tree's time, learned, lifts the chain's guess as much (the excess is shared), so
+    # the tree still looks best until the fourth step explores the chain; timed, the chain
+    # wins on its own time (a second exploration while the tree's average settles); plain,
+    # far behind, is never tried
+    assert ran[:4] == [tree] * 3 + [CHAIN]
+    assert ran[-8:] == [CHAIN] * 8 and PLAIN not in ran
+    assert policy.costs is not None
+    assert policy.costs.of(CHAIN, 1, False) == pytest.approx(2.0, rel=0.05)
+
+
+def test_from_plain_steps_drafting_pays_its_catch_up_and_from_drafting_it_does_not() -> None:
+    # plain steps cost 1 s, a catch-up 3 s (a plain step that extends the draft), a chain 2 s;
+    # from plain the chain's step is priced 2 + 0.5 x (3 - 1) / 4 = 2.25 s (the switch's
+    # catch-up, half of it, over the 4 steps a pricing stands for)
+    costs = StepCosts(COSTS.buckets, COSTS.seconds, {(b, s): 3.0 for b in (1, 8)
+                      for s in (False, True)}, catch_up_every=16)  # fmt: skip
+    batch = requests_at([0.0])
+
+    def policy_with(rate: float, current: DraftShape) -> AdaptiveShapes:
+        # a greedy prior whose chain accepts its first two drafts at ``rate``, not its third
+        prior = RankProfile(((rate,), (rate,), (0.0,)))
+        policy = AdaptiveShapes((current, *(s for s in SHAPES if s != current)), prior=prior,
+                                hysteresis=0.0, probe_every=1000, reprice_every=4)  # fmt: skip
+        policy.use_costs(costs)
+        return policy
+
+    plain_rate = 1.0 / ((15 * 1.0 + 3.0) / 16)  # plain steps with their catch-ups: 1.125 s
+    close = 1 + 0.6 + 0.6**2  # the chain's tokens a step at rate 0.6: 1.96
+    assert close / 2.0 > plain_rate > close / 2.25  # faster than plain, not by the switch
+    assert policy_with(0.6, current=PLAIN).choose(batch) == PLAIN
+    assert policy_with(0.6, current=CHAIN).choose(batch) == CHAIN
+    assert plain_rate < (1 + 0.9 + 0.9**2) / 2.25  # by more than the switch: it drafts
+    assert policy_with(0.9, current=PLAIN).choose(batch) == CHAIN
+
+
+def test_by_default_a_shape_a_little_faster_than_the_current_one_is_taken() -> None:
+    prior = RankProfile(((0.56,),))
+    tokens = 1 + expected_accepted(CHAIN, prior)  # a greedy request's, a chain step
+    # per plain step's second the chain commits 2 % more than plain decoding
+    costs = StepCosts(
+        (1, 8),
+        {(s, b, sampled): (tokens / 1.02 if s == CHAIN else 1.0) for s in SHAPES
+         for b in (1, 8) for sampled in (False, True)},
+    )  # fmt: skip
+    default = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1)
+    margin = AdaptiveShapes((PLAIN, CHAIN), prior=prior, reprice_every=1, hysteresis=0.05)
+    for policy, expected in ((default, CHAIN), (margin, PLAIN)):
+        policy.use_costs(costs)
+        assert policy.choose(requests_at([0.0] * 4)) == expected  # from plain, its first shape
