@@ -47,9 +47,9 @@ def sections() -> list[tuple[str, type | ModuleType, str]]:
     from eagletree.app.engine.loop import Engine
     from eagletree.app.engine.scheduler import Scheduler
     from eagletree.app.engine.transfers import PendingStep
-    from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
     from eagletree.app.workers.decode_inputs import DecodeInputBuffers
     from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+    from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
     from eagletree.app.workers.speculative_worker import SpeculativeWorker
     from eagletree.app.workers.step_graphs import DecodeStepRunner
 

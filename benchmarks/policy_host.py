@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.app.workers.step_graphs import graph_buckets
 from eagletree.config.shape_policy import DEFAULT_CANDIDATES, parse_shape
 from eagletree.domain.draft_shape import DraftShape

@@ -39,8 +39,8 @@ import torch
 from benchmarks.replay_drafts import DraftModel, accepted_drafts, fit_model
 from eagletree.adapters.models.head_report import REPORT_NAME, read_rank_priors
 from eagletree.app.bench.windows import windows_per_row
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.config.shape_policy import parse_shape
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request

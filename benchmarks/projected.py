@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eagletree.app.workers.band_acceptance import band_of
+from eagletree.app.workers.shapes.band_acceptance import band_of
 from eagletree.domain.draft_shape import DraftShape, RankProfile, expected_accepted
 
 Costs = dict[tuple[DraftShape, int, bool], float]  # seconds per step

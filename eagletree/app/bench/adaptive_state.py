@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.speculative_worker import SpeculativeWorker
 
 if TYPE_CHECKING:

@@ -45,11 +45,11 @@ from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.phases import PhaseAgreement
 from eagletree.app.parallel import distributed
 from eagletree.app.parallel.data_parallel import DataParallelEngine
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.multi_layer_v2 import MultiLayerEagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 from eagletree.app.engine.transfers import to_device
 from eagletree.app.engine.worker import StepOutput
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
 from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_mode
-from eagletree.app.workers.shape_policy import FixedShape, ShapePolicy
-from eagletree.app.workers.step_costs import ReadBackClock, measure_step_costs
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.policy import FixedShape, ShapePolicy
+from eagletree.app.workers.shapes.step_costs import ReadBackClock, measure_step_costs
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
 from eagletree.domain.draft_shape import PLAIN, DraftShape

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from eagletree.app.workers.decode_inputs import DecodeWindow
     from eagletree.app.workers.sampler import SamplingInputs
-    from eagletree.app.workers.shape_policy import ShapePolicy
+    from eagletree.app.workers.shapes.policy import ShapePolicy
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.batch import ForwardBatch
     from eagletree.domain.model_output import ModelOutput

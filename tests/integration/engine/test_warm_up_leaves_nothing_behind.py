@@ -16,7 +16,7 @@ from eagletree.app.engine.loop import warm_up_lengths
 from eagletree.app.engine.plan import SchedulePlan
 from eagletree.app.engine.reports import EngineStats
 from eagletree.app.engine.worker import StepOutput
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.config.settings import EngineSettings
 from tests.integration.spec.harness import SIZES, WEIGHT_STD, greedy_outputs, ragged_prompts
 

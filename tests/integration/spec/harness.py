@@ -23,7 +23,7 @@ from eagletree.app.engine.loop import Engine
 from eagletree.app.engine.scheduler import PrefillStep
 from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
-from eagletree.app.workers.shape_policy import ShapePolicy
+from eagletree.app.workers.shapes.policy import ShapePolicy
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.request import Request

@@ -17,7 +17,7 @@ import torch
 from eagletree.adapters.models.draft_loading import DraftKind
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app.engine.plan import SchedulePlan
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling import SamplingParams

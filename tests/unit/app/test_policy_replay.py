@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from benchmarks import policy_replay, replay_drafts
 from benchmarks.policy_replay import Cell, Run, replay_cell
 from benchmarks.replay_drafts import DraftModel, accepted_drafts
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, max_draft_tokens
 from tests.hypothesis_profiles import examples
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.workers.step_costs import LearnedCosts, ReadBackClock, StepCosts
+from eagletree.app.workers.shapes.learned_costs import LearnedCosts
+from eagletree.app.workers.shapes.step_costs import ReadBackClock, StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 
 CHAIN = DraftShape.chain(3)

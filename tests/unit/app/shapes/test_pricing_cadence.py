@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
 from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
-    import eagletree.app.workers.band_acceptance as module
+    import eagletree.app.workers.shapes.band_acceptance as module
 
     computed = []
 

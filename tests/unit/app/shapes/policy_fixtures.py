@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams

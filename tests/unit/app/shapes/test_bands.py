@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.band_acceptance import drawn_band, temperature_band
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.band_acceptance import drawn_band, temperature_band
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import (
     PLAIN,
@@ -85,7 +85,7 @@ def test_each_step_records_a_bounded_sample_of_itsrequests_at(batch_size: int) -
 def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import eagletree.app.workers.band_acceptance as module
+    import eagletree.app.workers.shapes.band_acceptance as module
 
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 

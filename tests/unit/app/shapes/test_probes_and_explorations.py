@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
 from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at

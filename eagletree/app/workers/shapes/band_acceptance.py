@@ -2,7 +2,7 @@
 rank profile per band (greedy, or the band of its temperature) from the accepted paths read
 back, and keeps every candidate shape's expected accepted drafts under it, recomputed on a
 cadence that thins as the estimate settles and at once when it drifts. The adaptive shape
-policy (``adaptive_shapes``) prices a batch's shapes by these."""
+policy (``adaptive``) prices a batch's shapes by these."""
 
 from __future__ import annotations
 

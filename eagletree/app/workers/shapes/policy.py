@@ -1,5 +1,5 @@
 """Which draft shape a speculative step runs: the protocol every policy meets, and the
-policy of one fixed shape (``adaptive_shapes.AdaptiveShapes`` chooses the fastest for each
+policy of one fixed shape (``adaptive.AdaptiveShapes`` chooses the fastest for each
 batch)."""
 
 from __future__ import annotations

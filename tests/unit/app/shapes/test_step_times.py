@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from eagletree.app.workers.adaptive_shapes import AdaptiveShapes
-from eagletree.app.workers.step_costs import StepCosts
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
 from .policy_fixtures import CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
@@ -97,7 +97,7 @@ def test_no_choice_is_priced_past_the_stall_ratio_over_the_cheapest_step(
 def test_a_shape_past_the_stall_ratio_at_a_batch_size_costs_no_expected_tokens_there(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import eagletree.app.workers.band_acceptance as module
+    import eagletree.app.workers.shapes.band_acceptance as module
 
     wide = DraftShape(3, 2, 6)
     shapes = (CHAIN, PLAIN, wide)

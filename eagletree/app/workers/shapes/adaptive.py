@@ -2,10 +2,10 @@
 (plain decoding included) that commits the most tokens per second for the batch at hand: each
 request's expected accepted drafts under a shape come from the rank profile of its class
 (greedy, or its temperature band), learned from the steps committed so far
-(``band_acceptance``); a shape's time
-comes from the step costs measured at start, corrected by the seconds the engine's steps took
-(``step_costs``). The choice is made on the host from what was read back — with overlap,
-statistics through the step before the one in flight — so it never waits for the device.
+(``band_acceptance``); a shape's time comes from the step costs measured at start
+(``step_costs``), corrected by the seconds the engine's steps took (``learned_costs``). The
+choice is made on the host from what was read back — with overlap, statistics through the step
+before the one in flight — so it never waits for the device.
 Whatever it chooses, the step is the same lossless verification (docs/speculative.md)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from eagletree.app.workers.band_acceptance import (
+from eagletree.app.workers.shapes.band_acceptance import (
     DEFAULT_PRIOR,
     BandAcceptance,
     RankedPath,
@@ -23,7 +23,8 @@ from eagletree.app.workers.band_acceptance import (
     drawn_band,
     temperature_band,
 )
-from eagletree.app.workers.step_costs import LearnedCosts, StepCosts
+from eagletree.app.workers.shapes.learned_costs import LearnedCosts
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import ShapeChoice, choose_shape
 
 if TYPE_CHECKING:

@@ -1,0 +1,94 @@
+"""The time of one decode step per draft shape, batch-size bucket and sampling.
+
+An adaptive worker prices each candidate shape by what its step costs on this machine and this
+model: at start, after its graphs are captured, every shape's step is replayed over padding
+rows at every bucket, greedy and sampled (``measure_step_costs``); while it runs, the seconds
+its steps actually take between read-backs (``ReadBackClock``) correct that table
+(``learned_costs.LearnedCosts``), since a running step also pays the host's work, which a
+replay does not.
+
+A plain step comes in two kinds: one that leaves its token in the draft's lag, and the catch-up
+that also extends the draft over the lag, once per lag width of plain steps and before a
+drafting step that follows plain ones. Both are timed and learned apart, and a plain step is
+priced as their mean over a run of plain steps: a catch-up timed as a plain step would price
+plain decoding, at a batch of 64, at twice what a run of it costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from eagletree.app.workers.sampler import SamplingMode
+
+if TYPE_CHECKING:
+    from eagletree.app.workers.step_graphs import DecodeStepRunner
+    from eagletree.domain.draft_shape import DraftShape
+
+
+@dataclass(frozen=True, slots=True)
+class StepCosts:
+    """Seconds of one step per (shape, bucket, sampled); ``buckets`` ascending. The plain
+    shape's is a step that leaves its token in the draft's lag; ``catch_up`` per (bucket,
+    sampled): a plain step that extends the draft over the lag, run once every
+    ``catch_up_every`` plain steps (empty: plain steps need no catch-up)."""
+
+    buckets: tuple[int, ...]
+    seconds: Mapping[tuple[DraftShape, int, bool], float]
+    catch_up: Mapping[tuple[int, bool], float] = field(default_factory=dict)
+    catch_up_every: int = 1
+
+
+def measure_step_costs(
+    runners: Mapping[DraftShape, DecodeStepRunner],
+    buckets: tuple[int, ...],
+    *,
+    catch_up: DecodeStepRunner | None = None,
+    catch_up_every: int = 1,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> StepCosts:
+    """Time every runner's step, and ``catch_up``'s, at every bucket, greedy and sampled
+    (start-up work)."""
+    started = time.perf_counter()
+
+    def timed(runner: DecodeStepRunner, bucket: int, sampled: bool) -> float:
+        mode = SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY
+        return runner.time_step(bucket, mode, repeats)
+
+    kinds = [(bucket, sampled) for bucket in buckets for sampled in (False, True)]
+    seconds = {
+        (shape, bucket, sampled): timed(runner, bucket, sampled)
+        for shape, runner in runners.items()
+        for bucket, sampled in kinds
+    }
+    catch_ups = {} if catch_up is None else {kind: timed(catch_up, *kind) for kind in kinds}
+    if progress is not None:
+        progress(
+            f"measured the step costs of {len(runners)} draft shapes at {len(buckets)} batch "
+            f"sizes in {time.perf_counter() - started:.1f} s"
+        )
+    return StepCosts(tuple(sorted(buckets)), seconds, catch_ups, catch_up_every)
+
+
+class ReadBackClock:
+    """How long each decode step took the engine: the interval between the read-backs of two
+    consecutive steps. With overlap a read-back waits for its own step's end, the next step
+    already queued behind it, so the interval is the step's device time when the device is the
+    bottleneck and the host loop's when the host is; without overlap it is the whole
+    iteration. Either way, what one more step of that kind costs."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._last: tuple[int, float] | None = None
+
+    def lap(self, step: int) -> float | None:
+        """Step number ``step`` was read back: the seconds since step ``step - 1`` was, or None
+        when that one did not lap (a step between them was not timed: a prefill's alone)."""
+        now = self._clock()
+        last, self._last = self._last, (step, now)
+        if last is None or last[0] != step - 1:
+            return None
+        return now - last[1]
