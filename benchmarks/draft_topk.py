@@ -4,7 +4,8 @@ top-k, at the row counts a tree step gives it (bs × k rows: bs 1–64, k 1–8)
 default tile with a draft's column → target id map folded into the merge (a reduced draft
 vocabulary), beside the top-k followed by a separate gather of the ids, as before the fold.
 
-Logits are bf16 over Llama-3's 128 256-entry vocabulary and EAGLE-3's 32 000. One CUDA graph runs
+Logits are bf16, by default over Llama-3's 128 256-entry vocabulary and EAGLE-3's 32 000, k = 4
+(``--vocabs``, ``--rows`` and ``--k`` choose others). One CUDA graph runs
 the call over ``COPIES`` distinct logit buffers so that little is served from L2 and no launch is
 timed (``timing.replay_us``); "µs" is the median replay divided by the calls. Every tile's tokens
 are checked against the reference first. Times are printed, never asserted.
