@@ -204,15 +204,19 @@ class VocabParallelEmbedding(nn.Embedding):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # input_ids: (num_tokens,) -> (num_tokens, H)
         if not self.tp.is_parallel:
-            if 1 < input_ids.numel() <= FEW_ROWS:
-                # a draft depth's few tokens: CUDA's small-index kernel behind nn.Embedding's
-                # index_select walks the ids one after another in every thread, where an
-                # advanced index copies them all at once (H100, 768 wide: 8 rows 7.7 µs
-                # against 3.3, 16 rows 12.5 against 3.4; one row 3.1 against 4.8, so a lone
-                # id stays with index_select; benchmarks/row_gather.py)
-                return self.weight[input_ids]
-            return super().forward(input_ids)
+            return self._rows(input_ids)
         local = input_ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_embeddings)
-        rows = nn.functional.embedding(local.masked_fill(outside, 0), self.weight)
+        rows = self._rows(local.masked_fill(outside, 0))
         return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0.0))
+
+    def _rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``ids`` (all within its block)."""
+        if 1 < ids.numel() <= FEW_ROWS:
+            # a draft depth's few tokens: CUDA's small-index kernel behind nn.Embedding's
+            # index_select walks the ids one after another in every thread, where an advanced
+            # index copies them all at once (H100, 768 wide: 8 rows 7.7 µs against 3.3, 16 rows
+            # 12.5 against 3.4; one row 3.1 against 4.8, so a lone id stays with index_select;
+            # benchmarks/row_gather.py)
+            return self.weight[ids]
+        return super().forward(ids)
