@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
@@ -38,6 +39,43 @@ class StepOutput:
     speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
     observed: torch.Tensor | None = None
     observer: Callable[[Sequence[Request], list[list[int]]], None] | None = None
+
+
+def joined_phases(
+    outputs: Sequence[StepOutput], num_prefill: int, *, speculative: bool
+) -> StepOutput:
+    """One ``StepOutput`` of a step's phases — its prefill's, then its decode's — rows in that
+    order: the tokens padded to the widest phase's, the decode rows' ``observed`` columns kept
+    (the prefill rows observe nothing: zeros) with their ``observer``."""
+    if len(outputs) == 1:  # one phase: its tensors as they are (no joining kernels)
+        only = outputs[0]
+        if only.num_prefill == num_prefill and only.speculative == speculative:
+            return only
+        return replace(only, num_prefill=num_prefill, speculative=speculative)
+    prefill, decode = outputs
+    width = max(part.tokens.shape[1] for part in outputs)
+    tokens = [
+        F.pad(part.tokens, (0, width - part.tokens.shape[1]))
+        if part.tokens.shape[1] < width
+        else part.tokens
+        for part in outputs
+    ]
+    observed = decode.observed
+    if observed is not None:
+        observed = torch.cat(
+            [observed.new_zeros(len(prefill.requests), observed.shape[1]), observed]
+        )
+    return StepOutput(
+        requests=[*prefill.requests, *decode.requests],
+        tokens=torch.cat(tokens),
+        num_emitted=torch.cat([part.num_emitted for part in outputs]),
+        num_committed=torch.cat([part.num_committed for part in outputs]),
+        num_forwards=sum(part.num_forwards for part in outputs),
+        num_prefill=num_prefill,
+        speculative=speculative,
+        observed=observed,
+        observer=decode.observer,
+    )
 
 
 class Worker(Protocol):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.engine.transfers import to_device
-from eagletree.app.engine.worker import StepOutput
+from eagletree.app.engine.worker import StepOutput, joined_phases
 from eagletree.app.workers.sampler import sample_next_tokens, sample_tokens
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.step_worker import StepWorker
@@ -87,21 +87,19 @@ class NonSpeculativeWorker(StepWorker):
         if self._run_ahead:
             self._steps.buffers.set_pending_tokens(batch.req_pool_indices, first.to(torch.int64))
         committed = [r.num_tokens - r.committed_len for r in plan.prefill]
-        tokens, emitted = first.unsqueeze(1), torch.ones_like(first)
-        num_committed = to_device(torch.tensor(committed), first.device)
-        if phases.decode:
-            decode_tokens, ones = self._decode(plan.decode, ahead)
-            tokens = torch.cat([tokens, decode_tokens])
-            emitted = torch.cat([emitted, ones])
-            num_committed = torch.cat([num_committed, ones])
-        return StepOutput(
-            requests=plan.prefill + plan.decode,
-            tokens=tokens,
-            num_emitted=emitted,
-            num_committed=num_committed,
-            num_forwards=1 + phases.decode,
+        prefilled = StepOutput(
+            requests=plan.prefill,
+            tokens=first.unsqueeze(1),
+            num_emitted=torch.ones_like(first),
+            num_committed=to_device(torch.tensor(committed), first.device),
+            num_forwards=1,
             num_prefill=len(plan.prefill),
         )
+        if not phases.decode:
+            return prefilled
+        tokens, ones = self._decode(plan.decode, ahead)
+        decoded = StepOutput(plan.decode, tokens, ones, ones, num_forwards=1, num_prefill=0)
+        return joined_phases([prefilled, decoded], len(plan.prefill), speculative=False)
 
     def _decode(
         self, requests: list[Request], ahead: frozenset[int | None]

@@ -12,7 +12,6 @@ Per-request device state between steps lives in a ``DraftStateStore`` (``draft_s
 
 from __future__ import annotations
 
-import dataclasses
 from abc import abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -20,10 +19,9 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from eagletree.app.engine.transfers import to_device
-from eagletree.app.engine.worker import StepOutput
+from eagletree.app.engine.worker import StepOutput, joined_phases
 from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_mode
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.policy import FixedShape, ShapePolicy
@@ -230,7 +228,7 @@ class SpeculativeWorker(StepWorker):
                     observer=observer,
                 )
             )
-        return _joined(outputs, num_prefill=len(plan.prefill))
+        return joined_phases(outputs, len(plan.prefill), speculative=True)
 
     def _read_back(
         self,
@@ -322,32 +320,3 @@ class SpeculativeWorker(StepWorker):
         """The decode step sized from the requests' exact host lengths → (tokens, emitted),
         as ``_decode_as``'s."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the device only")
-
-
-def _joined(outputs: list[StepOutput], num_prefill: int) -> StepOutput:
-    """One ``StepOutput`` of the phases' rows, in order; a speculative step's (the tokens of
-    every phase padded to the widest, the observed columns of the decode rows kept)."""
-    if len(outputs) == 1:  # one phase: its tensors as they are (no joining kernels)
-        only = outputs[0]
-        if only.num_prefill == num_prefill and only.speculative:  # a decode step's, as made
-            return only
-        return dataclasses.replace(only, num_prefill=num_prefill, speculative=True)
-    width = max(part.tokens.shape[1] for part in outputs)
-    tokens = [F.pad(part.tokens, (0, width - part.tokens.shape[1])) for part in outputs]
-    prefill, decode = outputs
-    observed = decode.observed
-    if observed is not None:  # the prefill rows observe nothing: zero columns
-        observed = torch.cat(
-            [observed.new_zeros(len(prefill.requests), observed.shape[1]), observed]
-        )
-    return StepOutput(
-        requests=[r for part in outputs for r in part.requests],
-        tokens=torch.cat(tokens),
-        num_emitted=torch.cat([part.num_emitted for part in outputs]),
-        num_committed=torch.cat([part.num_committed for part in outputs]),
-        num_forwards=sum(part.num_forwards for part in outputs),
-        num_prefill=num_prefill,
-        speculative=True,
-        observed=observed,
-        observer=decode.observer,
-    )
