@@ -21,7 +21,6 @@ from torch import nn
 from eagletree.adapters.models.config import ConfigReader
 from eagletree.app.training import acceptance_row
 from eagletree.app.training.checkpoint import (
-    Algorithm,
     draft_config,
     head_shape,
     latest_checkpoint,
@@ -35,7 +34,12 @@ from eagletree.app.training.evaluation import Evaluation, evaluate
 from eagletree.app.training.head_modules import init_linear_weights
 from eagletree.app.training.heads import Eagle3Head, EagleHead
 from eagletree.app.training.objective import Objective
-from eagletree.app.training.options import TrainOptions, aux_layer_ids
+from eagletree.app.training.options import (
+    TrainOptions,
+    aux_layer_ids,
+    check_options,
+    check_positions,
+)
 from eagletree.app.training.progress import ProgressLine
 from eagletree.app.training.target_features import HFTarget
 from eagletree.app.training.vocab import VocabMap, choose_draft_vocab, token_counts, vocab_map
@@ -67,19 +71,6 @@ class TrainReport:
         return self.tokens_seen / max(self.train_tokens, 1)
 
 
-# the options only one algorithm reads ("loss." for LossWeights' fields), and how a refusal
-# names each: set for the other algorithm, they are refused rather than ignored
-_OWN_OPTIONS: dict[Algorithm, dict[str, str]] = {
-    "eagle3": {
-        "aux_layers": "--aux-layers chooses EAGLE-3's fused features",
-        "eagle3_norm": "eagle3_norm is EAGLE-3's",
-        "eagle3_lm_head": "eagle3_lm_head is EAGLE-3's",
-        "loss.alignment": "--alignment-weight is EAGLE-3's alignment loss",
-    },
-    "eagle": {"loss.regression": "--regression-weight is EAGLE-1's feature regression"},
-}
-
-
 def learning_rate(options: TrainOptions, step: int, elapsed_s: float) -> float:
     """Linear warm-up, then cosine decay to MIN_LR_RATIO over the step or time budget."""
     progress = 0.0
@@ -98,62 +89,14 @@ def _save_dtype(reader: ConfigReader) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
 
 
-def _check_positions(options: TrainOptions, positions: int) -> None:
-    """Windows and prompts past the target's positions are refused before anything loads (a
-    window that long would run out of memory, slowly, rather than fail)."""
-    for length, flags in (
-        (options.window, "--seq-len"),
-        (
-            options.prompt_len + options.self_distill_tokens
-            if options.self_distill_prompts > 0
-            else 0,
-            "--prompt-len + --self-distill-tokens",
-        ),
-        (
-            options.prompt_len + options.eval_new_tokens if options.eval_prompts > 0 else 0,
-            "--prompt-len + --eval-new-tokens",
-        ),
-    ):
-        if length > positions:
-            raise ConfigurationError(
-                f"{flags} = {length} exceeds the target's max_position_embeddings "
-                f"({positions}): lower {flags.split(' + ')[-1]}"
-            )
-
-
-def _option(options: TrainOptions, path: str) -> object:
-    value: object = options
-    for name in path.split("."):
-        value = getattr(value, name)
-    return value
-
-
-def _check_own_options(options: TrainOptions) -> None:
-    """Another algorithm's options left at their defaults (``_OWN_OPTIONS``)."""
-    defaults = TrainOptions(options.target, options.algorithm, options.data, options.out)
-    for algorithm, own in _OWN_OPTIONS.items():
-        if algorithm == options.algorithm:
-            continue
-        for path, what in own.items():
-            if _option(options, path) != _option(defaults, path):
-                raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
-
-
 class DraftTrainer:
     def __init__(self, options: TrainOptions, stream: TextIO | None = None) -> None:
         options = options.resolved()
-        if options.max_steps is None and options.max_minutes is None:
-            raise ConfigurationError("give --max-steps or --max-minutes (or both)")
-        for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
-            if getattr(options, name) < 1:
-                raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
-        _check_own_options(options)
-        if options.window < 2:
-            raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
+        check_options(options)
         self.options = options
         self.stream = stream
         self.reader = ConfigReader.from_dir(options.target)
-        _check_positions(options, self.reader.get_int("max_position_embeddings", 2048))
+        check_positions(options, self.reader.get_int("max_position_embeddings", 2048))
         self.shape = head_shape(self.reader)
         self.device = torch.device(options.device)
         self.aux_layer_ids: tuple[int, ...] = ()

@@ -1,5 +1,6 @@
 """App: what one `train-draft` run is asked to do — target, data, head, schedule, evaluation —
-and EAGLE-3's capture layers named by ``--aux-layers`` (``aux_layer_ids``).
+EAGLE-3's capture layers named by ``--aux-layers`` (``aux_layer_ids``), and which options a run
+refuses (``check_options`` before the target loads, ``check_positions`` against its positions).
 
 Batch and window default per device (``DEVICE_DEFAULTS``): the GPU defaults are the recipe that
 reached 0.75 top-1 agreement at every unrolled step in about two minutes on an H200
@@ -108,3 +109,66 @@ def aux_layer_ids(spec: str, num_layers: int) -> tuple[int, ...]:
             f"--aux-layers {spec!r}: give {' or '.join(AUX_LAYER_PRESETS)}, or layer ids"
             f" 0..{num_layers} separated by commas ({error})"
         ) from None
+
+
+# the options only one algorithm reads ("loss." for LossWeights' fields), and how a refusal
+# names each: set for the other algorithm, they are refused rather than ignored
+_OWN_OPTIONS: dict[Algorithm, dict[str, str]] = {
+    "eagle3": {
+        "aux_layers": "--aux-layers chooses EAGLE-3's fused features",
+        "eagle3_norm": "eagle3_norm is EAGLE-3's",
+        "eagle3_lm_head": "eagle3_lm_head is EAGLE-3's",
+        "loss.alignment": "--alignment-weight is EAGLE-3's alignment loss",
+    },
+    "eagle": {"loss.regression": "--regression-weight is EAGLE-1's feature regression"},
+}
+
+
+def check_positions(options: TrainOptions, positions: int) -> None:
+    """Windows and prompts past the target's positions are refused before anything loads (a
+    window that long would run out of memory, slowly, rather than fail)."""
+    for length, flags in (
+        (options.window, "--seq-len"),
+        (
+            options.prompt_len + options.self_distill_tokens
+            if options.self_distill_prompts > 0
+            else 0,
+            "--prompt-len + --self-distill-tokens",
+        ),
+        (
+            options.prompt_len + options.eval_new_tokens if options.eval_prompts > 0 else 0,
+            "--prompt-len + --eval-new-tokens",
+        ),
+    ):
+        if length > positions:
+            raise ConfigurationError(
+                f"{flags} = {length} exceeds the target's max_position_embeddings "
+                f"({positions}): lower {flags.split(' + ')[-1]}"
+            )
+
+
+def _option(options: TrainOptions, path: str) -> object:
+    value: object = options
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def check_options(options: TrainOptions) -> None:
+    """A run's options that can be judged before its target loads: a budget, positive sizes,
+    a window of at least a token and its successor, and another algorithm's options left at
+    their defaults (``_OWN_OPTIONS``)."""
+    if options.max_steps is None and options.max_minutes is None:
+        raise ConfigurationError("give --max-steps or --max-minutes (or both)")
+    for name in ("unroll_steps", "grad_accum", "batch_size", "num_layers"):
+        if getattr(options, name) < 1:
+            raise ConfigurationError(f"--{name.replace('_', '-')} must be at least 1")
+    if options.window < 2:
+        raise ConfigurationError("--seq-len must be at least 2 (a token and its successor)")
+    defaults = TrainOptions(options.target, options.algorithm, options.data, options.out)
+    for algorithm, own in _OWN_OPTIONS.items():
+        if algorithm == options.algorithm:
+            continue
+        for path, what in own.items():
+            if _option(options, path) != _option(defaults, path):
+                raise ConfigurationError(f"{what}: drop it for {options.algorithm}")
