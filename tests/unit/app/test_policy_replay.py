@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import policy_replay, replay_drafts
-from benchmarks.policy_replay import Cell, Run, replay_cell
+from benchmarks.bench_run import Cell, Run
+from benchmarks.policy_replay import replay_cell
 from benchmarks.replay_drafts import DraftModel, accepted_drafts
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts

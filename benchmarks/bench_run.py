@@ -1,0 +1,82 @@
+"""What a CPU replay reads of a GPU bench JSON of an adaptive engine (``eagletree bench
+--policy adaptive --out run``): per cell (batch size, temperature) each fixed configuration's
+measured step seconds and tokens a step, the adaptive engine's start-up cost table, its
+candidate shapes, and the tok/s the GPU measured for it (``benchmarks/policy_replay.py``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagletree.app.workers.shapes.step_costs import StepCosts
+from eagletree.config.shape_policy import parse_shape
+from eagletree.domain.draft_shape import DraftShape
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (batch size, temperature) of the run: each fixed shape's measured step seconds and
+    tokens a step (plain: the plain engine's)."""
+
+    batch_size: int
+    temperature: float
+    seconds: dict[DraftShape, list[float]]
+    tokens_per_step: dict[DraftShape, float]
+    tokens_per_s: dict[DraftShape, float]  # as the GPU measured them
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What a replay reads of a bench JSON."""
+
+    cells: list[Cell]
+    costs: StepCosts
+    candidates: tuple[DraftShape, ...]  # the adaptive engine's, its configured shape first
+    drawn: bool
+    new_tokens: int
+    repeats: int
+    measured: Mapping[tuple[int, float], float]  # the GPU's adaptive tok/s per cell
+
+
+def read_run(path: Path) -> Run:
+    """The cells, costs and adaptive engine of the bench JSON at ``path``."""
+    data = json.loads(path.read_text())
+    adaptive = data.get("adaptive") or {}
+    engine = data["settings"]["engines"].get("adaptive")
+    if not adaptive or engine is None:
+        raise SystemExit(f"{path}: no adaptive engine (run eagletree bench --policy adaptive)")
+    state = adaptive.get("adaptive") or next(iter(adaptive.values()))
+    shapes: dict[str, DraftShape] = {}
+    seconds: dict[tuple[DraftShape, int, bool], float] = {}
+    for row in state["step_costs"]:
+        shape = DraftShape(row["num_steps"], row["topk"], row["num_draft_tokens"])
+        shapes[row["shape"]] = shape
+        seconds[(shape, row["bucket"], row["sampled"])] = row["measured_ms"] / 1e3
+    catch_ups = {(r["bucket"], r["sampled"]): r["measured_ms"] / 1e3 for r in state["catch_ups"]}
+    every = state["catch_ups"][0]["every"] if state["catch_ups"] else 1
+    buckets = tuple(sorted({bucket for _, bucket, _ in seconds}))
+    cells: dict[tuple[int, float], Cell] = {}
+    measured: dict[tuple[int, float], float] = {}
+    for row in data["rows"]:
+        key = (row["batch_size"], row["temperature"])
+        if row["config"].startswith("adaptive"):
+            measured[key] = row["tokens_per_s"]
+            continue
+        cell = cells.setdefault(key, Cell(*key, {}, {}, {}))
+        shape = shapes[row["config"]]
+        cell.seconds[shape] = [ms / 1e3 for ms in row["step_ms"]]
+        cell.tokens_per_step[shape] = row["tokens_per_step"]
+        cell.tokens_per_s[shape] = row["tokens_per_s"]
+    speculative = engine["speculative"]
+    argv = data["settings"]["argv"]
+    return Run(
+        sorted(cells.values(), key=lambda c: (c.temperature, c.batch_size)),
+        StepCosts(buckets, seconds, catch_ups, every),
+        tuple(parse_shape(spec) for spec in speculative["candidate_shapes"]),
+        speculative.get("sampled_drafts") == "drawn",
+        argv["new_tokens"],
+        argv.get("repeats", 1),
+        measured,
+    )
