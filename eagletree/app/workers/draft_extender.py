@@ -20,7 +20,7 @@ from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 from eagletree.domain.sampling import top_k_probs
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.step_kernels import TopK
     from eagletree.domain.model_output import ModelOutput
     from eagletree.ports.model import DraftRunner

@@ -24,7 +24,7 @@ import torch
 
 from eagletree.app.engine.scheduler import free_window_tail
 from eagletree.app.engine.transfers import to_device
-from eagletree.app.workers.decode_inputs import DecodeWindow
+from eagletree.app.workers.decode_window import DecodeWindow
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
 from eagletree.app.workers.tree_worker import TreeWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode

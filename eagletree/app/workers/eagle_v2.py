@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.workers.decode_inputs import DecodeWindow
+from eagletree.app.workers.decode_window import DecodeWindow
 from eagletree.app.workers.sampler import sample_tokens
 from eagletree.app.workers.tree_worker import TreeWorker
 from eagletree.domain.batch import ForwardBatch, ForwardMode

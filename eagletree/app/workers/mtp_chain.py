@@ -18,7 +18,7 @@ import torch
 from eagletree.app.workers.draft_extender import shift_left
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.step_kernels import StepKernels
     from eagletree.domain.batch import ForwardBatch

@@ -21,7 +21,7 @@ from eagletree.app.engine.transfers import to_device
 from eagletree.domain.batch import DraftExtendSpec, ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.verifier import Verification
     from eagletree.domain.request import Request

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.workers.decode_inputs import DecodeWindow
+from eagletree.app.workers.decode_window import DecodeWindow
 from eagletree.app.workers.draft_extender import shift_left
 from eagletree.app.workers.mtp_chain import MtpLayerChain
 from eagletree.app.workers.mtp_extend import fixed_extend_batch, ragged_extend_batch

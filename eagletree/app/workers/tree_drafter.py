@@ -34,7 +34,7 @@ from eagletree.domain.tree import (
 )
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.step_kernels import BeamStepFn, TopK, TreeBuild
     from eagletree.ports.model import DraftRunner

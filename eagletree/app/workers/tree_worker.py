@@ -23,7 +23,7 @@ from eagletree.domain.tree import TreeMaskMode
 if TYPE_CHECKING:
     import torch
 
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.sampler import SamplingInputs
     from eagletree.app.workers.shapes.policy import ShapePolicy
     from eagletree.app.workers.verifier import Verification

@@ -23,7 +23,7 @@ from eagletree.domain.tree import DraftTree, TreeMaskMode
 from eagletree.domain.verify import VerifyResult, verify_tree_sampling
 
 if TYPE_CHECKING:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.draft_draws import DraftDraws
     from eagletree.app.workers.sampler import SamplingInputs
     from eagletree.domain.draft_shape import DraftShape

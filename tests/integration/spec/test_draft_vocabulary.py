@@ -13,7 +13,7 @@ import torch
 
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.models.stack import MHALayout
-from eagletree.app.workers.decode_inputs import DecodeWindow
+from eagletree.app.workers.decode_window import DecodeWindow
 from eagletree.app.workers.draft_extender import DraftExtender
 from eagletree.app.workers.draft_state import DraftInput
 from eagletree.app.workers.tree_drafter import TreeDrafter

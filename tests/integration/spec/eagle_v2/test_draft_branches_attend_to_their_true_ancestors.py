@@ -56,7 +56,7 @@ class PathTracingDraft:
 def test_each_draft_branch_attends_to_its_true_ancestors_at_its_window_slots(
     num_steps: int, topk: int
 ) -> None:
-    from eagletree.app.workers.decode_inputs import DecodeWindow
+    from eagletree.app.workers.decode_window import DecodeWindow
     from eagletree.app.workers.draft_state import DraftInput
     from eagletree.app.workers.tree_drafter import TreeDrafter
 
