@@ -53,12 +53,16 @@ def read_profiles(path: Path) -> dict[str, RankProfile]:
         rows = data["rank_profile"]
         greedy, sampled = (_profile(rows[kind]) for kind in ("greedy", "sampled"))
         return {"greedy": greedy, "T<=0.5": greedy, "T<=0.85": sampled, "T>0.85": sampled}
-    profiles = _adaptive(data, path)["rank_profiles"]
-    return {band: _profile(rows) for band, rows in profiles.items()}
+    adaptive = _adaptive(data, path)
+    lines = adaptive.get("line_rates", {})  # a chain's own rates, where the run kept them
+    return {
+        band: _profile(rows, lines.get(band, ()))
+        for band, rows in adaptive["rank_profiles"].items()
+    }
 
 
-def _profile(rows: Sequence[Sequence[float]]) -> RankProfile:
-    return RankProfile(tuple(tuple(float(r) for r in row) for row in rows))
+def _profile(rows: Sequence[Sequence[float]], line: Sequence[float] = ()) -> RankProfile:
+    return RankProfile(tuple(tuple(float(r) for r in row) for row in rows), tuple(line))
 
 
 def project(

@@ -5,9 +5,11 @@ candidates the target took (its *rank*: 0 = the draft's most likely token) and h
 candidates the tree offered there. A depth the path reached is an *exposure* of every rank the
 tree offered at it; the rank taken, if any, is a *hit*. ``hits / exposures`` per (depth, rank)
 estimates ``RankProfile.hit_rates`` without bias from the tree's width: a rank the tree did not
-offer is not counted against it. Counts decay geometrically (``half_life`` steps), so the
-profile follows the text being generated; a prior (e.g. the head's training report) stands in
-for ``prior_weight`` exposures until real ones outweigh it.
+offer is not counted against it. The paths that took rank 0 at every depth before are also
+counted apart (``RankProfile.line_rates``): a chain's drafts are those alone. Counts decay
+geometrically (``half_life`` steps), so the profile follows the text being generated; a prior
+(e.g. the head's training report) stands in for ``prior_weight`` exposures until real ones
+outweigh it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class AcceptanceProfile:
         # refreshed); ``_reached``: their total, rank 0's exposures, read every step
         self._offers = [[0.0] * max_rank + [prior_weight] for _ in range(max_depth)]
         self._reached = [prior_weight] * max_depth
+        # the same of the paths that took rank 0 at every depth before: a chain's rates
+        self._line_hits = [prior_weight * prior.chain_rate(d) for d in range(max_depth)]
+        self._line_reached = [prior_weight] * max_depth
         # what a count recorded now weighs: the counts decay by new ones weighing ever more (one
         # multiplication per step instead of one per count; only ratios are read)
         self._weight = 1.0
@@ -59,12 +64,19 @@ class AcceptanceProfile:
             self._rescale()
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank
         offers, reached, hits = self._offers, self._reached, self._hits
+        line_hits, line_reached = self._line_hits, self._line_reached
         for ranks, offered in paths:
+            on_line = True
             for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
                 if depth >= depths or count <= 0:
                     break
                 offers[depth][min(count, ranks_kept)] += weight
                 reached[depth] += weight
+                if on_line:
+                    line_reached[depth] += weight
+                    on_line = rank == 0
+                    if on_line:
+                        line_hits[depth] += weight
                 if rank < 0:
                     break
                 if rank < ranks_kept:
@@ -101,12 +113,15 @@ class AcceptanceProfile:
                 row.append(rate)
                 left, cap = left - rate, rate
             rows.append(tuple(row))
-        return RankProfile(tuple(rows))
+        pairs = zip(self._line_hits, self._line_reached, strict=True)
+        line = tuple(hits / reached if reached > 0 else 0.0 for hits, reached in pairs)
+        return RankProfile(tuple(rows), line)
 
     def _rescale(self) -> None:
         """Divide every count and the weight by the weight (before it could overflow)."""
         scale = 1.0 / self._weight
-        for counts in (*self._hits, *self._offers, self._reached):
+        line = (self._line_hits, self._line_reached)
+        for counts in (*self._hits, *self._offers, self._reached, *line):
             counts[:] = [count * scale for count in counts]
         self._weight = 1.0
 

@@ -14,7 +14,8 @@ paths P commits ``Σ_{p ∈ P} Π_{(d, j) ∈ p} r[d][j]`` drafts in expectation
 shape are the ones EAGLE's drafting would pick if the draft's path scores were these
 probabilities: the beam keeps the k best paths at every depth, and the N − 1 best of all
 candidates are verified (``tree_rank_paths``). A chain (k = 1) is the special case
-``Σ_{d ≤ S} Π_{e ≤ d} r[e][0]``.
+``Σ_{d ≤ S} Π_{e ≤ d} c[e]``, where ``c[e]`` is the rate of the draft's first candidate on
+paths that took the first candidate at every depth before (``RankProfile.chain_rate``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class RankProfile:
     (``rate``), so a profile measured on narrow trees still prices wider ones."""
 
     hit_rates: tuple[tuple[float, ...], ...]
+    # per depth, P(the draft's first candidate is taken | the path took the first candidate at
+    # every depth before): a chain's rates, where they were measured apart (``chain_rate``)
+    line_rates: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.hit_rates or not all(self.hit_rates):
@@ -96,6 +100,18 @@ class RankProfile:
         for depth, row in enumerate(self.hit_rates):
             if any(not 0.0 <= r <= 1.0 for r in row) or sum(row) > 1.0 + 1e-9:
                 raise ValueError(f"depth {depth + 1}: rates {row} are not disjoint probabilities")
+        if any(not 0.0 <= r <= 1.0 for r in self.line_rates):
+            raise ValueError(f"line rates {self.line_rates} are not probabilities")
+
+    def chain_rate(self, depth: int) -> float:
+        """The rate of a chain's draft at ``depth`` (0-based): the line rate where measured
+        (repeating its last past the end), else rank 0's. Rank 0's rate counts every path that
+        reached the depth, through whichever ranks; a chain's drafts follow the draft's first
+        candidates only, where the text is the easier (on the real pair at T 0, tree steps'
+        rank-0 rates priced a chain S5 at 4.7 tokens a step where it committed 5.2)."""
+        if self.line_rates:
+            return self.line_rates[min(depth, len(self.line_rates) - 1)]
+        return self.rate(depth, 0)
 
     def rate(self, depth: int, rank: int) -> float:
         """r[depth][rank] (both 0-based), extrapolated past the measured rows and ranks."""
@@ -120,7 +136,11 @@ def mean_profile(first: RankProfile, second: RankProfile) -> RankProfile:
         rows.append(
             tuple(0.5 * (first.rate(depth, j) + second.rate(depth, j)) for j in range(ranks))
         )
-    return RankProfile(tuple(rows))
+    line: tuple[float, ...] = ()
+    if first.line_rates or second.line_rates:
+        lines = max(len(first.line_rates), len(second.line_rates), depths)
+        line = tuple(0.5 * (first.chain_rate(d) + second.chain_rate(d)) for d in range(lines))
+    return RankProfile(tuple(rows), line)
 
 
 def fit_under(kept: Sequence[float], rest: Sequence[float]) -> tuple[float, ...]:
@@ -141,7 +161,7 @@ def with_lower_ranks(first: RankProfile, lower: RankProfile) -> RankProfile:
         own = first.hit_rates[min(depth, len(first.hit_rates) - 1)]
         ranks = len(lower.hit_rates[min(depth, len(lower.hit_rates) - 1)])
         rows.append(fit_under(own, [lower.rate(depth, j) for j in range(len(own), ranks)]))
-    return RankProfile(tuple(rows))
+    return RankProfile(tuple(rows), first.line_rates)
 
 
 def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float, RankPath]]:
@@ -154,7 +174,7 @@ def tree_rank_paths(shape: DraftShape, profile: RankProfile) -> list[tuple[float
     candidates: list[tuple[float, RankPath]] = []
     beam: list[tuple[float, RankPath]] = [(1.0, ())]
     for depth in range(shape.num_steps):
-        rates = [profile.rate(depth, j) for j in range(k)]  # the same under every beam node
+        rates = _rates(profile, depth, k)  # the same under every beam node
         expanded = [(score * rates[j], (*path, j)) for score, path in beam for j in range(k)]
         candidates.extend(expanded)
         beam = heapq.nsmallest(k, expanded, key=_best_first)
@@ -174,11 +194,19 @@ def expected_accepted(shape: DraftShape, profile: RankProfile) -> float:
     candidates: list[float] = []
     beam = [1.0]
     for depth in range(shape.num_steps):
-        rates = [profile.rate(depth, j) for j in range(k)]
+        rates = _rates(profile, depth, k)
         expanded = [score * rate for score in beam for rate in rates]
         candidates += expanded
         beam = heapq.nlargest(k, expanded)
     return math.fsum(heapq.nlargest(shape.num_draft_tokens - 1, candidates))
+
+
+def _rates(profile: RankProfile, depth: int, topk: int) -> list[float]:
+    """The rates of the ``topk`` candidates a beam node expands at ``depth``: a chain's line
+    rate, or the profile's ranks."""
+    if topk == 1:
+        return [profile.chain_rate(depth)]
+    return [profile.rate(depth, j) for j in range(topk)]
 
 
 def _best_first(node: tuple[float, RankPath]) -> tuple[float, int, RankPath]:

@@ -314,6 +314,10 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
         if row["config"] == "adaptive" and set(row["shape_steps"]) - {"plain"}
     }
     assert drafted <= set(learned["rank_profiles"]) <= {"greedy", "T>0.85 drawn"}
+    # with each band's chain: a probability per depth of its profile
+    for band, line in learned["line_rates"].items():
+        assert len(line) == len(learned["rank_profiles"][band])
+        assert all(0.0 <= rate <= 1.0 for rate in line)
     assert cells == {(c, bs, t) for c in configs for bs in (1, 2) for t in (0.0, 1.0)}
     for row in rows:
         if row["config"] == "adaptive":

@@ -1,7 +1,7 @@
 """Application: what `eagletree bench` reads from an adaptive engine — the steps each shape ran
 (and which one each timed step launched), and, after its windows, the step costs it measured
-and learned and the rank profiles it learned (the JSON's ``adaptive``, which
-``benchmarks/projected.py`` applies to another cost table)."""
+and learned and the rank profiles it learned, with a chain's line rates (the JSON's
+``adaptive``, which ``benchmarks/projected.py`` applies to another cost table)."""
 
 from __future__ import annotations
 
@@ -57,11 +57,15 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
             catch_ups.append(
                 {"bucket": bucket, "sampled": sampled, "measured_ms": 1e3 * seconds, "every": every}
             )
-    profiles = {
-        band: [list(row) for row in profile.hit_rates]
-        for band, profile in policy.learned_profiles().items()
+    learned = policy.learned_profiles()
+    profiles = {band: [list(row) for row in profile.hit_rates] for band, profile in learned.items()}
+    lines = {band: list(profile.line_rates) for band, profile in learned.items()}
+    return {
+        "step_costs": rows,
+        "catch_ups": catch_ups,
+        "rank_profiles": profiles,
+        "line_rates": lines,
     }
-    return {"step_costs": rows, "catch_ups": catch_ups, "rank_profiles": profiles}
 
 
 def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:

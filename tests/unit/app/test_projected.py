@@ -52,6 +52,18 @@ def test_each_shape_is_priced_by_the_costs_and_the_other_engines_rates(tmp_path:
     assert out.read_text().splitlines()[2].split(" | ")[2:4] == ["2,000", "1.48"]
 
 
+def test_a_runs_line_rates_price_its_chains(tmp_path: Path) -> None:
+    # rank 0 was taken 0.6 of the time at depth 1 over every path, 0.9 along the line
+    adaptive = {"rank_profiles": {"greedy": [[0.6, 0.2]]}, "line_rates": {"greedy": [0.9]}}
+    profiles = projected.read_profiles(_bench(tmp_path / "run.json", adaptive))
+    assert profiles["greedy"].chain_rate(2) == 0.9 and profiles["greedy"].rate(0, 0) == 0.6
+    # a run from before line rates were kept: its chains by rank 0
+    del adaptive["line_rates"]
+    assert projected.read_profiles(_bench(tmp_path / "old.json", adaptive))["greedy"].chain_rate(
+        0
+    ) == pytest.approx(0.6)
+
+
 def test_a_training_report_gives_the_greedy_and_sampled_profiles(tmp_path: Path) -> None:
     report = tmp_path / "training.json"
     report.write_text(json.dumps({"rank_profile": {"greedy": [[0.8]], "sampled": [[0.3]]}}))
