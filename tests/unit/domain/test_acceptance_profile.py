@@ -24,12 +24,7 @@ def test_the_profile_learns_the_rates_it_is_fed_and_ignores_ranks_not_offered() 
         width = rng.choice((1, 2, 3))  # trees of every width: narrower ones censor ranks
         for row in truth:
             offered.append(width)
-            draw, rank = rng.random(), -1
-            for j, rate in enumerate(row):
-                draw -= rate
-                if draw < 0:
-                    rank = j
-                    break
+            rank = _drawn_rank(rng, row)
             if rank >= width:
                 rank = -1  # the target's token was not in the tree: the path ends
             ranks.append(rank)
@@ -53,13 +48,7 @@ def test_ranks_offered_only_where_the_draft_is_unsure_do_not_lower_rank_0() -> N
     for _ in range(6000):
         unsure = rng.random() < 0.3
         rates, width = ((0.5, 0.3, 0.1), 3) if unsure else ((0.95,), 1)
-        draw, rank = rng.random(), -1
-        for j, rate in enumerate(rates):
-            draw -= rate
-            if draw < 0:
-                rank = j
-                break
-        tracker.record([([rank], [width])])
+        tracker.record([([_drawn_rank(rng, rates)], [width])])
     (row,) = tracker.profile().hit_rates
     assert row[0] == pytest.approx(0.7 * 0.95 + 0.3 * 0.5, abs=0.02)
     assert sum(row) <= 1.0 + 1e-12
@@ -179,9 +168,7 @@ def test_tree_steps_learn_the_chain_their_first_candidates_draft() -> None:
     for _ in range(3000):
         ranks, on_line = [], True
         for _depth in range(depths):
-            first = line_rate if on_line else off_line_rate
-            draw = rng.random()
-            rank = 0 if draw < first else 1 if draw < first + second else -1
+            rank = _drawn_rank(rng, (line_rate if on_line else off_line_rate, second))
             ranks.append(rank)
             if rank < 0:
                 break
@@ -196,3 +183,13 @@ def test_tree_steps_learn_the_chain_their_first_candidates_draft() -> None:
     # rank 0 over every path: 0.87 at depth 2 (8 % of the paths there are off the line), less
     # deeper — about 6 % fewer drafts than the chain accepts
     assert expected_accepted(chain, RankProfile(profile.hit_rates)) < 0.96 * truth
+
+
+def _drawn_rank(rng: random.Random, rates: tuple[float, ...]) -> int:
+    """The rank the target takes, drawn by ``rates`` (−1: none of them)."""
+    draw = rng.random()
+    for rank, rate in enumerate(rates):
+        draw -= rate
+        if draw < 0:
+            return rank
+    return -1
