@@ -31,6 +31,9 @@ from eagletree.domain.sampling import top_k_probs as reference_top_k
 VOCABS = (128256, 32000)
 ROWS = (4, 8, 32, 128, 256)
 COPIES = 4
+# the one-warp tiles, printed beside the best: below the default's 4M-logit threshold, which of
+# them wins depends on k (a chunk's top-k is k rounds of reductions)
+ONE_WARP = (TopKConfig(512, 1), TopKConfig(1024, 1))
 
 
 def tiles(smoke: bool) -> list[TopKConfig]:
@@ -67,7 +70,9 @@ def measure(vocab: int, rows: int, k: int, cfgs: list[TopKConfig], device: torch
     return (
         f"| {vocab} | {rows} | {k} | {torch_us:.1f} | {timed[default]:.1f} (c{default.chunk}"
         f" w{default.num_warps}) | {timed[best]:.1f} | c{best.chunk} w{best.num_warps} |"
-        f" {timed[default] / timed[best]:.2f} | {mapped_us:.1f} | {gather_us:.1f} |"
+        f" {timed[default] / timed[best]:.2f} | {mapped_us:.1f} | {gather_us:.1f} | "
+        + " | ".join(f"{timed[c]:.1f}" if c in timed else "—" for c in ONE_WARP)
+        + " |"
     )
 
 
@@ -88,8 +93,10 @@ def main() -> None:
     rows_list = (4,) if args.smoke else args.rows
     table = PrintedTable(
         "| vocab | rows | k | torch µs | default µs (tile) | best µs | best tile | default ÷ best"
-        " | mapped µs | then gather µs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | mapped µs | then gather µs | "
+        + " | ".join(f"c{c.chunk} w{c.num_warps} µs" for c in ONE_WARP)
+        + " |",
+        "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(ONE_WARP),
     )
     for vocab in vocabs:
         for rows in rows_list:
