@@ -54,23 +54,27 @@ class AcceptanceProfile:
         # multiplication per step instead of one per count; only ratios are read)
         self._weight = 1.0
 
-    def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+    def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
         """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
         at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
         candidates the tree offered at that depth under the accepted path (0 where the path did
-        not reach it). The counts so far decay by one step first."""
+        not reach it). The counts so far decay by one step first. Returns the drafts the paths
+        accepted, within the profile's depths."""
         self._weight /= self._decay
         if self._weight > _RESCALE_ABOVE:
             self._rescale()
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank
         offers, reached, hits = self._offers, self._reached, self._hits
         line_hits, line_reached = self._line_hits, self._line_reached
+        accepted = 0
+        # (runs every step for 8 paths: no builtin calls inside the loop)
         for ranks, offered in paths:
             on_line = True
-            for depth, (rank, count) in enumerate(zip(ranks, offered, strict=True)):
-                if depth >= depths or count <= 0:
+            depth = 0
+            for rank, count in zip(ranks, offered, strict=False):  # halves of one row
+                if depth == depths or count <= 0:
                     break
-                offers[depth][min(count, ranks_kept)] += weight
+                offers[depth][count if count < ranks_kept else ranks_kept] += weight
                 reached[depth] += weight
                 if on_line:
                     line_reached[depth] += weight
@@ -81,6 +85,9 @@ class AcceptanceProfile:
                     break
                 if rank < ranks_kept:
                     hits[depth][rank] += weight
+                depth += 1
+            accepted += depth  # the depths it took a rank at, the first −1 ending them
+        return accepted
 
     def exposures(self, depth: int, rank: int) -> float:
         """The decayed exposures of ``rank`` at ``depth`` (0-based), in steps' worth now."""

@@ -112,9 +112,10 @@ def test_the_profile_counts_as_a_walk_over_every_offered_rank_would(
     exposures = [[prior_weight] * ranks for _ in range(depths)]
     for step in steps:
         paths = [([r for r, _ in path], [c for _, c in path]) for path in step]
-        tracker.record(paths)
+        accepted = tracker.record(paths)
         for row in (*hits, *exposures):
             row[:] = [count * decay for count in row]
+        walked = 0
         for taken, offered in paths:
             for depth, (rank, count) in enumerate(zip(taken, offered, strict=True)):
                 if depth >= depths or count <= 0:
@@ -125,6 +126,8 @@ def test_the_profile_counts_as_a_walk_over_every_offered_rank_would(
                     break
                 if rank < ranks:
                     hits[depth][rank] += 1.0
+                walked += 1
+        assert accepted == walked  # the drafts accepted, depth by depth
     for depth in range(depths):
         for rank in range(ranks):
             assert tracker.exposures(depth, rank) == pytest.approx(exposures[depth][rank])

@@ -120,22 +120,22 @@ class BandAcceptance:
         calibration then compares them with what its model expected of them). Returns whether
         its expected tokens are to be recomputed before they are next read: the estimate
         drifted, or ``refresh``."""
-        if shape is not None and paths:
-            modelled = self._modelled(band, shape)
-            accepted = sum(_accepted_drafts(ranks) for ranks, _ in paths)
-            calibration = self._calibration.get(band)
-            if calibration is None:
-                calibration = self._calibration[band] = AcceptanceCalibration(
-                    len(self.shapes), prior_weight=self._calibration_weight
-                )
-            calibration.record(shape, accepted, modelled, len(paths))
+        # what the model expects of the shape before the profile learns these paths
+        modelled = self._modelled(band, shape) if shape is not None and paths else 0.0
         profile = self._profiles.get(band)
         if profile is None:
             profile = AcceptanceProfile(
                 self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
             )
             self._profiles[band] = profile
-        profile.record(paths)
+        accepted = profile.record(paths)
+        if shape is not None and paths:
+            calibration = self._calibration.get(band)
+            if calibration is None:
+                calibration = self._calibration[band] = AcceptanceCalibration(
+                    len(self.shapes), prior_weight=self._calibration_weight
+                )
+            calibration.record(shape, accepted, modelled, len(paths))
         self._stale[band] += 1
         drifted = self._drifted(band, profile)
         if drifted:  # new text, new requests: follow them closely
@@ -223,13 +223,3 @@ def _chain_expectation(top_rates: Sequence[float]) -> float:
         reach *= rate
         total += reach
     return total
-
-
-def _accepted_drafts(ranks: Sequence[int]) -> int:
-    """The drafts a path accepted: its depths up to the first without an accepted rank."""
-    count = 0
-    for rank in ranks:
-        if rank < 0:
-            break
-        count += 1
-    return count

@@ -90,9 +90,9 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 
     class Counting(AcceptanceProfile):
-        def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> None:
+        def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
             recorded.append((id(self), len(paths)))
-            super().record(paths)
+            return super().record(paths)
 
     monkeypatch.setattr(module, "AcceptanceProfile", Counting)
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, observe_per_step=8)
