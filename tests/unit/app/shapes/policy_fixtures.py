@@ -1,5 +1,6 @@
 """What the adaptive policy's tests share: a chain S3 against plain, a table where a chain step
-costs two plain ones, a pessimistic prior, fully accepted paths, requests at given temperatures."""
+costs two plain ones, a pessimistic prior, fully accepted paths, requests at given temperatures,
+and a one-bucket cost table from each shape's seconds."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ COSTS = StepCosts(
 )  # fmt: skip
 PESSIMISTIC = RankProfile(((0.2,),))  # the chain would commit 1.25 tokens: plain wins
 ACCEPTING = [[0, 0, 0, 1, 1, 1]]  # every draft of a chain S3 accepted
+
+
+def costs_of(table: dict[DraftShape, float]) -> StepCosts:
+    """A cost table of one bucket (bs 1) where each shape's step takes ``table[shape]`` seconds,
+    greedy or sampled."""
+    return StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
 
 
 def requests_at(temperatures: Sequence[float]) -> list[Request]:

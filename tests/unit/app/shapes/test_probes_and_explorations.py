@@ -10,7 +10,7 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
-from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, costs_of, requests_at
 
 
 def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:
@@ -50,7 +50,7 @@ def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     tree_seconds = tokens[tree] / (1.1 * tokens[CHAIN] / 2.0)
     table = {CHAIN: 2.0, tree: tree_seconds, PLAIN: 1.0}
     real = {CHAIN: 2.0, tree: 1.3 * tree_seconds, PLAIN: 1.0}
-    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    costs = costs_of(table)
     policy = AdaptiveShapes(
         (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000, explore_every=4
     )

@@ -10,7 +10,7 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
-from .policy_fixtures import CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+from .policy_fixtures import CHAIN, COSTS, PESSIMISTIC, SHAPES, costs_of, requests_at
 
 
 def test_plain_steps_that_cost_more_than_measured_make_drafting_pay() -> None:
@@ -42,7 +42,7 @@ def test_probes_and_explorations_run_no_step_priced_past_the_stall_ratio(
     prior = RankProfile(((0.25, 0.7),))  # the tree commits 2.96 tokens a step, the chain 1.33
     # plain commits 1 token a second; the tree 0.99 (close behind), the chain 0.66 (far)
     table = {PLAIN: 1.0, CHAIN: 2.0, tree: 3.0}
-    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    costs = costs_of(table)
     batch = requests_at([0.0])
     shapes = (tree, CHAIN, PLAIN)
     probing = AdaptiveShapes(
@@ -65,7 +65,7 @@ def test_probes_and_explorations_run_no_step_priced_past_the_stall_ratio(
     # (1.41, within the margin): explored only where its step is short enough
     close = RankProfile(((0.9, 0.08),))
     table = {PLAIN: 1.0, CHAIN: 2.0, tree: 2.55}
-    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    costs = costs_of(table)
     exploring = AdaptiveShapes(
         shapes, prior=close, hysteresis=0.0, probe_every=1000, explore_every=2,
         stall_ratio=stall_ratio,
@@ -84,7 +84,7 @@ def test_no_choice_is_priced_past_the_stall_ratio_over_the_cheapest_step(
     # on merit the tree (1.09 tokens a second) beats plain (1.0) and the chain (0.71), but its
     # step is 2.6 plain steps: past a ratio of 2.5 it is never run, however much it commits
     table = {PLAIN: 1.0, CHAIN: 2.0, tree: 2.6}
-    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    costs = costs_of(table)
     policy = AdaptiveShapes(
         (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000,
         explore_every=1000, stall_ratio=stall_ratio,
@@ -131,7 +131,7 @@ def test_the_stall_limit_follows_the_steps_a_batch_has_been_taking() -> None:
     # deep chain, committing the most a second, runs
     shallow, deep = DraftShape.chain(1), DraftShape.chain(6)
     table = {PLAIN: 1.0, shallow: 1.2, deep: 2.6}
-    costs = StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
+    costs = costs_of(table)
     profile = RankProfile(((0.95,),))
     policy = AdaptiveShapes(
         (shallow, PLAIN, deep), prior=profile, prior_weight=1e6, hysteresis=0.0,
