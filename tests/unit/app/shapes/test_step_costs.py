@@ -257,3 +257,21 @@ def test_a_lasting_rise_in_a_shapes_steps_is_followed() -> None:
     for _ in range(60):
         costs.record(CHAIN, 8, False, 5.6)  # 1.4 x: longer contexts, a busier host
     assert costs.of(CHAIN, 8, False) == pytest.approx(5.6, rel=0.01)
+
+
+@pytest.mark.parametrize("young", [False, True])
+def test_a_pause_read_back_on_a_cheap_step_among_dear_ones_teaches_nothing(young: bool) -> None:
+    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5, clip=3.0, stale_after=64)
+    for _ in range(1 if young else 5):
+        costs.record(PLAIN, 8, False, 2.0)  # as its table says
+    for _ in range(20):
+        costs.record(CHAIN, 8, False, 5.0)  # the median step: 5
+    plain, tree = costs.of(PLAIN, 8, False), costs.of(TREE, 8, False)
+    # a caller that paused before the read-back: clipped, the step would count as 6 (3 x its
+    # average), within 1.5 x the median, and raise both the plain steps' and their excess
+    costs.record(PLAIN, 8, False, 1000.0)
+    assert (costs.of(PLAIN, 8, False), costs.of(TREE, 8, False)) == (plain, tree)
+    # 2.4 x the median: a stall to an average of five steps, a cost an estimate may have
+    # missed to a young one (within the clip, 3 x)
+    costs.record(PLAIN, 8, False, 12.0)
+    assert (costs.of(PLAIN, 8, False) > plain) is young
