@@ -41,6 +41,24 @@ def test_probes_thin_out_while_plain_stays_right() -> None:
     assert probes == [3, 11, 27, 59]  # after 4, 8, 16, 32 plain steps
 
 
+def test_probes_keep_their_pace_while_drafting_is_priced_near_plain() -> None:
+    # the chain commits 1 + 0.5 + 0.25 + 0.125 tokens a step of two plain ones: 0.94 x plain,
+    # within the 20 % explore margin; the prior and calibration outweigh what probes read
+    near = RankProfile(((0.5,),))
+    policy = AdaptiveShapes(
+        SHAPES, prior=near, prior_weight=1e9, calibration_weight=1e9, hysteresis=0.0,
+        probe_every=4,
+    )  # fmt: skip
+    policy.use_costs(COSTS)
+    batch = requests_at([1.0])
+    probes = []
+    for step in range(24):
+        if policy.choose(batch) == CHAIN:
+            probes.append(step)
+            policy.observe(CHAIN, batch, [[0, -1, -1, 1, 1, 0]])
+    assert probes == [3, 7, 11, 15, 19, 23]  # every 4 plain steps, not 4, 8, 16
+
+
 def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     tree = DraftShape(3, 2, 6)
     prior = RankProfile(((0.9, 0.05),))
