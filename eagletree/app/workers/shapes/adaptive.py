@@ -25,6 +25,7 @@ from eagletree.app.workers.shapes.band_acceptance import (
 )
 from eagletree.app.workers.shapes.learned_costs import LearnedCosts
 from eagletree.app.workers.shapes.step_costs import StepCosts
+from eagletree.app.workers.shapes.trials import Trials
 from eagletree.domain.draft_shape import ShapeChoice, choose_shape
 
 if TYPE_CHECKING:
@@ -55,10 +56,10 @@ class AdaptiveShapes:
     ``prior``, ``head_priors``, ``prior_weight``, ``refresh_steps``, ``drift``: what a request
     of each temperature band is expected to accept (``BandAcceptance``, whose expected tokens
     are recomputed at once after a probe is read back). ``probe_every``: a band whose estimate
-    keeps choosing plain drafts once after that many plain steps (``_probe_due``);
+    keeps choosing plain drafts once after that many plain steps (``Trials.probe_due``);
     ``observe_per_step``: requests recorded per step; every ``explore_every`` drafting steps a
     close runner-up not timed at the batch's size (or timed too long ago, ``LearnedCosts``) runs
-    once (``_untried_near``). Plain steps explore nothing: from plain, a drafting step costs a
+    once (``Trials.untried_near``). Plain steps explore nothing: from plain, a drafting step costs a
     catch-up besides its own, and deciding whether drafting pays is the probes' (on the H200,
     explorations among plain steps were one step in eight at T 1, bs 32, each a tree step three
     times a plain one). The shapes are priced again every ``reprice_every`` steps, when the
@@ -119,14 +120,14 @@ class AdaptiveShapes:
         self._hysteresis = hysteresis
         self._costs: LearnedCosts | None = None
         self._current = self.shapes[0]
-        self._probe_every = probe_every
-        self._probe_interval: dict[str, int] = {}
+        self._trials = Trials(
+            self.shapes,
+            probe_every=probe_every,
+            explore_every=explore_every,
+            explore_margin=explore_margin,
+        )
         self._probe: DraftShape | None = None  # a probe chosen and not yet read back
-        self._plain_steps: Counter[str] = Counter()
         self._observe_per_step = observe_per_step
-        self._explore_every = explore_every
-        self._explore_margin = explore_margin
-        self._unexplored_steps = 0
         self._observed_steps = 0
         self._reprice_every = reprice_every
         self._priced: _Pricing | None = None
@@ -181,14 +182,18 @@ class AdaptiveShapes:
         choice = self._current = chosen.shape
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
-        elif choice.is_plain and self._probe_due(bands, priced):
+        elif choice.is_plain and self._trials.probe_due(bands, chosen, priced.short):
             short = priced.short
             drafting = [i for i, s in enumerate(self.shapes) if not s.is_plain and short[i]]
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
                 best = max(drafting, key=lambda i: (chosen.rates[i], -i))
                 choice = self._probe = self.shapes[best]
-        elif not choice.is_plain and self._explore_due():
-            choice = self._untried_near(priced) or choice
+        elif not choice.is_plain and self._trials.explore_due():
+            size, sampled = priced.batch_size, priced.sampled
+            untried = self._trials.untried_near(
+                chosen, priced.short, lambda s: costs.observations(s, size, sampled)
+            )
+            choice = untried or choice
         return choice
 
     def _price(self, decode: Sequence[Request], costs: LearnedCosts, bucket: int) -> _Pricing:
@@ -242,65 +247,6 @@ class AdaptiveShapes:
         draw their drafts."""
         return drawn_band(band) if self._drawn and band != "greedy" else band
 
-    def _explore_due(self) -> bool:
-        """Every ``explore_every`` steps (``_untried_near``)."""
-        self._unexplored_steps += 1
-        if self._unexplored_steps < self._explore_every:
-            return False
-        self._unexplored_steps = 0
-        return True
-
-    def _untried_near(self, priced: _Pricing) -> DraftShape | None:
-        """The best-looking shape other than the choice whose steps were timed fewer than twice
-        at this batch's bucket and sampling, if its estimate is within ``explore_margin`` of the
-        choice's: until it runs, its time is the start-up table's guess, which can rank two
-        close shapes wrongly (one step of it settles that, at a cost of that margin at most)."""
-        assert self._costs is not None
-        chosen = priced.choice
-        floor = (1.0 - self._explore_margin) * chosen.tokens_per_second
-        short = priced.short
-        near = [
-            (rate, -i)
-            for i, (shape, rate) in enumerate(zip(self.shapes, chosen.rates, strict=True))
-            if shape != chosen.shape
-            and rate >= floor
-            and short[i]
-            and self._costs.observations(shape, priced.batch_size, priced.sampled) < 2
-        ]
-        return self.shapes[-max(near)[1]] if near else None
-
-    def _probe_due(self, bands: Sequence[str], priced: _Pricing) -> bool:
-        """Whether a plain step should draft instead, to learn: a plain step observes nothing,
-        so a band whose estimate says plain would never learn otherwise that drafting pays
-        (a pessimistic prior, text that became predictable). Every ``probe_every`` plain steps
-        of a band, doubling after each probe up to 16 times that while drafting is priced
-        well below plain, so that a band where plain stays right spends few steps on probes;
-        not while it is near (``_drafting_near``): there the estimate, learned from the
-        probes alone, decides between two close rates, and probes thinned out leave an
-        estimate that fell below plain there for hundreds of steps (an estimate that rose
-        is corrected at once by the drafting steps it chooses). On the H100's T 1 batch of
-        one, chain S3 1.03 x plain, a replay kept 83 % of its steps plain this way."""
-        due = False
-        for band in bands:
-            self._plain_steps[band] += 1
-            interval = self._probe_interval.get(band, self._probe_every)
-            if self._plain_steps[band] >= interval:
-                self._plain_steps[band] = 0
-                if not self._drafting_near(priced):
-                    self._probe_interval[band] = min(2 * interval, 16 * self._probe_every)
-                due = True
-        return due
-
-    def _drafting_near(self, priced: _Pricing) -> bool:
-        """Whether the best drafting shape short enough to run is priced within
-        ``explore_margin`` of the choice's tokens per second."""
-        chosen = priced.choice
-        floor = (1.0 - self._explore_margin) * chosen.tokens_per_second
-        return any(
-            rate >= floor and ok and not shape.is_plain
-            for shape, rate, ok in zip(self.shapes, chosen.rates, priced.short, strict=True)
-        )
-
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
     ) -> None:
@@ -327,7 +273,7 @@ class AdaptiveShapes:
             if self.acceptance.record(learned, observed, refresh=probed, shape=shape_index):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
-                self._probe_interval[band] = self._probe_every
+                self._trials.drafting_on_merit(band)
 
 
 def _known(expected: float | None) -> float:
