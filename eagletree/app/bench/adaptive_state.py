@@ -71,9 +71,10 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
 def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:
     """What an adaptive engine's policy now believes of a batch of ``batch_size`` requests at
     ``temperature``, per candidate: the tokens a step commits as the policy prices it (the
-    band's learned profile, calibrated by the shape's own steps) and the ms a step costs by its
-    learned costs (empty for any other engine): beside the row's measured tokens per step and
-    ms per step, where its choice went wrong."""
+    band's learned profile, calibrated by the shape's own steps), as the profile alone models
+    them (``model_tokens_per_step``) and the ms a step costs by its learned costs (empty for
+    any other engine): beside the row's measured tokens per step and ms per step, where its
+    choice went wrong."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
         return {}
@@ -82,13 +83,15 @@ def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str
     if costs is None:
         return {}
     expected = policy.expected_accepted(temperature)
+    modelled = policy.expected_accepted(temperature, calibrated=False)
     sampled = temperature > 0
     return {
         shape.label: {
             "tokens_per_step": 1.0 + accepted,
+            "model_tokens_per_step": 1.0 + model,
             "ms": 1e3 * costs.of(shape, batch_size, sampled),
         }
-        for shape, accepted in zip(policy.shapes, expected, strict=True)
+        for shape, accepted, model in zip(policy.shapes, expected, modelled, strict=True)
     }
 
 

@@ -53,6 +53,9 @@ class BenchRow:
     # an adaptive engine's policy after the window, per candidate: the tokens per step and ms
     # per step it expects at this batch size and temperature (JSON only; adaptive_state)
     policy_view: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # the same after each of the row's windows, in order (JSON only): what it believed as the
+    # cell went on, where the last view alone may be one request's (bs 1) or one window's
+    policy_windows: tuple[dict[str, dict[str, float]], ...] = ()
 
     @property
     def worst_over_median(self) -> float | None:

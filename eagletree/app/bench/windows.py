@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from eagletree.app.bench.adaptive_state import last_shape, policy_view, shape_steps
 
@@ -98,6 +98,7 @@ def _measure_cell(
     bar = ProgressBar(err, label, len(engines) * draws * args.new_tokens)
     ran_before = [Counter(shape_steps(e.engine)) for e in engines]
     windows: list[list[DecodeMeasurement]] = [[] for _ in engines]
+    views: list[list[dict[str, Any]]] = [[] for _ in engines]  # an adaptive engine's, a window each
     for draw in range(draws):
         for turn, i in enumerate(turn_order(len(engines), draw)):
             # each request's tokens, the windows before this one's included
@@ -105,6 +106,9 @@ def _measure_cell(
             progress = partial(_add, before, bar.update)
             window = _window(engines[i], bs, temperature, draw, progress, plan, args, prompts)
             windows[i].append(window)
+            view = policy_view(engines[i].engine, bs, temperature)
+            if view:
+                views[i].append(view)
     merged_rows = [merged(w) for w in windows]
     speeds = [f"{m.tokens_per_s:.1f} tok/s, {m.ms_per_step:.1f} ms/step" for m in merged_rows]
     if alone:
@@ -114,12 +118,15 @@ def _measure_cell(
         for e, speed in zip(engines, speeds, strict=True):
             print(f"{e.config.name:<20} bs {bs:>3}{sampled}  {speed}", file=err)
     rows = []
-    for e, m, before_ran in zip(engines, merged_rows, ran_before, strict=True):
+    for e, m, before_ran, seen in zip(engines, merged_rows, ran_before, views, strict=True):
         ran = (Counter(shape_steps(e.engine)) - before_ran).most_common()
         row = _row(e.config.name, m, temperature, ran[0][0].label if ran else None)
-        view = policy_view(e.engine, bs, temperature)
         ran_steps = {s.label: n for s, n in ran}
-        rows.append(dataclasses.replace(row, shape_steps=ran_steps, policy_view=view))
+        last = seen[-1] if seen else {}
+        replaced = dataclasses.replace(
+            row, shape_steps=ran_steps, policy_view=last, policy_windows=tuple(seen)
+        )
+        rows.append(replaced)
     return rows
 
 

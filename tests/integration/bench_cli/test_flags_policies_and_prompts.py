@@ -130,6 +130,7 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     argv = tiny_run(
         tmp_path, "--configs", "chain:S2", "tree:S2,k2,N3", "--batch-sizes", "1", "2",
         "--policy", "adaptive", "--temperatures", "0", "1", "--out", str(tmp_path / "run"),
+        "--min-requests", "2",  # two windows a bs-1 row
     )  # fmt: skip
     status, out, _ = bench(argv, capsys)
     assert status == 0
@@ -178,8 +179,17 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
             assert len(row["step_shapes"]) == len(row["step_ms"]) == row["num_steps"]
             # (a plain step that caught the draft up named apart)
             assert set(row["step_shapes"]) <= set(steps) | {CATCH_UP}
+            # what its policy priced after each window, the last one the row's view
+            views = row["policy_windows"]
+            assert len(views) == (2 if row["batch_size"] == 1 else 1)
+            assert views[-1] == row["policy_view"]
+            # every candidate priced in each (those it ran among them)
+            assert all(set(view) == set(row["policy_view"]) >= set(steps) for view in views)
+            for priced in row["policy_view"].values():
+                assert priced["model_tokens_per_step"] >= 1.0 and priced["ms"] > 0
         else:
             assert row["shape_steps"] == {} and row["step_shapes"] == []
+            assert row["policy_windows"] == [] and row["policy_view"] == {}
         if row["config"] != "plain":  # against the plain row of the same bs and temperature
             plain = next(
                 r for r in rows

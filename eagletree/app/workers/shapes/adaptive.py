@@ -163,11 +163,14 @@ class AdaptiveShapes:
         """The rank profile of every band a step was read back for."""
         return self.acceptance.learned_profiles()
 
-    def expected_accepted(self, temperature: float) -> list[float]:
+    def expected_accepted(self, temperature: float, *, calibrated: bool = True) -> list[float]:
         """Every candidate's expected accepted drafts a step for a request at ``temperature``,
-        as the policy prices them (its drawn class where it draws, calibrated)."""
+        as the policy prices them (its drawn class where it draws, calibrated by each shape's
+        own steps unless not ``calibrated``)."""
         every = range(len(self.shapes))
-        return [_known(e) for e in self._expected(band_of(temperature), every)]
+        band = self._learned_band(band_of(temperature))
+        expected = self.acceptance.expected(band, every, calibrated=calibrated)
+        return [_known(e) for e in expected]
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
         costs = self._costs

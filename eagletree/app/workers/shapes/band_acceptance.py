@@ -145,11 +145,13 @@ class BandAcceptance:
             return True
         return False
 
-    def expected(self, band: str, wanted: Sequence[int]) -> list[float | None]:
+    def expected(
+        self, band: str, wanted: Sequence[int], *, calibrated: bool = True
+    ) -> list[float | None]:
         """Expected accepted drafts per shape for a request of ``band`` (cached), known at
         least for the shapes at indices ``wanted``: those a batch can run (a wide tree costs
         the most to compute, and past the policy's stall ratio at a batch's size it is never
-        priced there)."""
+        priced there); not ``calibrated``: as the profile's model alone expects them."""
         cached = self._expected.get(band)
         if cached is None or self._stale[band] >= self._refresh_threshold(band):
             learned = self._profiles.get(band)
@@ -165,8 +167,8 @@ class BandAcceptance:
             for i in missing:
                 cached[i] = expected_accepted(self.shapes[i], profile)
         calibration = self._calibration.get(band)
-        if calibration is None:
-            return cached
+        if calibration is None or not calibrated:
+            return list(cached)
         # a mean of what the shape's steps accepted and of the model, weighted by their
         # requests and the prior: never past the most a step of the shape can accept
         return [None if e is None else e * calibration.factor(i, e) for i, e in enumerate(cached)]

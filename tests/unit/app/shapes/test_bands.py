@@ -167,6 +167,8 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
     observed, requests = 2.0 * 8 * weights, 8 * weights
     factor = (observed + 16 * modelled) / (modelled * requests + 16 * modelled)
     assert policy.expected_accepted(0.0)[1] == pytest.approx(modelled * factor, rel=1e-3)
+    # the profile's model alone, before the calibration
+    assert policy.expected_accepted(0.0, calibrated=False)[1] == pytest.approx(modelled, rel=1e-3)
     chain_modelled = expected_accepted(chain, profile)
     assert policy.expected_accepted(0.0)[0] == pytest.approx(chain_modelled, rel=1e-3)
     assert policy.choose(batch) == tree
