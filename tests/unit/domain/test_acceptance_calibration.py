@@ -73,3 +73,22 @@ def test_a_shape_priced_below_its_model_fades_back_as_others_run_and_one_above_d
     for _ in range(8):
         calibration.record(2, accepted=4.0, modelled=1.0, requests=4)
     assert calibration.factor(0, 1.0) > 0.95 and calibration.factor(1, 1.0) == high
+
+
+def test_below_its_model_is_judged_against_the_model_as_it_stands_when_read() -> None:
+    calibration = AcceptanceCalibration(2, prior_weight=1.0, half_life=1.0)
+    # shape 0's steps accepted what a young profile expected then (1 a request) ...
+    calibration.record(0, accepted=4.0, modelled=1.0, requests=4)
+    assert calibration.factor(0, 1.0) == pytest.approx(1.0)
+    # ... and the profile, learning from other shapes' steps, now expects 2: below it
+    before = calibration.factor(0, 2.0)
+    assert before == pytest.approx((4.0 + 2.0) / (5.0 * 2.0))
+    for _ in range(8):  # every step of shape 1 halves shape 0's sums (half-life 1 step)
+        calibration.record(1, accepted=8.0, modelled=2.0, requests=4)
+    assert calibration.factor(0, 2.0) > 0.99  # back to the model it is read against
+    assert calibration.factor(0, 1.0) == pytest.approx(1.0)  # where it agreed, unfaded
+    # when it runs again, what faded stays faded: 0.5^8 of its first step is left
+    calibration.record(0, accepted=8.0, modelled=2.0, requests=4)
+    left = 0.5**8
+    expected = (0.5 * 4.0 * left + 8.0 + 2.0) / ((0.5 * 4.0 * left + 4.0 + 1.0) * 2.0)
+    assert calibration.factor(0, 2.0) == pytest.approx(expected)
