@@ -159,6 +159,8 @@ def replay_cell(
                 committed = 1 + accepted_drafts(ranks)
                 rows = torch.cat([ranks, offered], dim=1).tolist()
             generated += committed
+            for request, count in zip(decode, committed.tolist(), strict=True):
+                request.output_ids.extend([0] * count)  # how far into its output (the policy)
             tokens += int(committed.sum())
             seconds += step_seconds
             ran[shape] += 1

@@ -54,15 +54,19 @@ class AcceptanceProfile:
         # multiplication per step instead of one per count; only ratios are read)
         self._weight = 1.0
 
-    def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    def record(
+        self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, same_step: bool = False
+    ) -> int:
         """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
         at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
         candidates the tree offered at that depth under the accepted path (0 where the path did
-        not reach it). The counts so far decay by one step first. Returns the drafts the paths
-        accepted, within the profile's depths."""
-        self._weight /= self._decay
-        if self._weight > _RESCALE_ABOVE:
-            self._rescale()
+        not reach it). The counts so far decay by one step first, unless ``same_step``: more
+        paths of the step recorded last. Returns the drafts the paths accepted, within the
+        profile's depths."""
+        if not same_step:
+            self._weight /= self._decay
+            if self._weight > _RESCALE_ABOVE:
+                self._rescale()
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank
         offers, reached, hits = self._offers, self._reached, self._hits
         line_hits, line_reached = self._line_hits, self._line_reached

@@ -71,6 +71,21 @@ def test_old_steps_fade_with_the_half_life() -> None:
     assert math.isclose(sum(weights[:10]) / sum(weights), 1 - hits / sum(weights))
 
 
+def test_more_paths_of_the_same_step_count_as_if_recorded_with_it() -> None:
+    prior = RankProfile(((0.5, 0.2), (0.5, 0.2)))
+    paths = [([0, 1], [2, 2]), ([1, -1], [2, 2]), ([-1, -1], [2, 0])]
+    together = AcceptanceProfile(2, 2, prior, prior_weight=4.0, half_life=2)
+    apart = AcceptanceProfile(2, 2, prior, prior_weight=4.0, half_life=2)
+    for _ in range(3):  # steps before, which the next step's decay weighs down
+        together.record(paths[:1])
+        apart.record(paths[:1])
+    assert together.record(paths) == 3  # 2 + 1 + 0 drafts
+    assert apart.record(paths[:1]) + apart.record(paths[1:], same_step=True) == 3
+    assert apart.profile() == together.profile()
+    apart.record(paths[1:])  # a new step: the old counts decay first
+    assert apart.profile() != together.profile()
+
+
 def test_the_decay_survives_runs_far_longer_than_a_counts_range() -> None:
     # half-life 1: a new step weighs twice the last, 2^1100 after 1100 steps (past a float's
     # range): the counts are rescaled on the way, and the rates stay the decayed ones

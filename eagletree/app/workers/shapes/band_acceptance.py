@@ -115,11 +115,13 @@ class BandAcceptance:
         *,
         refresh: bool = False,
         shape: int | None = None,
+        starting: Sequence[RankedPath] = (),
     ) -> bool:
         """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (whose
-        calibration then compares them with what its model expected of them). Returns whether
-        its expected tokens are to be recomputed before they are next read: the estimate
-        drifted, or ``refresh``."""
+        calibration then compares them with what its model expected of them); ``starting``:
+        more of the step's paths, of requests in their first tokens, which the profile learns
+        from and the calibration does not. Returns whether its expected tokens are to be
+        recomputed before they are next read: the estimate drifted, or ``refresh``."""
         # what the model expects of the shape before the profile learns these paths
         modelled = self._modelled(band, shape) if shape is not None and paths else 0.0
         profile = self._profiles.get(band)
@@ -129,6 +131,8 @@ class BandAcceptance:
             )
             self._profiles[band] = profile
         accepted = profile.record(paths)
+        if starting:
+            profile.record(starting, same_step=True)
         if shape is not None and paths:
             calibration = self._calibration.get(band)
             if calibration is None:

@@ -1,6 +1,6 @@
 """What the adaptive policy's tests share: a chain S3 against plain, a table where a chain step
-costs two plain ones, a pessimistic prior, fully accepted paths, requests at given temperatures,
-and a one-bucket cost table from each shape's seconds."""
+costs two plain ones, a pessimistic prior, fully accepted paths, requests at given temperatures
+some tokens into their outputs, and a one-bucket cost table from each shape's seconds."""
 
 from __future__ import annotations
 
@@ -29,8 +29,13 @@ def costs_of(table: dict[DraftShape, float]) -> StepCosts:
     return StepCosts((1,), {(s, 1, b): table[s] for s in table for b in (False, True)})
 
 
-def requests_at(temperatures: Sequence[float]) -> list[Request]:
-    return [
-        Request(i, [1, 2], SamplingParams(max_new_tokens=8, temperature=t, seed=i), 64)
+def requests_at(temperatures: Sequence[float], generated: int = 16) -> list[Request]:
+    """Requests at ``temperatures``, each ``generated`` output tokens in (by default as many as
+    the adaptive policy's calibration waits for: its paths calibrate shapes)."""
+    requests = [
+        Request(i, [1, 2], SamplingParams(max_new_tokens=64, temperature=t, seed=i), 128)
         for i, t in enumerate(temperatures)
     ]
+    for request in requests:
+        request.output_ids.extend([3] * generated)
+    return requests

@@ -90,9 +90,11 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
     recorded: list[tuple[int, int]] = []  # (profile, requests) per record call
 
     class Counting(AcceptanceProfile):
-        def record(self, paths: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+        def record(
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, same_step: bool = False
+        ) -> int:
             recorded.append((id(self), len(paths)))
-            return super().record(paths)
+            return super().record(paths, same_step=same_step)
 
     monkeypatch.setattr(module, "AcceptanceProfile", Counting)
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, observe_per_step=8)
@@ -172,6 +174,34 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
     chain_modelled = expected_accepted(chain, profile)
     assert policy.expected_accepted(0.0)[0] == pytest.approx(chain_modelled, rel=1e-3)
     assert policy.choose(batch) == tree
+
+
+def test_requests_in_their_first_tokens_teach_the_profile_and_calibrate_no_shape() -> None:
+    # every settled request accepts the chain's 3 drafts; those in their first tokens (half of
+    # the batch) accept none: the profile learns from both, the chain's calibration from the
+    # settled ones alone, so the chain is priced at what those accepted
+    def policy(settle_tokens: int) -> AdaptiveShapes:
+        return AdaptiveShapes(
+            SHAPES, prior=PESSIMISTIC, prior_weight=1e-3, settle_tokens=settle_tokens
+        )
+
+    settled, mixed, everyone = policy(8), policy(8), policy(0)
+    batch = requests_at([0.0] * 4, generated=8) + requests_at([0.0] * 4, generated=7)
+    nothing = [[-1, -1, -1, 1, 0, 0]]
+    for _ in range(32):
+        settled.observe(CHAIN, batch[:4], ACCEPTING * 4)
+        mixed.observe(CHAIN, batch, ACCEPTING * 4 + nothing * 4)
+        everyone.observe(CHAIN, batch, ACCEPTING * 4 + nothing * 4)
+    assert settled.profile("greedy").rate(0, 0) == pytest.approx(1.0, abs=1e-3)
+    for learned in (mixed, everyone):  # half the paths accept at depth 1
+        assert learned.profile("greedy").rate(0, 0) == pytest.approx(0.5, abs=1e-3)
+        # depths 2 and 3 reached by the settled paths alone, all accepted: 0.5 + 0.5 + 0.5
+        assert learned.expected_accepted(0.0, calibrated=False)[0] == pytest.approx(1.5, 1e-3)
+    assert settled.expected_accepted(0.0)[0] == pytest.approx(3.0, abs=0.01)
+    # calibrated by the settled requests' 3 drafts (less the prior's pull towards the model)
+    assert mixed.expected_accepted(0.0)[0] > 2.7
+    # calibrated by the mean of both halves, 1.5: its model's
+    assert everyone.expected_accepted(0.0)[0] == pytest.approx(1.5, rel=0.01)
 
 
 def test_a_calibrated_shape_is_never_priced_past_the_drafts_it_verifies() -> None:
