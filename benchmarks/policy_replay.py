@@ -28,7 +28,7 @@ import math
 import random
 import statistics
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,66 +36,14 @@ from typing import Any
 import torch
 
 from benchmarks.bench_run import Cell, Run, read_run
+from benchmarks.replay_clock import StepClock
 from benchmarks.replay_drafts import DraftModel, accepted_drafts, fit_model
 from eagletree.adapters.models.head_report import REPORT_NAME, read_rank_priors
 from eagletree.app.bench.windows import windows_per_row
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
-from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
-
-
-class _Clock:
-    """A step's seconds, drawn from the cell's measured steps of its shape; with
-    ``host_stalls``, drawn from its calm steps (at most ``_CALM`` × its median) and stretched
-    by the host's slowdown at that point of the cell's timeline (``_slowdowns``), whatever
-    shape runs there, as a host that stalls stretches every shape's steps."""
-
-    def __init__(
-        self, cell: Cell, costs: StepCosts, rng: random.Random, host_stalls: bool = False
-    ) -> None:
-        self._cell, self._rng = cell, rng
-        bucket = min(b for b in costs.buckets if b >= cell.batch_size)
-        sampled = cell.temperature > 0
-        plain = costs.seconds[(PLAIN, bucket, sampled)]
-        self.catch_up_excess = max(0.0, costs.catch_up.get((bucket, sampled), plain) - plain)
-        self._slowdowns: list[float] = []
-        self._calm: dict[DraftShape, list[float]] = {}
-        if host_stalls:
-            medians = {s: statistics.median(seconds) for s, seconds in cell.seconds.items()}
-            self._slowdowns = _slowdowns(cell, medians)
-            self._calm = {
-                shape: [t for t in seconds if t <= _CALM * medians[shape]]
-                for shape, seconds in cell.seconds.items()
-            }
-        self._at = rng.randrange(len(self._slowdowns)) if self._slowdowns else 0
-
-    def __call__(self, shape: DraftShape, catch_up: bool = False) -> float:
-        excess = self.catch_up_excess if catch_up else 0.0
-        if not self._slowdowns:
-            return self._rng.choice(self._cell.seconds[shape]) + excess
-        self._at = (self._at + 1) % len(self._slowdowns)
-        return (self._rng.choice(self._calm[shape]) + excess) * self._slowdowns[self._at]
-
-    def mean(self, shape: DraftShape, catch_up: bool = False) -> float:
-        measured = self._cell.seconds[shape]
-        return sum(measured) / len(measured) + (self.catch_up_excess if catch_up else 0.0)
-
-
-# a measured step over this many times its row's median ran while the host stalled
-_CALM = 1.4
-
-
-def _slowdowns(cell: Cell, medians: Mapping[DraftShape, float]) -> list[float]:
-    """The cell's fixed rows one after the other, each step as its share of its row's median
-    (``medians``) where it is a stall (over ``_CALM``), else 1: the host's slowdowns as the
-    GPU met them."""
-    timeline = []
-    for shape, seconds in cell.seconds.items():
-        median = medians[shape]
-        timeline += [t / median if t > _CALM * median else 1.0 for t in seconds]
-    return timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +69,7 @@ def replay_cell(
 ) -> Replayed:
     """``policy`` (a fixed shape, or the adaptive policy) over the cell's windows."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    clock = _Clock(cell, run.costs, rng, host_stalls)
+    clock = StepClock(cell, run.costs, rng, host_stalls)
     worst = 1.0
     # an adaptive engine's plain steps leave their tokens in the draft's lag (where it has a
     # catch-up step), as ``SpeculativeWorker._runner_of`` runs them

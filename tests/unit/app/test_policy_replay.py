@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from benchmarks import policy_replay, replay_drafts
 from benchmarks.bench_run import Cell, Run
 from benchmarks.policy_replay import replay_cell
+from benchmarks.replay_clock import StepClock
 from benchmarks.replay_drafts import DraftModel, accepted_drafts
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
@@ -169,11 +170,11 @@ def test_host_stalls_stretch_whatever_shape_runs_where_the_cell_met_them() -> No
     cell = Cell(4, 0.0, {CHAIN3: chain, PLAIN: [0.5] * 5}, {}, {})
     costs = StepCosts((4,), {(s, 4, False): 1.0 for s in (CHAIN3, PLAIN)}, {}, 1)
     timeline = [1.0, 1.0, 4.0, 6.0, 1.0, 1.0, 1.0] + [1.0] * 5
-    clock = policy_replay._Clock(cell, costs, random.Random(3), host_stalls=True)
+    clock = StepClock(cell, costs, random.Random(3), host_stalls=True)
     # a whole turn of the timeline on plain steps: its calm 0.5 s, stretched where it stalled
     assert sorted(clock(PLAIN) for _ in timeline) == sorted(0.5 * f for f in timeline)
     # the chain's own stalled steps are not among its calm ones: no stall counted twice
     assert sorted(clock(CHAIN3) for _ in timeline) == sorted(timeline)
     # without host stalls a step is any of its shape's measured ones
-    plain = policy_replay._Clock(cell, costs, random.Random(3))
+    plain = StepClock(cell, costs, random.Random(3))
     assert {plain(CHAIN3) for _ in range(200)} == set(chain)
