@@ -31,7 +31,7 @@ class AcceptanceCalibration:
     (``factor``), as the factor is: judged against the model of its last step, a chain whose
     first steps met a young profile's low rates and accepted more than those stayed unfaded
     when the profile rose above what they accepted — on the H100's real pair at T 0 a chain
-    S3 that ran only at a request's start stayed at 0.93 of its model through 1,100 tree
+    S3 that ran only in the engine's first steps stayed at 0.93 of its model through 1,100 tree
     steps. The fade is so kept as a count of the other shapes' steps since the shape's last,
     applied where it is read or runs again.
     """
