@@ -175,8 +175,7 @@ class AdaptiveShapes:
         as the policy prices them (its drawn class where it draws, calibrated by each shape's
         own steps unless not ``calibrated``)."""
         every = range(len(self.shapes))
-        band = self._learned_band(band_of(temperature))
-        expected = self.acceptance.expected(band, every, calibrated=calibrated)
+        expected = self._expected(band_of(temperature), every, calibrated=calibrated)
         return [_known(e) for e in expected]
 
     def choose(self, decode: Sequence[Request]) -> DraftShape:
@@ -247,10 +246,12 @@ class AdaptiveShapes:
         choice = ShapeChoice(chosen.shape, chosen.tokens_per_second, tuple(rates))
         return _Pricing(choice, bands, sampled, len(decode), bucket, short)
 
-    def _expected(self, band: str, kept: Sequence[int]) -> list[float | None]:
+    def _expected(
+        self, band: str, kept: Sequence[int], *, calibrated: bool = True
+    ) -> list[float | None]:
         """Every candidate's expected accepted drafts for a request of ``band``, known at
         least at the indices ``kept``, by what the band's drafts accepted as they are made."""
-        return self.acceptance.expected(self._learned_band(band), kept)
+        return self.acceptance.expected(self._learned_band(band), kept, calibrated=calibrated)
 
     def _learned_band(self, band: str) -> str:
         """The class ``band``'s steps are learned as: its drawn class where sampling requests
@@ -281,10 +282,10 @@ class AdaptiveShapes:
             settled, starting = by_band.setdefault(temperature_band(request), ([], []))
             kept = settled if len(request.output_ids) >= settle else starting
             kept.append((path[:depth], path[depth : 2 * depth]))
+        record = self.acceptance.record
         for band, (settled, starting) in by_band.items():
             # what a probe learned decides the next step; so does a drifted estimate
             learned = self._learned_band(band)
-            record = self.acceptance.record
             if record(learned, settled, refresh=probed, shape=shape_index, starting=starting):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops

@@ -172,7 +172,7 @@ class BandAcceptance:
                 cached[i] = expected_accepted(self.shapes[i], profile)
         calibration = self._calibration.get(band)
         if calibration is None or not calibrated:
-            return list(cached)
+            return cached
         # a mean of what the shape's steps accepted and of the model, weighted by their
         # requests and the prior: never past the most a step of the shape can accept
         return [None if e is None else e * calibration.factor(i, e) for i, e in enumerate(cached)]

@@ -5,7 +5,7 @@ a close runner-up among drafting steps, whose time the start-up table may misjud
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -66,11 +66,7 @@ class Trials:
     def drafting_near(self, choice: ShapeChoice, short: Sequence[bool]) -> bool:
         """Whether the best drafting shape short enough to run is priced within
         ``explore_margin`` of the choice's tokens per second."""
-        floor = (1.0 - self._explore_margin) * choice.tokens_per_second
-        return any(
-            rate >= floor and ok and not shape.is_plain
-            for shape, rate, ok in zip(self.shapes, choice.rates, short, strict=True)
-        )
+        return any(not shape.is_plain for _, shape, _ in self._near(choice, short))
 
     def explore_due(self) -> bool:
         """Every ``explore_every`` drafting steps (``untried_near``)."""
@@ -91,10 +87,19 @@ class Trials:
         ``explore_margin`` of the choice's: until it runs, its time is the start-up table's
         guess, which can rank two close shapes wrongly (one step of it settles that, at a cost
         of that margin at most)."""
-        floor = (1.0 - self._explore_margin) * choice.tokens_per_second
         near = [
             (rate, -i)
-            for i, (shape, rate) in enumerate(zip(self.shapes, choice.rates, strict=True))
-            if shape != choice.shape and rate >= floor and short[i] and observations(shape) < 2
+            for i, shape, rate in self._near(choice, short)
+            if shape != choice.shape and observations(shape) < 2
         ]
         return self.shapes[-max(near)[1]] if near else None
+
+    def _near(
+        self, choice: ShapeChoice, short: Sequence[bool]
+    ) -> Iterator[tuple[int, DraftShape, float]]:
+        """(index, shape, tokens per second) of every candidate short enough to run and priced
+        within ``explore_margin`` of the choice."""
+        floor = (1.0 - self._explore_margin) * choice.tokens_per_second
+        for i, (shape, rate, ok) in enumerate(zip(self.shapes, choice.rates, short, strict=True)):
+            if ok and rate >= floor:
+                yield i, shape, rate
