@@ -145,10 +145,11 @@ class AdaptiveShapes:
     def costs(self) -> LearnedCosts | None:
         return self._costs
 
-    def use_costs(self, costs: StepCosts) -> None:
+    def use_costs(self, costs: StepCosts, *, warm_after: int = 8) -> None:
         """Price the shapes by ``costs`` from now on, as the steps' times correct them (until
-        then, every step is the default)."""
-        self._costs = LearnedCosts(costs)
+        then, every step is the default); the first ``warm_after`` steps at each bucket and
+        sampling are not learned from (``LearnedCosts``)."""
+        self._costs = LearnedCosts(costs, warm_after=warm_after)
 
     def observe_time(
         self,

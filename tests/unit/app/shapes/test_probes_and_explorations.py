@@ -72,7 +72,7 @@ def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     policy = AdaptiveShapes(
         (tree, CHAIN, PLAIN), prior=prior, hysteresis=0.0, probe_every=1000, explore_every=4
     )
-    policy.use_costs(costs)
+    policy.use_costs(costs, warm_after=0)
     batch = requests_at([0.0])
     ran = []
     for _ in range(16):

@@ -33,7 +33,7 @@ def test_before_any_step_the_measured_table_prices_every_shape() -> None:
 
 
 def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
     costs.record(PLAIN, 1, False, 2.0)  # the host's work: a plain step took 1 s more
     # plain: its estimate (1) as one sample, then 2: the mean 1.5
     assert costs.of(PLAIN, 1, False) == pytest.approx(1.5)
@@ -49,7 +49,7 @@ def test_a_shape_that_ran_is_priced_by_its_steps_and_the_others_by_their_excess(
 
 
 def test_plain_steps_are_priced_by_the_excess_of_plain_steps_not_of_drafting_ones() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
     costs.record(CHAIN, 1, False, 4.0)  # a drafting step's host work: 2 s over its table
     # no plain step ran anywhere: plain is priced by its table alone (too low is corrected
     # when it runs; too high would never be, as nothing would choose it)
@@ -68,7 +68,7 @@ def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None
         {(s, b, sampled): 1.0 + SHAPES.index(s) for s in SHAPES for b in buckets
          for sampled in (False, True)},
     )  # fmt: skip
-    costs = LearnedCosts(measured, weight=0.5)
+    costs = LearnedCosts(measured, warm_after=0, weight=0.5)
     costs.record(PLAIN, 32, False, 3.0)  # excess 2.0 at bucket 32
     assert costs.of(CHAIN, 8, False) == pytest.approx(2.0 + 2.0)  # the only one seen
     costs.record(PLAIN, 1, False, 1.5)  # excess 0.5 at bucket 1
@@ -87,7 +87,7 @@ def test_a_bucket_where_nothing_ran_borrows_the_nearest_buckets_excess() -> None
 def test_a_table_that_overstates_never_prices_a_step_at_nothing_or_less() -> None:
     # bucket 8's plain steps take 0.1 s against a table's 2 (excess -1.9): bucket 1's plain
     # step (table 1 s) and chain (2 s) would borrow it whole and cost -0.9 and 0.1 s
-    costs = LearnedCosts(MEASURED, weight=1.0)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=1.0)
     costs.record(PLAIN, 8, False, 0.1)
     costs.record(PLAIN, 8, False, 0.1)
     assert costs.of(PLAIN, 8, False) == pytest.approx(0.1)  # its own steps: as they ran
@@ -97,7 +97,7 @@ def test_a_table_that_overstates_never_prices_a_step_at_nothing_or_less() -> Non
 
 
 def test_repeated_steps_converge_on_what_they_take() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.2)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.2)
     for _ in range(60):
         costs.record(CHAIN, 8, True, 7.0)
     assert costs.of(CHAIN, 8, True) == pytest.approx(7.0, rel=1e-3)
@@ -106,7 +106,7 @@ def test_repeated_steps_converge_on_what_they_take() -> None:
 
 
 def test_a_kind_seen_only_with_the_other_sampling_lends_its_excess_across() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
     costs.record(PLAIN, 8, False, 2.5)  # unsampled plain: 0.5 over its table (2)
     costs.record(CHAIN, 8, True, 6.5)  # sampled drafting: 2 over its table (4.5)
     assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.5)  # plain's, unsampled
@@ -116,16 +116,33 @@ def test_a_kind_seen_only_with_the_other_sampling_lends_its_excess_across() -> N
 
 
 def test_a_step_far_longer_than_its_estimate_counts_as_clip_times_it() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5, clip=3.0)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5, clip=3.0)
     costs.record(PLAIN, 1, False, 1000.0)  # the engine waited: counts as 3 (3 x 1)
     assert costs.of(PLAIN, 1, False) == pytest.approx((1.0 + 3.0) / 2)
 
 
 def test_past_the_largest_bucket_steps_are_recorded_and_priced_per_row() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
     costs.record(CHAIN, 16, False, 16.0)  # 8 per bucket-8 step; its estimate there: 4
     assert costs.of(CHAIN, 8, False) == pytest.approx(6.0)
     assert costs.of(CHAIN, 16, False) == pytest.approx(12.0)
+
+
+def test_the_first_steps_at_a_bucket_and_sampling_teach_nothing_but_their_median() -> None:
+    costs = LearnedCosts(MEASURED, weight=0.5, warm_after=3)
+    for _ in range(3):
+        costs.record(PLAIN, 1, False, 3.0)  # a cold engine's: 2 s over the table
+    assert costs.of(PLAIN, 1, False) == 1.0  # the table's
+    assert costs.of(CHAIN, 1, False) == 2.0  # no excess to lend
+    assert costs.observations(PLAIN, 1, False) == 0
+    assert costs.median_step(1, False) == 3.0
+    costs.record(PLAIN, 1, False, 1.5)  # warm: its estimate (1) as one sample, then 1.5
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.25)
+    assert costs.observations(PLAIN, 1, False) == 1
+    # the other sampling warms up on its own steps, and borrows meanwhile
+    costs.record(PLAIN, 1, True, 9.0)
+    assert costs.of(PLAIN, 1, True) == pytest.approx(1.5 + 0.5)
+    assert costs.observations(PLAIN, 1, True) == 0
 
 
 # catch-ups: 5 s at every bucket and sampling, one every 4 plain steps
@@ -138,7 +155,7 @@ WITH_CATCH_UP = StepCosts(
 
 
 def test_a_plain_step_is_priced_as_its_share_of_a_run_with_its_catch_ups() -> None:
-    costs = LearnedCosts(WITH_CATCH_UP, weight=0.5)
+    costs = LearnedCosts(WITH_CATCH_UP, warm_after=0, weight=0.5)
     # three plain steps of 1 s and a catch-up of 5 s per 4 tokens
     assert costs.of(PLAIN, 1, False) == pytest.approx((3 * 1.0 + 5.0) / 4)
     assert costs.measured_of(PLAIN, 1, False) == pytest.approx(2.0)
@@ -146,7 +163,7 @@ def test_a_plain_step_is_priced_as_its_share_of_a_run_with_its_catch_ups() -> No
 
 
 def test_catch_ups_are_learned_apart_from_the_plain_steps_of_a_run() -> None:
-    costs = LearnedCosts(WITH_CATCH_UP, weight=0.5)
+    costs = LearnedCosts(WITH_CATCH_UP, warm_after=0, weight=0.5)
     for _ in range(30):
         costs.record(PLAIN, 8, False, 11.0, catch_up=True)  # 6 s more than measured
     # plain steps that leave their token in the lag were not timed: measured + the excess
@@ -161,7 +178,7 @@ def test_catch_ups_are_learned_apart_from_the_plain_steps_of_a_run() -> None:
 
 
 def test_a_shape_that_stopped_running_is_priced_by_the_table_and_the_excess_again() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.5, stale_after=10)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5, stale_after=10)
     for _ in range(5):
         costs.record(CHAIN, 8, False, 12.0)  # steps that paid another's work: 3 × 4
     assert costs.of(CHAIN, 8, False) == pytest.approx(12.0, rel=0.1)
@@ -200,7 +217,7 @@ def test_a_catch_ups_excess_over_a_plain_step_follows_both_as_they_run() -> None
     with_catch_ups = StepCosts(
         BUCKETS, MEASURED.seconds, {(b, s): 4.0 * b for b in BUCKETS for s in (False, True)}, 16
     )
-    costs = LearnedCosts(with_catch_ups, weight=0.5)
+    costs = LearnedCosts(with_catch_ups, warm_after=0, weight=0.5)
     assert costs.catch_up_excess(1, False) == pytest.approx(4.0 - 1.0)  # the tables'
     assert costs.catch_up_excess(8, True) == pytest.approx(32.0 - 2.5)
     assert costs.catch_up_excess(16, True) == pytest.approx(2 * (32.0 - 2.5))  # per row past 8
@@ -213,7 +230,7 @@ def test_a_catch_ups_excess_over_a_plain_step_follows_both_as_they_run() -> None
 
 
 def test_the_median_step_is_that_of_the_last_steps_of_any_shape() -> None:
-    costs = LearnedCosts(MEASURED, recent_steps=4)
+    costs = LearnedCosts(MEASURED, warm_after=0, recent_steps=4)
     assert costs.median_step(1, False) is None
     for shape, seconds in ((CHAIN, 2.0), (TREE, 3.0), (TREE, 3.0), (PLAIN, 1.0)):
         costs.record(shape, 1, False, seconds)
@@ -226,7 +243,7 @@ def test_the_median_step_is_that_of_the_last_steps_of_any_shape() -> None:
 
 
 def test_steps_while_the_host_stalls_teach_nothing_of_what_a_shape_costs() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.1, stall_over=1.5)
     for _ in range(20):
         costs.record(CHAIN, 8, False, 5.0)  # 1 s over its table's 4
     chain, tree = costs.of(CHAIN, 8, False), costs.of(TREE, 8, False)
@@ -241,7 +258,7 @@ def test_steps_while_the_host_stalls_teach_nothing_of_what_a_shape_costs() -> No
 
 
 def test_a_young_average_learns_a_cost_far_above_its_estimate() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.1, stall_over=1.5)
     for _ in range(10):
         costs.record(PLAIN, 8, False, 2.0)  # as its table says: the median step 2
     for _ in range(5):
@@ -251,7 +268,7 @@ def test_a_young_average_learns_a_cost_far_above_its_estimate() -> None:
 
 
 def test_a_lasting_rise_in_a_shapes_steps_is_followed() -> None:
-    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5)
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.1, stall_over=1.5)
     for _ in range(20):
         costs.record(CHAIN, 8, False, 4.0)
     for _ in range(60):
@@ -261,7 +278,9 @@ def test_a_lasting_rise_in_a_shapes_steps_is_followed() -> None:
 
 @pytest.mark.parametrize("young", [False, True])
 def test_a_pause_read_back_on_a_cheap_step_among_dear_ones_teaches_nothing(young: bool) -> None:
-    costs = LearnedCosts(MEASURED, weight=0.1, stall_over=1.5, clip=3.0, stale_after=64)
+    costs = LearnedCosts(
+        MEASURED, warm_after=0, weight=0.1, stall_over=1.5, clip=3.0, stale_after=64
+    )
     for _ in range(1 if young else 5):
         costs.record(PLAIN, 8, False, 2.0)  # as its table says
     for _ in range(20):

@@ -154,10 +154,26 @@ def test_a_table_that_overstates_every_step_still_leaves_a_shape_to_choose() -> 
     table = {(s, b, sampled): (2.0 if s == CHAIN else 1.0) * (1 if b == 1 else 4)
              for s in SHAPES for b in (1, 8) for sampled in (False, True)}  # fmt: skip
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, probe_every=1000, reprice_every=1)
-    policy.use_costs(StepCosts((1, 8), table))
+    policy.use_costs(StepCosts((1, 8), table), warm_after=0)
     batch = requests_at([1.0] * 8)
     for _ in range(8):
         policy.observe_time(PLAIN, len(batch), True, 0.5)
     assert policy.choose(batch[:1]) == PLAIN  # the chain would commit 1.25 tokens for 2 steps
     assert policy.costs is not None  # each step priced at a quarter of its table
     assert [policy.costs.of(s, 1, True) for s in SHAPES] == [0.25 * 2.0, 0.25 * 1.0]
+
+
+def test_an_engines_first_steps_do_not_price_plain_decoding_for_the_rest_of_its_run() -> None:
+    # on the H100 a cold engine's first plain steps took about twice their table; learned, they
+    # priced plain decoding for the rest of the run, in which only drafting steps ran
+    prior = RankProfile(((0.8, 0.1), (0.0,)))  # the chain: 1.8 tokens for its 2 s
+    policy = AdaptiveShapes(SHAPES, prior=prior, hysteresis=0.0, probe_every=1000, reprice_every=1)
+    policy.use_costs(COSTS)  # the engine's default warm-up
+    batch = requests_at([1.0] * 8)
+    for _ in range(4):
+        policy.observe_time(PLAIN, len(batch), True, 2.0)
+    for _ in range(40):
+        policy.observe_time(CHAIN, len(batch), True, 2.0)  # as its table says
+    assert policy.costs is not None
+    assert policy.costs.of(PLAIN, len(batch), True) == 1.0  # its table, nothing learned
+    assert policy.choose(batch) == PLAIN  # 1 token a second against the chain's 0.9
