@@ -82,13 +82,13 @@ class LearnedCosts:
     on it to the end (64 steps did that on the H200). Once stale, the next exploration (every 16
     drafting steps) times it again. ``median_step``: the median of the last ``recent_steps``
     steps at a bucket and sampling, whatever their shape (the adaptive policy's stall limit).
-    ``warm_after``: the first steps at a bucket and sampling teach nothing (they enter its
-    median): an engine's first steps pay its one-time host work, and a kind priced by them keeps
-    that price while nothing chooses it. On the H100 the adaptive engine's first request took
-    1.16 × its second; four plain steps in it (the policy's first probes) priced plain steps at
-    0.79–0.93 ms for the whole 12-cell run, greedy and sampled (their excess lent across), where
-    they took 0.50–0.61, and no plain step ran again: at T 1, bs 32 the batch drafted at 0.96 ×
-    plain decoding.
+    ``warm_after``: the first steps at a bucket and sampling teach nothing but its median: an
+    engine's first steps pay one-time host work, and a kind priced by them keeps that price
+    while nothing chooses it (on the H100 four cold plain steps priced plain decoding at
+    0.79–0.93 ms for a whole run where it took 0.50–0.61). Nor does a plain step right after a
+    drafting one (a lone one, or a run's first): it pays the drafting step's host work (H100,
+    T 1, bs 1: lone plain steps among chain steps read back 0.66–0.94 ms, plain steps in a run
+    0.45; lent to larger buckets they kept T 1, bs 32 drafting at 0.97 × plain decoding).
     """
 
     def __init__(
@@ -113,6 +113,7 @@ class LearnedCosts:
         # a catch-up's alike: a run of plain steps keeps both kinds fresh)
         self._recorded_at: dict[tuple[DraftShape, int, bool], int] = {}
         self._records = 0
+        self._drafted_last = False
         # per (bucket, sampled, plain): the excess of plain steps (and catch-ups) and that of
         # drafting steps, apart (a drafting step's host work is the larger by far)
         self._excess: dict[tuple[int, bool, bool], _Smoothed] = {}
@@ -186,21 +187,26 @@ class LearnedCosts:
         (shape, bucket, sampled, _), rows = self._key(shape, batch_size, sampled)
         key = (shape, bucket, sampled, catch_up)
         window, ordered = self._recent.setdefault((bucket, sampled), (deque(), []))
+        # a plain step right after a drafting one paid that one's host work
+        after_drafting = shape.is_plain and self._drafted_last
+        self._drafted_last = not shape.is_plain
+        teaches = len(window) >= self._warm_after and not after_drafting
         observed = self._fresh(key)
-        if observed is None and len(window) >= self._warm_after:
-            # a new average, its estimate the first sample
+        if observed is None and teaches:  # a new average, its estimate the first sample
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)
         per_row = seconds / rows
         estimate = self._per_bucket(key) if observed is None else observed.mean
         value = min(per_row, self._clip * estimate)
-        stalled = observed is not None and self._stalled(per_row, observed, ordered)
+        stalled = observed is not None and teaches and self._stalled(per_row, observed, ordered)
         window.append(value)
         bisect.insort(ordered, value)
         if len(window) > self._recent_steps:
             del ordered[bisect.bisect_left(ordered, window.popleft())]
         self._records += 1
+        if observed is None or not teaches:
+            return
         self._recorded_at[key[:3]] = self._records
-        if observed is None or stalled:  # still warming up, or a stall
+        if stalled:
             return
         observed.add(value, self._weight)
         kind = (bucket, sampled, shape.is_plain)

@@ -54,6 +54,8 @@ def test_plain_steps_are_priced_by_the_excess_of_plain_steps_not_of_drafting_one
     # no plain step ran anywhere: plain is priced by its table alone (too low is corrected
     # when it runs; too high would never be, as nothing would choose it)
     assert costs.of(PLAIN, 1, False) == pytest.approx(1.0)
+    costs.record(PLAIN, 8, False, 9.0)  # right after a drafting step: paid its host work
+    assert costs.of(PLAIN, 1, False) == pytest.approx(1.0)
     costs.record(PLAIN, 8, False, 2.25)  # a plain step at bucket 8: 0.25 s over its table
     # now bucket 1's plain steps borrow that, not the drafting excess seen at their bucket
     assert costs.of(PLAIN, 1, False) == pytest.approx(1.0 + 0.25)
@@ -111,6 +113,8 @@ def test_a_kind_seen_only_with_the_other_sampling_lends_its_excess_across() -> N
     costs.record(CHAIN, 8, True, 6.5)  # sampled drafting: 2 over its table (4.5)
     assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.5)  # plain's, unsampled
     assert costs.of(TREE, 8, False) == pytest.approx(6.0 + 2.0)  # drafting's, sampled
+    costs.record(PLAIN, 8, True, 2.75)  # after the chain's: taught nothing
+    assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.5)
     costs.record(PLAIN, 8, True, 2.75)  # now a sampled plain step: its own kind and sampling
     assert costs.of(PLAIN, 1, True) == pytest.approx(1.5 + 0.25)
 
@@ -143,6 +147,24 @@ def test_the_first_steps_at_a_bucket_and_sampling_teach_nothing_but_their_median
     costs.record(PLAIN, 1, True, 9.0)
     assert costs.of(PLAIN, 1, True) == pytest.approx(1.5 + 0.5)
     assert costs.observations(PLAIN, 1, True) == 0
+
+
+def test_a_plain_step_right_after_a_drafting_one_teaches_nothing() -> None:
+    # on the H100 at T 1, bs 1 lone plain steps among chain steps read back 0.66-0.94 ms where
+    # a run of plain steps took 0.45: a lone step's interval pays the chain step's host work
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
+    for _ in range(4):
+        for _ in range(15):
+            costs.record(CHAIN, 1, True, 2.5)  # as its table says
+        costs.record(PLAIN, 1, True, 2.5)  # a lone plain step, 1 s over its table
+    assert costs.observations(PLAIN, 1, True) == 0
+    assert costs.of(PLAIN, 1, True) == 1.5  # its table still
+    assert costs.of(PLAIN, 8, True) == 2.5  # and nothing lent
+    for _ in range(6):
+        costs.record(PLAIN, 1, True, 1.75)  # a run of plain steps after the last lone one: each
+    assert costs.observations(PLAIN, 1, True) == 6
+    assert costs.of(PLAIN, 1, True) == pytest.approx(1.75, abs=0.02)
+    assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.25, abs=0.02)
 
 
 # catch-ups: 5 s at every bucket and sampling, one every 4 plain steps
