@@ -84,11 +84,12 @@ class LearnedCosts:
     steps at a bucket and sampling, whatever their shape (the adaptive policy's stall limit).
     ``warm_after``: the first steps at a bucket and sampling teach nothing but its median: an
     engine's first steps pay one-time host work, and a kind priced by them keeps that price
-    while nothing chooses it (on the H100 four cold plain steps priced plain decoding at
-    0.79–0.93 ms for a whole run where it took 0.50–0.61). Nor does a plain step right after a
-    drafting one (a lone one, or a run's first): it pays the drafting step's host work (H100,
-    T 1, bs 1: lone plain steps among chain steps read back 0.66–0.94 ms, plain steps in a run
-    0.45; lent to larger buckets they kept T 1, bs 32 drafting at 0.97 × plain decoding).
+    while nothing chooses it (on the H100 four cold plain steps priced plain decoding at 1.3–1.7
+    × its time at bs 1–32 for a whole run, 0.79–0.90 ms against 0.50–0.67). Nor does a plain
+    step right after a drafting one (a lone one, or a run's first): it pays the drafting step's
+    host work (H100, T 1, bs 1: lone plain steps among chain steps read back 0.66–0.94 ms, plain
+    steps in a run 0.45; lent to larger buckets they kept T 1, bs 32 drafting at 0.97 × plain
+    decoding).
     """
 
     def __init__(
