@@ -1,6 +1,6 @@
 """A shape's calibration: its steps' accepted drafts over what the model expects of them now,
-held near 1 by a prior worth a few requests, decayed by the shape's own steps (one below its
-model by the others' too), bounded."""
+held near 1 by a prior worth a few requests, decayed by the requests of the shape's own steps
+(one below its model by the others' too), bounded."""
 
 from __future__ import annotations
 
@@ -62,13 +62,30 @@ def test_bad_arguments_are_refused() -> None:
         AcceptanceCalibration(0)
 
 
+def test_a_step_ages_the_older_sums_by_its_requests_not_by_one() -> None:
+    # one step of 8 requests ages what came before as much as 8 steps of one request: a batch
+    # of one measures its shapes over as many paths as a large batch does
+    wide = AcceptanceCalibration(1, prior_weight=1.0, half_life=8.0)
+    narrow = AcceptanceCalibration(1, prior_weight=1.0, half_life=8.0)
+    for calibration in (wide, narrow):
+        calibration.record(0, accepted=16.0, modelled=1.0, requests=8)
+    wide.record(0, accepted=0.0, modelled=1.0, requests=8)
+    for _ in range(8):
+        narrow.record(0, accepted=0.0, modelled=1.0, requests=1)
+    # in both the first step's 16 drafts over 8 requests weigh half: 8 drafts over 4, then
+    # the new requests (the narrow ones aged by those after them) and the prior of 1
+    assert wide.factor(0, 1.0) == pytest.approx((8.0 + 1.0) / (4.0 + 8.0 + 1.0))
+    newer = sum(0.5 ** (k / 8.0) for k in range(8))
+    assert narrow.factor(0, 1.0) == pytest.approx((8.0 + 1.0) / (4.0 + newer + 1.0))
+
+
 def test_a_shape_priced_below_its_model_fades_back_as_others_run_and_one_above_does_not() -> None:
-    calibration = AcceptanceCalibration(3, prior_weight=1.0, half_life=1.0)
+    calibration = AcceptanceCalibration(3, prior_weight=1.0, half_life=4.0)
     calibration.record(0, accepted=0.0, modelled=1.0, requests=4)  # unlucky: 0 against 4
     calibration.record(1, accepted=8.0, modelled=1.0, requests=4)  # lucky: 8 against 4
     low, high = calibration.factor(0, 1.0), calibration.factor(1, 1.0)
     assert low < 1.0 < high
-    # shape 0 now runs no more; every step of shape 2 halves its sums (half-life 1 step),
+    # shape 0 now runs no more; every step of shape 2 halves its sums (4 requests, its half-life),
     # so its prior weighs ever more: its factor returns towards 1; shape 1's stays
     for _ in range(8):
         calibration.record(2, accepted=4.0, modelled=1.0, requests=4)
@@ -76,14 +93,14 @@ def test_a_shape_priced_below_its_model_fades_back_as_others_run_and_one_above_d
 
 
 def test_below_its_model_is_judged_against_the_model_as_it_stands_when_read() -> None:
-    calibration = AcceptanceCalibration(2, prior_weight=1.0, half_life=1.0)
+    calibration = AcceptanceCalibration(2, prior_weight=1.0, half_life=4.0)
     # shape 0's steps accepted what a young profile expected then (1 a request) ...
     calibration.record(0, accepted=4.0, modelled=1.0, requests=4)
     assert calibration.factor(0, 1.0) == pytest.approx(1.0)
     # ... and the profile, learning from other shapes' steps, now expects 2: below it
     before = calibration.factor(0, 2.0)
     assert before == pytest.approx((4.0 + 2.0) / (5.0 * 2.0))
-    for _ in range(8):  # every step of shape 1 halves shape 0's sums (half-life 1 step)
+    for _ in range(8):  # every step of shape 1 halves shape 0's sums (half-life 4 requests)
         calibration.record(1, accepted=8.0, modelled=2.0, requests=4)
     assert calibration.factor(0, 2.0) > 0.99  # back to the model it is read against
     assert calibration.factor(0, 1.0) == pytest.approx(1.0)  # where it agreed, unfaded

@@ -61,10 +61,11 @@ def _steps_until_plain(drift: float) -> int:
     """One request accepts everything for 200 steps (the estimate settles, the refreshes thin
     out to one per 64 observed steps); then a batch of eight accepts nothing: the steps until
     the policy prices plain decoding best (no explorations: a plain step explored is no
-    choice)."""
+    choice). The chain's calibration is held at its model: it prices a shape that runs by what
+    its steps accepted over hundreds of requests, and here the profile's drift is measured."""
     policy = AdaptiveShapes(
         SHAPES, prior=PESSIMISTIC, reprice_every=1, probe_every=1000, explore_every=1000,
-        drift=drift,
+        drift=drift, calibration_weight=1e6,
     )  # fmt: skip
     policy.use_costs(COSTS)
     one, eight = requests_at([0.0]), requests_at([0.0] * 8)
