@@ -38,7 +38,7 @@ class StepOutput:
     num_prefill: int  # rows [0, num_prefill) were prefills
     speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
     observed: torch.Tensor | None = None
-    observer: Callable[[Sequence[Request], list[list[int]]], None] | None = None
+    observer: Callable[[Sequence[Request], Sequence[list[int]]], None] | None = None
 
 
 def joined_phases(

@@ -239,7 +239,7 @@ class SpeculativeWorker(StepWorker):
         catch_up: bool,
         sampled: bool,
         requests: Sequence[Request],
-        rows: list[list[int]],
+        rows: Sequence[list[int]],
     ) -> None:
         """What the policy learns from the read-back decode step launched ``launched``-th: the
         time it took (when ``timed``; ``catch_up``: a plain step that extended the draft over
