@@ -170,9 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--seeds and --min-requests must be at least 1")
     options: dict[str, Any] = dict(args.option)
     known = inspect.signature(AdaptiveShapes).parameters
-    for name in options:
+    for name, value in options.items():
         if name not in known or name == "shapes":
             p.error(f"--option {name}: not an AdaptiveShapes argument")
+        if isinstance(known[name].default, int) and not isinstance(known[name].default, bool):
+            if value != int(value):
+                p.error(f"--option {name}: a whole number, got {value:g}")
+            options[name] = int(value)  # a count: an index or a range bound
     run = read_run(args.run)
     priors = read_rank_priors(args.draft_dir) if args.draft_dir else {}
     models: dict[float, DraftModel] = {}

@@ -132,8 +132,10 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     path = tmp_path / "run.json"
     path.write_text(json.dumps(bench))
     out = tmp_path / "replay.md"
-    assert policy_replay.main(["--run", str(path), "--seeds", "1", "--min-requests", "2",
-                               "--out", str(out)]) == 0  # fmt: skip
+    # a count among the options reaches the policy as one (it indexes the batch's paths)
+    argv = ["--run", str(path), "--seeds", "1", "--min-requests", "2",
+            "--option", "observe_per_step=4", "--out", str(out)]  # fmt: skip
+    assert policy_replay.main(argv) == 0
     table = [line for line in out.read_text().splitlines() if line.startswith("| 0 |")]
     assert [line.split(" | ")[1] for line in table] == ["1", "2"]
     # the replayed best fixed shape is the chain (3.2 tokens for 1.3 × a plain step)
@@ -141,6 +143,7 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     # the GPU's own adaptive ÷ best fixed: 2000 tok/s a request against the chain's 2462
     assert all(line.endswith("| 0.81 |") for line in table)
     assert capsys.readouterr().out.startswith("Policy replay of")
+    assert "observe_per_step=4)" in out.read_text().splitlines()[0]
 
 
 @pytest.mark.parametrize(
@@ -148,6 +151,7 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     [
         (["--option", "hysteresis"], "--option wants NAME=VALUE"),
         (["--option", "warp=2"], "--option warp: not an AdaptiveShapes argument"),
+        (["--option", "observe_per_step=2.5"], "--option observe_per_step: a whole number"),
         (["--draft-dir", "."], "holds no training.json"),
         (["--seeds", "0"], "must be at least 1"),
         (["--run", "no-such-run.json"], "--run no-such-run.json is not a file"),  # the last wins
