@@ -31,7 +31,8 @@ class AcceptanceCalibration:
     them: on the H100's real pair at T 0.7, bs 1, each shape was priced by its last few dozen
     steps, chain S3 at 12 % above what its fixed engine committed, and a tree whose factor
     had faded back ran again in bursts of 20–40 steps, 18 % slower than chain S5 (the cell
-    0.95 × chain S5, 37 % of its steps chain S3; replayed, 0.97 and 0.99 with requests). The
+    0.95 × chain S5, 37 % of its steps chain S3; replayed, 0.97 and 0.99 with requests; on the
+    GPU one call since, another pair, 0.94, within the 0.88–0.99 the cell swings by). The
     cost: with the prior's pull small, a shape that runs is priced by what it accepted over
     its half-life, so after a long run of one request a new batch whose text drafts worse is
     followed more slowly (a chain accepting everything for 200 steps of one request, then
