@@ -24,19 +24,19 @@ class AcceptanceCalibration:
 
     ``prior_weight``: requests' worth of agreement with the model each shape starts with, so
     that one step's luck moves its factor little; ``half_life``: the requests recorded of the
-    shape's own steps after which a step's weight halves (and, for a shape whose steps
-    accepted less than its model, of every other shape's steps too); factors are kept within
-    ``[low, high]``. Requests, not steps: a batch of one then measures its shapes over as many
-    paths as a large batch (8 recorded a step) does. Counted in steps, it kept an eighth of
-    them: on the H100's real pair at T 0.7, bs 1, each shape was priced by its last few dozen
-    steps, chain S3 at 12 % above what its fixed engine committed, and a tree whose factor
-    had faded back ran again in bursts of 20–40 steps, 18 % slower than chain S5 (the cell
-    0.95 × chain S5, 37 % of its steps chain S3; replayed, 0.97 and 0.99 with requests; on the
-    GPU one call since, another pair, 0.94, within the 0.88–0.99 the cell swings by). The
-    cost: with the prior's pull small, a shape that runs is priced by what it accepted over
-    its half-life, so after a long run of one request a new batch whose text drafts worse is
-    followed more slowly (a chain accepting everything for 200 steps of one request, then
-    nothing in a batch of eight: plain after 35 steps, 19 counted in steps).
+    shape's own steps after which a step's weight halves (and, for a shape whose steps accepted
+    less than its model, of every other shape's steps too); factors are kept within ``[low,
+    high]``. Requests, not steps: a batch of one then measures its shapes over as many paths as
+    a large batch (4 recorded a step) does. Counted in steps, it kept an eighth of what a batch
+    of 64 kept (then 8 recorded a step): on the H100's real pair at T 0.7, bs 1, each shape was
+    priced by its last few dozen steps, chain S3 at 12 % above what its fixed engine committed,
+    and a tree whose factor had faded back ran again in bursts of 20–40 steps, 18 % slower than
+    chain S5 (the cell 0.95 × chain S5, 37 % of its steps chain S3; replayed, 0.97 and 0.99 with
+    requests; on the GPU one call since, another pair, 0.94, within the 0.88–0.99 the cell
+    swings by). The cost: with the prior's pull small, a shape that runs is priced by what it
+    accepted over its half-life, so after a long run of one request a new batch whose text
+    drafts worse is followed more slowly (a chain accepting everything for 200 steps of one
+    request, then nothing in a batch of eight: plain after 35 steps, 19 counted in steps).
 
     Whether a shape is below its model is judged against the model as it stands when read
     (``factor``), as the factor is: judged against the model of its last step, a chain whose

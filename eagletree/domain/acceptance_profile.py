@@ -71,7 +71,7 @@ class AcceptanceProfile:
         offers, reached, hits = self._offers, self._reached, self._hits
         line_hits, line_reached = self._line_hits, self._line_reached
         accepted = 0
-        # (runs every step for 8 paths: no builtin calls inside the loop)
+        # (runs every step for a few paths: no builtin calls inside the loop)
         for ranks, offered in paths:
             on_line = True
             depth = 0

@@ -153,8 +153,9 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
                for b in (1, 8) for sampled in (False, True)}  # fmt: skip
     # a heavy prior: the profile stays where it is, what moves is the tree's calibration
     policy = AdaptiveShapes(
-        (chain, tree), prior=profile, prior_weight=1e6, hysteresis=0.0, reprice_every=1
-    )
+        (chain, tree), prior=profile, prior_weight=1e6, hysteresis=0.0, reprice_every=1,
+        observe_per_step=8,
+    )  # fmt: skip
     policy.use_costs(StepCosts((1, 8), seconds))
     batch = requests_at([0.0] * 8)
     modelled = expected_accepted(tree, profile)
@@ -182,8 +183,9 @@ def test_requests_in_their_first_tokens_teach_the_profile_and_calibrate_no_shape
     # settled ones alone, so the chain is priced at what those accepted
     def policy(settle_tokens: int) -> AdaptiveShapes:
         return AdaptiveShapes(
-            SHAPES, prior=PESSIMISTIC, prior_weight=1e-3, settle_tokens=settle_tokens
-        )
+            SHAPES, prior=PESSIMISTIC, prior_weight=1e-3, settle_tokens=settle_tokens,
+            observe_per_step=8,
+        )  # fmt: skip
 
     settled, mixed, everyone = policy(8), policy(8), policy(0)
     batch = requests_at([0.0] * 4, generated=8) + requests_at([0.0] * 4, generated=7)

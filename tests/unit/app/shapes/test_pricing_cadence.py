@@ -65,7 +65,7 @@ def _steps_until_plain(drift: float) -> int:
     its steps accepted over hundreds of requests, and here the profile's drift is measured."""
     policy = AdaptiveShapes(
         SHAPES, prior=PESSIMISTIC, reprice_every=1, probe_every=1000, explore_every=1000,
-        drift=drift, calibration_weight=1e6,
+        drift=drift, calibration_weight=1e6, observe_per_step=8,
     )  # fmt: skip
     policy.use_costs(COSTS)
     one, eight = requests_at([0.0]), requests_at([0.0] * 8)
