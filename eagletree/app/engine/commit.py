@@ -57,7 +57,7 @@ def commit_step(
 
 class _Columns(Sequence[list[int]]):
     """Each of ``rows`` from column ``start`` on, cut when read: an observer reads a few rows
-    of a large batch (the shape policy 8 of 64), and cutting all of them cost the host 5 µs a
+    of a large batch (the shape policy 4 of 64), and cutting all of them cost the host 5 µs a
     step at bs 64, where a small model's loop is host-bound."""
 
     def __init__(self, rows: list[list[int]], start: int) -> None:
