@@ -23,7 +23,7 @@ from eagletree.app.workers.shapes.band_acceptance import (
     drawn_band,
     temperature_band,
 )
-from eagletree.app.workers.shapes.learned_costs import LearnedCosts
+from eagletree.app.workers.shapes.learned_costs import WARM_AFTER, LearnedCosts
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.app.workers.shapes.trials import Trials
 from eagletree.domain.draft_shape import ShapeChoice, choose_shape
@@ -147,7 +147,7 @@ class AdaptiveShapes:
     def costs(self) -> LearnedCosts | None:
         return self._costs
 
-    def use_costs(self, costs: StepCosts, *, warm_after: int = 8) -> None:
+    def use_costs(self, costs: StepCosts, *, warm_after: int = WARM_AFTER) -> None:
         """Price the shapes by ``costs`` from now on, as the steps' times correct them (until
         then, every step is the default); the first ``warm_after`` steps at each bucket and
         sampling are not learned from (``LearnedCosts``)."""

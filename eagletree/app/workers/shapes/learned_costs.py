@@ -39,6 +39,8 @@ _Key = tuple["DraftShape", int, bool, bool]  # shape, bucket, sampled, a plain s
 # nothing or less (on the CPU a plain step at bucket 24 came to -0.2 ms from bucket 32's excess,
 # and no candidate was left to choose)
 _FLOOR = 0.25
+# the steps at a bucket and sampling that teach nothing but its median (``LearnedCosts``)
+WARM_AFTER = 8
 
 
 class LearnedCosts:
@@ -101,7 +103,7 @@ class LearnedCosts:
         stall_over: float = 1.5,
         stale_after: int = 16,
         recent_steps: int = 64,
-        warm_after: int = 8,
+        warm_after: int = WARM_AFTER,
     ) -> None:
         self.measured = measured
         self._warm_after = warm_after
