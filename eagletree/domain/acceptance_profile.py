@@ -55,16 +55,18 @@ class AcceptanceProfile:
         self._weight = 1.0
 
     def record(
-        self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, same_step: bool = False
+        self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
     ) -> int:
         """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
         at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
         candidates the tree offered at that depth under the accepted path (0 where the path did
-        not reach it). The counts so far decay by one step first, unless ``same_step``: more
-        paths of the step recorded last. Returns the drafts the paths accepted, within the
-        profile's depths."""
-        if not same_step:
-            self._weight /= self._decay
+        not reach it). The counts so far decay by ``steps`` steps first: the steps since the
+        one recorded last (a caller may record one step in several), 0 for more paths of that
+        step. Returns the drafts the paths accepted, within the profile's depths."""
+        if steps < 0:
+            raise ValueError(f"steps must be at least 0, got {steps}")
+        if steps:
+            self._weight /= self._decay if steps == 1 else self._decay**steps
             if self._weight > _RESCALE_ABOVE:
                 self._rescale()
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank

@@ -80,10 +80,32 @@ def test_more_paths_of_the_same_step_count_as_if_recorded_with_it() -> None:
         together.record(paths[:1])
         apart.record(paths[:1])
     assert together.record(paths) == 3  # 2 + 1 + 0 drafts
-    assert apart.record(paths[:1]) + apart.record(paths[1:], same_step=True) == 3
+    assert apart.record(paths[:1]) + apart.record(paths[1:], steps=0) == 3
     assert apart.profile() == together.profile()
     apart.record(paths[1:])  # a new step: the old counts decay first
     assert apart.profile() != together.profile()
+
+
+def test_a_record_of_several_steps_decays_the_counts_by_all_of_them() -> None:
+    # one step recorded in three: the counts before it fade as if the two steps between had
+    # been recorded too, with no paths
+    prior = RankProfile(((0.5, 0.2), (0.5, 0.2)))
+    paths = [([0, 1], [2, 2]), ([1, -1], [2, 2]), ([-1, -1], [2, 0])]
+    every = AcceptanceProfile(2, 2, prior, prior_weight=4.0, half_life=3)
+    one_in_three = AcceptanceProfile(2, 2, prior, prior_weight=4.0, half_life=3)
+    for _ in range(4):
+        every.record([])
+        every.record([])
+        every.record(paths[:1])
+        every.record(paths[1:], steps=0)
+        one_in_three.record(paths, steps=3)
+    expected = every.profile()
+    for got_row, want_row in zip(one_in_three.profile().hit_rates, expected.hit_rates, strict=True):
+        assert got_row == pytest.approx(want_row, rel=1e-12)
+    assert one_in_three.profile().line_rates == pytest.approx(expected.line_rates, rel=1e-12)
+    assert one_in_three.exposures(1, 0) == pytest.approx(every.exposures(1, 0), rel=1e-12)
+    with pytest.raises(ValueError, match="steps"):
+        one_in_three.record(paths, steps=-1)
 
 
 def test_the_decay_survives_runs_far_longer_than_a_counts_range() -> None:

@@ -23,6 +23,7 @@ from eagletree.app.workers.shapes.band_acceptance import (
     drawn_band,
     temperature_band,
 )
+from eagletree.app.workers.shapes.host_cadence import HostCadence
 from eagletree.app.workers.shapes.learned_costs import WARM_AFTER, LearnedCosts
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.app.workers.shapes.trials import Trials
@@ -58,7 +59,8 @@ class AdaptiveShapes:
     are recomputed at once after a probe is read back). ``probe_every``: a band whose estimate
     keeps choosing plain drafts once after that many plain steps (``Trials.probe_due``);
     ``observe_per_step``: requests recorded per step (4: 8 cost 37 µs of host a step at bs 8–64
-    where 4 cost 30, and replayed on two H100 runs' cells 4 chose as well); every
+    where 4 cost 30, and replayed on two H100 runs' cells 4 chose as well); ``rows_per_stride``:
+    a larger batch spreads a pricing and a record over more steps (``HostCadence``). Every
     ``explore_every`` drafting steps a close runner-up not timed at the batch's size (or timed
     too long ago, ``LearnedCosts``) runs once (``Trials.untried_near``). Plain steps explore
     nothing: from plain, a drafting step costs a catch-up besides its own, and deciding whether
@@ -111,6 +113,7 @@ class AdaptiveShapes:
         drawn_drafts: bool = False,
         calibration_weight: float = 16.0,
         settle_tokens: int = 16,
+        rows_per_stride: int = 16,
     ) -> None:
         if not shapes:
             raise ValueError("an adaptive policy needs at least one shape")
@@ -135,9 +138,12 @@ class AdaptiveShapes:
             explore_margin=explore_margin,
         )
         self._probe: DraftShape | None = None  # a probe chosen and not yet read back
-        self._observe_per_step = observe_per_step
-        self._observed_steps = 0
         self._reprice_every = reprice_every
+        self._cadence = HostCadence(
+            reprice_every=reprice_every,
+            observe_per_step=observe_per_step,
+            rows_per_stride=rows_per_stride,
+        )
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
         self._drawn = drawn_drafts  # sampling requests' rates learned apart (``drawn_band``)
@@ -187,7 +193,8 @@ class AdaptiveShapes:
             return self._current
         priced = self._priced
         bucket = costs.bucket(len(decode))
-        if priced is None or priced.bucket != bucket or priced.age >= self._reprice_every:
+        every = self._cadence.reprice_after(len(decode))
+        if priced is None or priced.bucket != bucket or priced.age >= every:
             priced = self._priced = self._price(decode, costs, bucket)
         priced.age += 1
         chosen, bands = priced.choice, priced.bands
@@ -264,23 +271,24 @@ class AdaptiveShapes:
     def observe(
         self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
     ) -> None:
-        """Record ``observe_per_step`` requests (rotating through the batch, so each band is
-        sampled in proportion to its share): the statistics need few paths per step, and
-        recording costs host time every step. A request's paths before its first
+        """Record ``observe_per_step`` requests a step (``HostCadence.sample``): the statistics
+        need few paths per step, and recording costs host time every step. A probe's step is
+        recorded at once. A request's paths before its first
         ``settle_tokens`` output tokens teach the band's profile, not the shape's calibration
         (``BandAcceptance.record``'s ``starting``)."""
         depth = shape.num_steps
         if depth == 0 or not requests:
             return
         probed, self._probe = self._probe is not None, None
+        sample = self._cadence.sample(len(requests), now=probed)
+        if sample is None:
+            return
+        indices, steps = sample
         shape_index = self._index.get(shape)
         # per band: the paths of settled requests, then those of requests in their first tokens
         by_band: dict[str, tuple[list[RankedPath], list[RankedPath]]] = {}
-        self._observed_steps += 1
-        size, settle = len(requests), self._settle_tokens
-        start = self._observed_steps * self._observe_per_step
-        for k in range(min(self._observe_per_step, size)):
-            index = (start + k) % size
+        settle = self._settle_tokens
+        for index in indices:
             path, request = paths[index], requests[index]
             settled, starting = by_band.setdefault(temperature_band(request), ([], []))
             kept = settled if len(request.output_ids) >= settle else starting
@@ -289,7 +297,14 @@ class AdaptiveShapes:
         for band, (settled, starting) in by_band.items():
             # what a probe learned decides the next step; so does a drifted estimate
             learned = self._learned_band(band)
-            if record(learned, settled, refresh=probed, shape=shape_index, starting=starting):
+            if record(
+                learned,
+                settled,
+                refresh=probed,
+                shape=shape_index,
+                starting=starting,
+                steps=steps,
+            ):
                 self._priced = None
             if not self._current.is_plain:  # drafting on merit: probe soon again if it stops
                 self._trials.drafting_on_merit(band)

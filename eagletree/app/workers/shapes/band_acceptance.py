@@ -58,9 +58,10 @@ class BandAcceptance:
     trained (``greedy`` and ``sampled``, at T 1, and ``drawn``, a T 1 draft drawn from the
     head), which replace it: greedy and T ≤ 0.5 requests start from the greedy one, T > 0.85
     from the sampled one (their drawn drafts from the drawn one), those between from the
-    means. Expected tokens are recomputed after ``refresh_steps`` recorded steps of a
-    band, then after twice as many, up to 16 times as many (a tree's expected tokens cost the
-    host a tenth of a millisecond per shape and band; a settled estimate moves slowly), at once
+    means. Expected tokens are recomputed after ``refresh_steps`` steps of a band were
+    recorded (a record of one step in several counting them all), then after twice as many, up
+    to 16 times as many (a tree's expected tokens cost the host a tenth of a millisecond per
+    shape and band; a settled estimate moves slowly), at once
     when ``record`` is told to (a probe was read back), and at once with the cadence restarted
     when the rank-0 chain's expected accepted drafts moved by ``drift`` (relative;
     ``_drifted``). Each shape's expectation is scaled by what its own steps accepted against
@@ -116,11 +117,13 @@ class BandAcceptance:
         refresh: bool = False,
         shape: int | None = None,
         starting: Sequence[RankedPath] = (),
+        steps: int = 1,
     ) -> bool:
         """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (whose
         calibration then compares them with what its model expected of them); ``starting``:
         more of the step's paths, of requests in their first tokens, which the profile learns
-        from and the calibration does not. Returns whether its expected tokens are to be
+        from and the calibration does not; ``steps``: the steps this record stands for
+        (``AcceptanceProfile.record``). Returns whether its expected tokens are to be
         recomputed before they are next read: the estimate drifted, or ``refresh``."""
         # what the model expects of the shape before the profile learns these paths
         modelled = self._modelled(band, shape) if shape is not None and paths else 0.0
@@ -130,9 +133,9 @@ class BandAcceptance:
                 self._depth, self._rank, self._prior_of(band), prior_weight=self._prior_weight
             )
             self._profiles[band] = profile
-        accepted = profile.record(paths)
+        accepted = profile.record(paths, steps=steps)
         if starting:
-            profile.record(starting, same_step=True)
+            profile.record(starting, steps=0)
         if shape is not None and paths:
             calibration = self._calibration.get(band)
             if calibration is None:
@@ -140,7 +143,7 @@ class BandAcceptance:
                     len(self.shapes), prior_weight=self._calibration_weight
                 )
             calibration.record(shape, accepted, modelled, len(paths))
-        self._stale[band] += 1
+        self._stale[band] += steps
         drifted = self._drifted(band, profile)
         if drifted:  # new text, new requests: follow them closely
             self._refreshes[band] = 0

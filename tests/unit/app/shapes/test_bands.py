@@ -91,10 +91,10 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
 
     class Counting(AcceptanceProfile):
         def record(
-            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, same_step: bool = False
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
         ) -> int:
             recorded.append((id(self), len(paths)))
-            return super().record(paths, same_step=same_step)
+            return super().record(paths, steps=steps)
 
     monkeypatch.setattr(module, "AcceptanceProfile", Counting)
     policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, observe_per_step=8)

@@ -1,0 +1,115 @@
+"""A large batch's pricing and recording spread over several steps: the same paths recorded a
+step, a record standing for the steps it covers, a probe recorded at once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.host_cadence import MAX_STRIDE
+from eagletree.app.workers.shapes.learned_costs import LearnedCosts
+from eagletree.domain.acceptance_profile import AcceptanceProfile
+from eagletree.domain.draft_shape import PLAIN, DraftShape
+
+from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+
+
+def _pricings(
+    batch_size: int, steps: int, monkeypatch: pytest.MonkeyPatch, rows_per_stride: int = 16
+) -> int:
+    """How many times a policy prices a batch of ``batch_size`` over ``steps`` steps (a
+    pricing reads every candidate's cost once)."""
+    reads: list[DraftShape] = []
+    of = LearnedCosts.of
+
+    def counted(self: LearnedCosts, shape: DraftShape, batch_size: int, sampled: bool) -> float:
+        reads.append(shape)
+        return of(self, shape, batch_size, sampled)
+
+    monkeypatch.setattr(LearnedCosts, "of", counted)
+    policy = AdaptiveShapes(
+        SHAPES, drift=float("inf"), probe_every=10**6, rows_per_stride=rows_per_stride
+    )
+    policy.use_costs(COSTS)
+    batch = requests_at([0.0] * batch_size)
+    for _ in range(steps):
+        policy.choose(batch)
+    monkeypatch.undo()
+    return len(reads) // len(SHAPES)
+
+
+@pytest.mark.parametrize(("batch_size", "every"), [(1, 4), (8, 4), (16, 4), (32, 8), (64, 16)])
+def test_a_pricing_stands_for_more_steps_the_larger_the_batch(
+    batch_size: int, every: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # reprice_every 4 steps, times one per 16 requests of the batch
+    assert _pricings(batch_size, 64, monkeypatch) == 64 // every
+
+
+def test_the_stride_stops_at_its_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 requests at 2 a stride would price once in 128 steps; the stride stops at MAX_STRIDE
+    assert _pricings(64, 128, monkeypatch, rows_per_stride=2) == 128 // (4 * MAX_STRIDE)
+
+
+def _records(batch_size: int, steps: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """(paths, steps) of each record a policy makes over ``steps`` drafting steps of a batch of
+    ``batch_size`` that accepts every draft."""
+    import eagletree.app.workers.shapes.band_acceptance as module
+
+    recorded: list[tuple[int, int]] = []
+
+    class Counting(AcceptanceProfile):
+        def record(
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+        ) -> int:
+            if steps:  # not the starting requests' part of the same step
+                recorded.append((len(paths), steps))
+            return super().record(paths, steps=steps)
+
+    monkeypatch.setattr(module, "AcceptanceProfile", Counting)
+    policy = AdaptiveShapes(SHAPES, observe_per_step=4, probe_every=10**6)
+    policy.use_costs(COSTS)
+    batch = requests_at([0.0] * batch_size)
+    for _ in range(steps):
+        policy.choose(batch)
+        policy.observe(CHAIN, batch, ACCEPTING * batch_size)
+    return recorded
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "records"),
+    [(2, [(2, 1)] * 8), (8, [(4, 1)] * 8), (32, [(8, 2)] * 4), (64, [(16, 4)] * 2)],
+)
+def test_a_large_batch_is_recorded_one_step_in_several_with_as_many_more_paths(
+    batch_size: int, records: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 4 paths a step where the batch has them, whatever its size: 8 steps of a batch of 64 are
+    # two records of 16 paths, each standing for 4 steps (the counts decay by all of them)
+    assert _records(batch_size, 8, monkeypatch) == records
+
+
+def test_a_probe_of_a_large_batch_is_recorded_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import eagletree.app.workers.shapes.band_acceptance as module
+
+    recorded: list[tuple[int, int]] = []
+
+    class Counting(AcceptanceProfile):
+        def record(
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+        ) -> int:
+            recorded.append((len(paths), steps))
+            return super().record(paths, steps=steps)
+
+    monkeypatch.setattr(module, "AcceptanceProfile", Counting)
+    # a pessimistic prior chooses plain; every plain step is due a probe
+    policy = AdaptiveShapes(SHAPES, prior=PESSIMISTIC, probe_every=1, observe_per_step=4)
+    policy.use_costs(COSTS)
+    batch = requests_at([0.0] * 64)
+    assert policy.choose(batch) == CHAIN  # the probe
+    policy.observe(CHAIN, batch, ACCEPTING * 64)
+    # its paths decide the next step: recorded with the probe's step, not held for 4
+    assert recorded == [(4, 1)]
+    assert policy.choose(batch) == CHAIN  # every draft accepted: the chain pays
+    assert policy.choose(batch) != PLAIN
