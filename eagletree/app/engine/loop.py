@@ -74,6 +74,7 @@ class Engine:
             req_to_token_pool,
             max_running_requests=max_running_requests,
             reserve_per_step=worker.reserve_per_step,
+            grow_ahead=worker.grow_ahead,
             max_prefill_tokens=max_prefill_tokens,
             prefill_step=prefill_step,
             clock=clock,

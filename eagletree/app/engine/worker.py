@@ -84,6 +84,9 @@ class Worker(Protocol):
     ``reserve_per_step``: slots the scheduler keeps backed past each running request's committed
     length before every step (1 without speculation, 2 when it may run ahead; ``2·max(S·k, N)``
     for a v2 tree worker).
+    ``grow_ahead``: slots past that the scheduler may back at once when a window grows, so that
+    windows grow one step in several (``Scheduler``); 0 for a worker that gives its windows'
+    tails back every step (v1), which would grow them again every step.
     The plan's ``retracted`` and ``released`` requests no longer own rows: a worker drops any
     device state it keeps for them. ``step`` must not synchronise with the host.
 
@@ -102,6 +105,9 @@ class Worker(Protocol):
 
     @property
     def reserve_per_step(self) -> int: ...
+
+    @property
+    def grow_ahead(self) -> int: ...
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool: ...
 

@@ -91,6 +91,10 @@ class EagleWorkerV1(TreeWorker):
         # the draft writes S·k window slots, verify N; the host knows every length in time
         return self.shape.window_len
 
+    @property
+    def grow_ahead(self) -> int:
+        return 0  # it gives the window's tail back every step
+
     def _runs_on_device(self, decode: Sequence[Request]) -> bool:
         return False  # it frees rejected slots on the host, from lengths it reads every step
 

@@ -28,6 +28,10 @@ class OracleChainWorker:
     def reserve_per_step(self) -> int:
         return 2 * self._max_emit
 
+    @property
+    def grow_ahead(self) -> int:
+        return 3 * self._max_emit  # windows grow one step in several
+
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
         return False  # it reads the requests' tokens on the host
 
