@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
 
@@ -101,6 +103,8 @@ class Worker(Protocol):
     progress lines through ``progress`` (default: a logger); returns the seconds it took.
     ``calibrate(progress)``: after that, measure what the worker's per-step choices need (an
     adaptive worker's step costs); nothing for a worker that chooses nothing.
+    ``untimed_steps()``: a context whose steps teach those choices nothing of what a step
+    costs (steps slowed by a profiler); the first step after it is not timed either.
     """
 
     @property
@@ -114,5 +118,7 @@ class Worker(Protocol):
     def capture_graphs(self, progress: Callable[[str], None] | None = None) -> float: ...
 
     def calibrate(self, progress: Callable[[str], None] | None = None) -> None: ...
+
+    def untimed_steps(self) -> AbstractContextManager[None]: ...
 
     def step(self, plan: SchedulePlan) -> StepOutput: ...

@@ -12,9 +12,10 @@ Per-request device state between steps lives in a ``DraftStateStore`` (``draft_s
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -119,6 +120,7 @@ class SpeculativeWorker(StepWorker):
         # each shape's running cost from
         self._launched = 0
         self._read_back_clock = ReadBackClock()
+        self._timing = True  # False inside ``untimed_steps``
 
     def _coins_per_step(self, shape: DraftShape) -> int:
         """Coins a sampling request spends in one step of ``shape``: its verifier's (plain
@@ -211,9 +213,12 @@ class SpeculativeWorker(StepWorker):
             if decode and self.policy.observes:
                 # a step that also prefilled took longer than its shape's step: not timed
                 timed = not phases.prefill
+                # a step inside ``untimed_steps`` does not lap the clock: neither it nor the
+                # step after it is timed
+                launched = self._launched if self._timing else None
                 paths = observed is not None
                 observer = partial(
-                    self._read_back, shape, self._launched, timed, paths, catch_up, sampled
+                    self._read_back, shape, launched, timed, paths, catch_up, sampled
                 )
             outputs.append(
                 StepOutput(
@@ -233,7 +238,7 @@ class SpeculativeWorker(StepWorker):
     def _read_back(
         self,
         shape: DraftShape,
-        launched: int,
+        launched: int | None,
         timed: bool,
         paths: bool,
         catch_up: bool,
@@ -241,15 +246,27 @@ class SpeculativeWorker(StepWorker):
         requests: Sequence[Request],
         rows: Sequence[list[int]],
     ) -> None:
-        """What the policy learns from the read-back decode step launched ``launched``-th: the
-        time it took (when ``timed``; ``catch_up``: a plain step that extended the draft over
-        its lag; ``sampled``: some request sampled), and with ``paths`` its accepted paths
-        (``rows``)."""
-        seconds = self._read_back_clock.lap(launched)
+        """What the policy learns from the read-back decode step launched ``launched``-th
+        (None: inside ``untimed_steps``): the time it took (when ``timed``; ``catch_up``: a
+        plain step that extended the draft over its lag; ``sampled``: some request sampled),
+        and with ``paths`` its accepted paths (``rows``)."""
+        seconds = None if launched is None else self._read_back_clock.lap(launched)
         if timed and seconds is not None:
             self.policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
             self.policy.observe(shape, requests, rows)
+
+    @contextlib.contextmanager
+    def untimed_steps(self) -> Iterator[None]:
+        """Steps launched inside teach the policy what they accepted, not what they cost: a
+        profiler slows a step several times over (the bench profiles a few steps of its first
+        window), and an adaptive policy that timed them priced chain S5 at 1.73 ms where it
+        takes 1.2 and ran a tree 0.89 x as fast at T 0, bs 64 (H100)."""
+        self._timing = False
+        try:
+            yield
+        finally:
+            self._timing = True
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
         """Target prefill, each request's first token, and the draft prefill whose proposals

@@ -10,6 +10,7 @@ prefill batches and the step's fused kernels, and captures the graphs; each work
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from eagletree.app.workers.forward_batches import BatchBuilder
 from eagletree.app.workers.step_graphs import DecodeFunction, DecodeStepRunner, GraphPool
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import torch
 
     from eagletree.app.engine.plan import SchedulePlan
@@ -83,6 +86,11 @@ class StepWorker(ABC):
     def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
         """Measure what the worker's per-step choices need (nothing here)."""
         return None
+
+    def untimed_steps(self) -> AbstractContextManager[None]:
+        """Steps that teach the worker's choices nothing of what a step costs (nothing here:
+        it times none)."""
+        return contextlib.nullcontext()
 
     def _new_step_runner(self, step: DecodeFunction, num_coins: int) -> DecodeStepRunner:
         """A step runner of ``step`` over this worker's buffers, buckets and graph pool."""

@@ -3,6 +3,7 @@ several tokens a step is cut at EOS and max_new_tokens and counted as acceptance
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,6 +41,9 @@ class OracleChainWorker:
 
     def calibrate(self, progress: Callable[[str], None] | None = None) -> None:
         return None  # it chooses nothing per step
+
+    def untimed_steps(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # it times nothing
 
     def step(self, plan: SchedulePlan) -> StepOutput:
         rows, emitted, committed = [], [], []

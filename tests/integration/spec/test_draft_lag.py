@@ -173,6 +173,31 @@ def test_each_read_back_decode_step_reports_the_time_of_the_shape_it_ran(
     assert catch_ups == [(3, PLAIN)]
 
 
+def test_steps_inside_untimed_steps_and_the_first_after_them_teach_no_step_time(
+    models: SpecModels,
+) -> None:
+    # a profiler's steps take several times their shape's time: the policy learns what they
+    # accepted, not what they cost, nor what the first step after them took (its read-back
+    # interval spans them)
+    policy = ScriptedShapes((TREE, PLAIN, CHAIN), [TREE])
+    spec = speculative_engine(models, 3, 2, 6, policy=policy)
+    params = SamplingParams(max_new_tokens=60)
+    for prompt in ragged_prompts(SIZES.vocab_size, [5, 9], seed=4):
+        spec.engine.submit(prompt, params)
+    for _ in range(4):
+        spec.engine.step()
+    timed, observed = len(policy.timed), len(policy.observed)
+    assert timed > 0
+    with spec.worker.untimed_steps():
+        for _ in range(3):
+            spec.engine.step()
+    assert len(policy.timed) == timed
+    assert len(policy.observed) == observed + 3 * 2  # two requests' paths a step
+    for _ in range(3):
+        spec.engine.step()
+    assert len(policy.timed) == timed + 2
+
+
 @pytest.mark.parametrize("plain_run", [4, LAG], ids=["caught-up-before-a-tree", "lag-full"])
 def test_after_a_catch_up_the_draft_is_the_one_a_prefill_of_the_same_tokens_makes(
     models: SpecModels, plain_run: int

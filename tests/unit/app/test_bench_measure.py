@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -36,9 +37,25 @@ class _Stats:
 OPS_PER_DECODE_STEP = 2  # aten::ones and aten::add_, which ScriptedEngine.step runs
 
 
+class _TimingWorker:
+    """A worker that knows whether its steps are timed (``untimed_steps``)."""
+
+    def __init__(self) -> None:
+        self.timing = True
+
+    @contextlib.contextmanager
+    def untimed_steps(self) -> Iterator[None]:
+        self.timing = False
+        try:
+            yield
+        finally:
+            self.timing = True
+
+
 class ScriptedEngine:
     """Prefills one request per step; then every running request emits ``accept`` tokens per
-    step, recorded as a speculative step when ``speculative``. Counts the steps it ran."""
+    step, recorded as a speculative step when ``speculative``. Counts the steps it ran, and
+    those its worker did not time."""
 
     def __init__(
         self,
@@ -55,6 +72,8 @@ class ScriptedEngine:
         self.stats = _Stats()
         self.num_steps = 0
         self.num_decode_steps = 0
+        self.worker = _TimingWorker()
+        self.untimed = 0
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams) -> Request:
         request = Request(len(self.requests), prompt_ids, params, max_context_len=1 << 20)
@@ -63,6 +82,7 @@ class ScriptedEngine:
 
     def step(self) -> list[Request]:
         self.num_steps += 1
+        self.untimed += not self.worker.timing
         waiting = [r for r in self.requests if r.status is RequestStatus.WAITING]
         if waiting:  # one prefill per step: the others wait, as a tight prefill budget makes them
             waiting[0].status = RequestStatus.RUNNING
@@ -125,6 +145,8 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     # 3 prefill steps, 2 warm-up, the timed ones, the profiler's unrecorded one and 1 profiled;
     # everything aborted afterwards
     assert engine.num_steps == 3 + 2 + timed_steps + PROFILE_WARMUP_STEPS + 1
+    # the profiled steps teach an adaptive worker no step's cost; the measured ones do
+    assert engine.untimed == PROFILE_WARMUP_STEPS + 1
     assert m.profile is not None and m.profile.num_steps == 1
     assert m.profile.launches_per_step == OPS_PER_DECODE_STEP  # the unrecorded step is not in it
     assert m.profile.device_ms_per_step is None  # no device on the CPU
