@@ -273,9 +273,9 @@ class AdaptiveShapes:
     ) -> None:
         """Record ``observe_per_step`` requests a step (``HostCadence.sample``): the statistics
         need few paths per step, and recording costs host time every step. A probe's step is
-        recorded at once. A request's paths before its first
-        ``settle_tokens`` output tokens teach the band's profile, not the shape's calibration
-        (``BandAcceptance.record``'s ``starting``)."""
+        recorded at once. A request's paths before its first ``settle_tokens`` output tokens
+        teach the band's profile, not the shape's calibration (``BandAcceptance.record``'s
+        ``starting``)."""
         depth = shape.num_steps
         if depth == 0 or not requests:
             return
