@@ -11,6 +11,7 @@ extending the draft over up to ``width`` of them in one forward (a catch-up) cos
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -59,6 +60,8 @@ class DraftStateStore:
         logits_width: int = 0,
     ) -> None:
         self._owner: dict[int, int] = {}  # row -> request id
+        # the requests of the last step whose rows they all owned already (None: not so)
+        self._retained: list[Request] | None = None
         # plain steps whose tokens some owned row's draft may not have read: at least any
         # row's lag (a row prefilled since lags less)
         self._lag_bound = 0
@@ -84,11 +87,16 @@ class DraftStateStore:
         plan). Returns whether they are the rows' owners already, every one (then no request
         of the plan needs ``check_owned``)."""
         self._owned_this_step = 0
+        last = self._retained
+        if last is not None and len(live) == len(last) and all(map(operator.is_, live, last)):
+            return True  # the very requests found owners at the last step: one pass, no lookups
         owner = self._owner
         if len(live) == len(owner) and all(
             r.row is not None and owner.get(r.row) == r.request_id for r in live
         ):
+            self._retained = list(live)
             return True  # the same requests as the step before: nothing to forget
+        self._retained = None
         keep = {r.row: r.request_id for r in live if r.row is not None}
         self._owner = {row: rid for row, rid in owner.items() if keep.get(row) == rid}
         if not self._owner:

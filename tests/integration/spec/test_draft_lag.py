@@ -273,3 +273,23 @@ def test_the_lag_bound_covers_every_owned_row_and_clears_only_when_none_was_left
     assert step([], [a, b, c, d], lagging=True) == 1
     store.retain([])  # every row freed
     assert store.lag_bound == 0 and len(store) == 0
+
+
+def test_only_the_very_requests_found_owners_at_the_last_step_skip_the_lookups() -> None:
+    store = DraftStateStore(8, 2, 4, torch.float32, torch.device("cpu"), lag_width=4)
+    a, b, c = (Request(i, [1, 2], SamplingParams(max_new_tokens=8), 64) for i in range(3))
+    a.admit(1, 0.0)
+    b.admit(2, 0.0)
+    assert not store.retain([a, b])  # not prefilled yet: no owners
+    assert not store.retain([a, b])  # nor the second time: nothing learned it from a miss
+    store.own([a, b])
+    assert store.retain([a, b]) and store.retain([a, b])
+    assert store.retain([b, a])  # another order: looked up, the same owners
+    c.admit(2, 0.0)  # b ended; c took its row
+    assert not store.retain([a, c])
+    assert len(store) == 1  # b's state on c's row forgotten, not taken for c's
+    store.own([c])
+    assert store.retain([a, c]) and store.retain([a, c])
+    assert not store.retain([a]) and len(store) == 1  # c ended: its row forgotten, a's kept
+    with pytest.raises(RuntimeError, match="never prefilled"):
+        store.check_owned([b])
