@@ -66,7 +66,7 @@ class AcceptanceProfile:
         if steps < 0:
             raise ValueError(f"steps must be at least 0, got {steps}")
         if steps:
-            self._weight /= self._decay if steps == 1 else self._decay**steps
+            self._weight /= self._decay**steps
             if self._weight > _RESCALE_ABOVE:
                 self._rescale()
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank

@@ -221,19 +221,14 @@ class Scheduler:
         ]
         if not trimmed:
             return 0
-        table = self._req_to_token_pool.req_to_token
-        width = table.shape[1]
-        cells: list[int] = []
+        flat_cells = self._row_cells([(r, end, r.allocated_len) for r, end in trimmed])
         for request, end in trimmed:
-            assert request.row is not None, request
-            base = request.row * width
-            cells.extend(range(base + end, base + request.allocated_len))
             request.shrink_window(end)
-        flat_cells = to_device(torch.tensor(cells, dtype=torch.int64), table.device)
+        table = self._req_to_token_pool.req_to_token
         slots = table.view(-1)[flat_cells].to(torch.int64)  # a copy: the cells are cleared next
         table.view(-1)[flat_cells] = 0
         self._allocator.free(slots)
-        return len(cells)
+        return flat_cells.numel()
 
     def must_retract(self) -> bool:
         """Whether the next ``schedule`` would retract: the running windows cannot all grow,
@@ -289,29 +284,31 @@ class Scheduler:
 
     def _grow_windows(self, targets: Sequence[tuple[Request, int]]) -> None:
         """Back ``req_to_token[row, allocated:target]`` with fresh slots, in one allocation."""
-        # the req_to_token cell of each new slot, request by request, built in Python: a few
-        # hundred ints cost less host time than a chain of small torch calls
-        cells: list[int] = []
-        growing = []
-        width = self._req_to_token_pool.req_to_token.shape[1]
-        for request, target in targets:
-            allocated = request.allocated_len
-            if target > allocated:
-                assert request.row is not None, request
-                base = request.row * width
-                cells.extend(range(base + allocated, base + target))
-                growing.append((request, target))
+        growing = [(r, target) for r, target in targets if target > r.allocated_len]
         if not growing:
             return
-        total = len(cells)
+        flat_cells = self._row_cells([(r, r.allocated_len, target) for r, target in growing])
+        total = flat_cells.numel()
         slots = self._allocator.alloc(total)
         if slots is None:
             raise OutOfSlots(total, self._allocator.available_size())
         table = self._req_to_token_pool.req_to_token
-        flat_cells = to_device(torch.tensor(cells, dtype=torch.int64), table.device)
         table.view(-1)[flat_cells] = slots.to(table.dtype)
         for request, target in growing:
             request.grow_window(target)
+
+    def _row_cells(self, spans: Sequence[tuple[Request, int, int]]) -> torch.Tensor:
+        """The flat req_to_token cells of columns ``[start, end)`` of each ``(request, start,
+        end)``'s row, on the table's device (n,) int64: built in Python, a few hundred ints
+        cost less host time than a chain of small torch calls."""
+        table = self._req_to_token_pool.req_to_token
+        width = table.shape[1]
+        cells: list[int] = []
+        for request, start, end in spans:
+            assert request.row is not None, request
+            base = request.row * width
+            cells.extend(range(base + start, base + end))
+        return to_device(torch.tensor(cells, dtype=torch.int64), table.device)
 
     def shrink_window(self, request: Request, new_allocated_len: int) -> None:
         """Free the slots of ``req_to_token[row, new_allocated_len:allocated]`` now (v1 only)."""

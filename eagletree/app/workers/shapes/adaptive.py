@@ -140,9 +140,7 @@ class AdaptiveShapes:
         self._probe: DraftShape | None = None  # a probe chosen and not yet read back
         self._reprice_every = reprice_every
         self._cadence = HostCadence(
-            reprice_every=reprice_every,
-            observe_per_step=observe_per_step,
-            rows_per_stride=rows_per_stride,
+            observe_per_step=observe_per_step, rows_per_stride=rows_per_stride
         )
         self._priced: _Pricing | None = None
         self._stall_ratio = stall_ratio
@@ -193,7 +191,7 @@ class AdaptiveShapes:
             return self._current
         priced = self._priced
         bucket = costs.bucket(len(decode))
-        every = self._cadence.reprice_after(len(decode))
+        every = self._reprice_every * self._cadence.stride(len(decode))
         if priced is None or priced.bucket != bucket or priced.age >= every:
             priced = self._priced = self._price(decode, costs, bucket)
         priced.age += 1

@@ -8,18 +8,18 @@ MAX_STRIDE = 4
 
 
 class HostCadence:
-    """The steps a pricing stands for and the requests each record samples, by batch size.
+    """The steps a pricing's host work is spread over and the requests each record samples, by
+    batch size.
 
-    A batch of k × ``rows_per_stride`` requests (k ≤ ``MAX_STRIDE``) is priced every k ×
-    ``reprice_every`` steps and recorded one step in k, ``observe_per_step`` requests a step
-    taken from that one: the same paths a step, the per-call host work of a pricing or a record
-    spread over k steps. Where a small model's loop is host-bound (bs 32–64) every host
+    A batch of k × ``rows_per_stride`` requests (k ≤ ``MAX_STRIDE``) is priced k times as
+    rarely as a small one (``stride``) and recorded one step in k, ``observe_per_step`` requests
+    a step taken from that one: the same paths a step, the per-call host work of a pricing or a
+    record spread over k steps. Where a small model's loop is host-bound (bs 32–64) every host
     microsecond lengthens its steps, and there the policy cost 83 µs a step on the H100's host;
     a pricing then stands for as many requests as at bs 16. A record's sample rotates through
     the batch, so that each temperature band is sampled in proportion to its share."""
 
-    def __init__(self, *, reprice_every: int, observe_per_step: int, rows_per_stride: int) -> None:
-        self._reprice_every = reprice_every
+    def __init__(self, *, observe_per_step: int, rows_per_stride: int) -> None:
         self._observe_per_step = observe_per_step
         self._rows_per_stride = rows_per_stride
         self._next_row = 0  # where the next record's sample starts in the batch
@@ -28,10 +28,6 @@ class HostCadence:
     def stride(self, batch_size: int) -> int:
         """The steps one pricing's and one record's host work is spread over."""
         return min(max(batch_size // self._rows_per_stride, 1), MAX_STRIDE)
-
-    def reprice_after(self, batch_size: int) -> int:
-        """The steps a pricing of a batch of ``batch_size`` stands for."""
-        return self._reprice_every * self.stride(batch_size)
 
     def sample(self, batch_size: int, *, now: bool) -> tuple[list[int], int] | None:
         """One more step read back: the batch indices to record now and the steps the record
