@@ -61,11 +61,13 @@ class AdaptiveShapes:
     ``observe_per_step``: requests recorded per step (4: 8 cost 37 µs of host a step at bs 8–64
     where 4 cost 30, and replayed on two H100 runs' cells 4 chose as well); ``rows_per_stride``:
     a larger batch spreads a pricing and a record over more steps (``HostCadence``). Every
-    ``explore_every`` drafting steps a close runner-up not timed at the batch's size (or timed
-    too long ago, ``LearnedCosts``) runs once (``Trials.untried_near``). Plain steps explore
-    nothing: from plain, a drafting step costs a catch-up besides its own, and deciding whether
-    drafting pays is the probes' (on the H200, explorations among plain steps were one step in
-    eight at T 1, bs 32, each a tree step three times a plain one). The shapes are priced again
+    ``explore_every`` drafting steps a close drafting runner-up not timed at the batch's size
+    (or timed too long ago, ``LearnedCosts``) runs once (``Trials.untried_near``). Plain steps
+    explore nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
+    whether drafting pays is the probes' (on the H200, explorations among plain steps were one
+    step in eight at T 1, bs 32, each a tree step three times a plain one); nor is plain
+    explored from drafting steps: a lone plain step there teaches no time, and costs a catch-up
+    after it. The shapes are priced again
     every ``reprice_every`` steps, when the batch moves to another bucket of the step costs and
     after a probe is read back; in between the last pricing stands (pricing every candidate is
     most of the policy's host time, a step's estimates move by one smoothed sample, and within a

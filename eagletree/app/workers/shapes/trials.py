@@ -82,15 +82,19 @@ class Trials:
         short: Sequence[bool],
         observations: Callable[[DraftShape], int],
     ) -> DraftShape | None:
-        """The best-looking shape other than the choice whose steps were timed fewer than twice
-        (``observations``: at this batch's bucket and sampling), if its estimate is within
-        ``explore_margin`` of the choice's: until it runs, its time is the start-up table's
-        guess, which can rank two close shapes wrongly (one step of it settles that, at a cost
-        of that margin at most)."""
+        """The best-looking drafting shape other than the choice whose steps were timed fewer
+        than twice (``observations``: at this batch's bucket and sampling), if its estimate is
+        within ``explore_margin`` of the choice's: until it runs, its time is the start-up
+        table's guess, which can rank two close shapes wrongly (one step of it settles that, at
+        a cost of that margin at most). Never plain: a lone plain step among drafting ones is
+        not timed (it pays their host work, ``LearnedCosts``), so it stayed untried and ran
+        every ``explore_every`` steps for good, each with the catch-up the next drafting step
+        needs (on the H100, T 1, bs 8–64: a plain step and a catch-up every 16 chain S3 steps,
+        1.34 ms for 2 tokens where chain S3 committed them in 1.17)."""
         near = [
             (rate, -i)
             for i, shape, rate in self._near(choice, short)
-            if shape != choice.shape and observations(shape) < 2
+            if shape != choice.shape and not shape.is_plain and observations(shape) < 2
         ]
         return self.shapes[-max(near)[1]] if near else None
 

@@ -127,3 +127,26 @@ def test_by_default_a_shape_a_little_faster_than_the_current_one_is_taken() -> N
     for policy, expected in ((default, CHAIN), (margin, PLAIN)):
         policy.use_costs(costs)
         assert policy.choose(requests_at([0.0] * 4)) == expected  # from plain, its first shape
+
+
+def test_drafting_steps_never_explore_plain_however_close_and_untimed() -> None:
+    # the chain commits 2.18 tokens in 1.9 s (1.15 a second), plain 1 in 1 s: plain is a close
+    # runner-up (within the 20 % margin) never timed, yet a lone plain step among chain steps
+    # would teach no time; a tree as close (0.95 a second) is explored instead
+    prior = RankProfile(((0.6, 0.3),))
+    tree = DraftShape(3, 2, 6)
+    tree_tokens = 1 + expected_accepted(tree, prior)
+    for shapes, table in (
+        ((CHAIN, PLAIN), {CHAIN: 1.9, PLAIN: 1.0}),
+        ((CHAIN, tree, PLAIN), {CHAIN: 1.9, tree: tree_tokens / 0.95, PLAIN: 1.0}),
+    ):
+        policy = AdaptiveShapes(
+            shapes, prior=prior, prior_weight=1e9, calibration_weight=1e9, hysteresis=0.0,
+            probe_every=1000, explore_every=4, stall_ratio=4.0,
+        )  # fmt: skip
+        policy.use_costs(costs_of(table), warm_after=0)
+        batch = requests_at([0.0])
+        ran = [policy.choose(batch) for _ in range(32)]  # nothing timed: untried throughout
+        assert PLAIN not in ran
+        explored = [shape for shape in ran if shape != CHAIN]
+        assert explored == ([tree] * 8 if tree in shapes else [])  # every fourth step
