@@ -41,12 +41,14 @@ def profile_decode(
     cuda: bool,
     lockstep: Lockstep = ALONE,
     trace: Path | None = None,
+    top: int = 12,
 ) -> ProfileCounts:
     """Run ``num_steps`` steps under ``torch.profiler`` and count what each one launched;
-    ``trace``: also write the profile as a Chrome trace there. One step before them runs
-    under the profiler unrecorded, so the recorded steps start with the device still busy, as
-    in steady decoding (after a synchronisation the first step's host work would count as
-    device idle time); what that step runs on the device inside the window is not counted."""
+    ``trace``: also write the profile as a Chrome trace there; ``top``: how many of the
+    costliest kernels to keep. One step before them runs under the profiler unrecorded, so the
+    recorded steps start with the device still busy, as in steady decoding (after a
+    synchronisation the first step's host work would count as device idle time); what that step
+    runs on the device inside the window is not counted."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     recorded = schedule(wait=0, warmup=PROFILE_WARMUP_STEPS, active=num_steps, repeat=1)
     untimed = engine.worker.untimed_steps()  # they teach an adaptive policy no step's cost
@@ -71,7 +73,7 @@ def profile_decode(
         launches / num_steps,
         None if device_ms is None else device_ms / num_steps,
         1000.0 * wall_s / num_steps,
-        top_kernels(events, num_steps) if cuda else (),
+        top_kernels(events, num_steps, top) if cuda else (),
         device_gaps(device_spans(events), num_steps) if cuda else None,
     )
 
