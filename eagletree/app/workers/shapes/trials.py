@@ -89,8 +89,8 @@ class Trials:
         a cost of that margin at most). Never plain: a lone plain step among drafting ones is
         not timed (it pays their host work, ``LearnedCosts``), so it stayed untried and ran
         every ``explore_every`` steps for good, each with the catch-up the next drafting step
-        needs (on the H100, T 1, bs 8–64: a plain step and a catch-up every 16 chain S3 steps,
-        1.34 ms for 2 tokens where chain S3 committed them in 1.17)."""
+        needs (on the H100, T 1, bs 8–64: a plain step and a catch-up every 16 chain S3 steps; at
+        bs 64 1.34 ms for 2 tokens where chain S3 committed them in 1.17)."""
         near = [
             (rate, -i)
             for i, shape, rate in self._near(choice, short)
