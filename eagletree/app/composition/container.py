@@ -91,6 +91,7 @@ class Container(PoolProviders):
             coins=triton_coins.uniform_coins,
             argmax=triton_row_argmax.row_argmax,
             tempered_probs=triton_tempered_probs.tempered_probs,
+            sample=triton_draw_children.sample_from_probs,
             top_k=triton_draft_topk.top_k_probs,
             build_tree=triton_tree_build.build_tree,
             beam_step=triton_beam_step.beam_step,

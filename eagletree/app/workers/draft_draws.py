@@ -111,6 +111,7 @@ class DraftDraws:
                 coins,
                 bonus,
                 self._token_ids,
+                self._kernels.sample,
             )
         root = torch.full((bs, 1), -1, dtype=torch.int64, device=candidates.device)
         return self._kernels.verify_drawn(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.engine.transfers import to_device
-from eagletree.domain.sampling import filtered_probs, sample_from_probs, tempered_probs
+from eagletree.domain.sampling import filtered_probs, tempered_probs
 
 if TYPE_CHECKING:
     from eagletree.app.workers.step_kernels import CoinSource, StepKernels, TemperedProbs
@@ -144,7 +144,7 @@ def sample_tokens(
     if sampling.all_greedy:
         return kernels.argmax(logits)
     probs = sampling.probs(logits, tempered=kernels.tempered_probs)
-    return sample_from_probs(probs, sampling.coins(kernels.coins, 1)[:, 0])
+    return kernels.sample(probs, sampling.coins(kernels.coins, 1)[:, 0])
 
 
 def sample_next_tokens(

@@ -16,7 +16,12 @@ from eagletree.domain.accepted_path import accepted_path_ranks
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.draft_lag import plain_step_writes
-from eagletree.domain.sampling import greedy_tokens, tempered_probs, top_k_probs
+from eagletree.domain.sampling import (
+    greedy_tokens,
+    sample_from_probs,
+    tempered_probs,
+    top_k_probs,
+)
 from eagletree.domain.tree import BeamStep, DraftTree, beam_step, build_tree
 from eagletree.domain.tree_sampling import draw_children, verify_tree_drawn
 from eagletree.domain.verify import VerifyResult, verify_tree_greedy
@@ -28,6 +33,9 @@ Argmax = Callable[[torch.Tensor], torch.Tensor]
 # domain.sampling.tempered_probs's signature: (logits (rows, V), temperature (rows,)) ->
 # (rows, V) float32, one-hot rows where the temperature is <= 0
 TemperedProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+# domain.sampling.sample_from_probs's signature: (probs (rows, V) non-negative, coins (rows,))
+# -> (rows,) int64, each row's inverse-CDF sample
+SampleFromProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TopK(Protocol):
@@ -67,14 +75,15 @@ PlainStepWrites = Callable[..., None]
 
 
 class StepKernels(NamedTuple):
-    """Sampling coins, the greedy argmax, the tempered softmax, the draft's top-k, the beam
-    step, the verify tree, greedy tree verification, the compaction plan, the accepted path's
-    ranks, a plain step's per-row writes, a drawn node's children and the verification of drawn
-    trees (defaults: the torch references)."""
+    """Sampling coins, the greedy argmax, the tempered softmax, a row's inverse-CDF sample,
+    the draft's top-k, the beam step, the verify tree, greedy tree verification, the compaction
+    plan, the accepted path's ranks, a plain step's per-row writes, a drawn node's children and
+    the verification of drawn trees (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
     tempered_probs: TemperedProbs = tempered_probs
+    sample: SampleFromProbs = sample_from_probs
     top_k: TopK = top_k_probs
     build_tree: TreeBuild = build_tree
     beam_step: BeamStepFn = beam_step

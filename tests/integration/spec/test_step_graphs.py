@@ -342,3 +342,32 @@ def test_the_triton_draws_and_walk_of_a_drawn_tree_sample_what_the_torch_ones_sa
     )
     assert _run_workload(fused.engine, prompts, params) == expected
     assert fused.engine.stats.num_retracted > 0
+
+
+def test_the_triton_sample_of_first_tokens_and_chain_bonuses_samples_what_the_torch_one_does(
+    models_cache: Callable[..., SpecModels], device: torch.device
+) -> None:
+    """The one-launch inverse-CDF sample (a prefill's first tokens, a drawn chain's bonus) in
+    the worker, padded (and on CUDA graphed), against the torch reference: the same seeded
+    samples."""
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draw_children import sample_from_probs
+
+    models = models_cache("llama", "eagle", device)
+    backend = "triton" if device.type == "cuda" else "torch"
+    prompts, params = _workload(1.0)
+    options: dict[str, Any] = {"backend": backend, "pool_size": 100, "max_running": 6}
+    reference = speculative_engine(models, 3, 1, 4, draw_drafts=True, **options)
+    expected = _run_workload(reference.engine, prompts, params)
+    fused = speculative_engine(
+        models,
+        3,
+        1,
+        4,
+        draw_drafts=True,
+        kernels=REFERENCE_KERNELS._replace(sample=sample_from_probs),
+        graph_buckets=BUCKETS,
+        use_cuda_graphs=device.type == "cuda",
+        **options,
+    )
+    assert _run_workload(fused.engine, prompts, params) == expected

@@ -1,9 +1,10 @@
 """Step kernels compile for an H100/H200 (sm_90) on a machine without a GPU — the drawn trees'
-draws and walk, a plain step's writes and the tempered softmax: the interpreter runs them on
-the CPU, but a kernel the interpreter accepts may still fail Triton's compiler (types of
-loop-carried values, constant conditions), which only a GPU run would otherwise show. Compiled
-in a subprocess without ``TRITON_INTERPRET`` (under it the kernels are interpreted functions,
-which the compiler does not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
+draws (one child a row: a sampled token) and walk, a plain step's writes and the tempered
+softmax: the interpreter runs them on the CPU, but a kernel the interpreter accepts may still
+fail Triton's compiler (types of loop-carried values, constant conditions), which only a GPU
+run would otherwise show. Compiled in a subprocess without ``TRITON_INTERPRET`` (under it the
+kernels are interpreted functions, which the compiler does not take); Triton's wheel carries
+the ``ptxas`` the last stage needs."""
 
 from __future__ import annotations
 
@@ -62,6 +63,10 @@ SCRIPT = textwrap.dedent(
             draw_children._draw_children_kernel, draws,
             {"K": 8, "BLOCK_K": 16, "BLOCK_V": 1024, "NUM_BLOCKS": 128},
         ),
+        (  # one child a row: a sampled token
+            draw_children._draw_children_kernel, draws,
+            {"K": 1, "BLOCK_K": 16, "BLOCK_V": 1024, "NUM_BLOCKS": 16},
+        ),
         (
             tree_sampling._verify_tree_drawn_kernel, walk,
             {"K": 2, "HAS_MAP": True, "BLOCK_N": 16, "BLOCK_K": 16, "BLOCK_V": 1024,
@@ -90,4 +95,4 @@ def test_the_step_kernels_compile_for_sm_90() -> None:
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 6, done.stdout
+    assert done.stdout.count("compiled") == 7, done.stdout

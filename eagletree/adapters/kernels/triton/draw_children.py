@@ -150,3 +150,15 @@ def draw_children(
         num_warps=4,
     )
     return columns, drawn, scores
+
+
+def sample_from_probs(
+    probs: torch.Tensor, coins: torch.Tensor, *, block_v: int = 1024
+) -> torch.Tensor:
+    """``domain.sampling.sample_from_probs`` in one launch: ``probs`` (rows, V) non-negative,
+    ``coins`` (rows,) → (rows,) int64. A row's sample is the first of its drawn children, so
+    this is the draws' kernel with one child a row: two passes over the vocabulary where the
+    reference's scan takes a cumulative sum over the whole (rows, V) (41 µs of a plain step's
+    0.45 ms at bs 64 on the H100) and five more launches."""
+    columns, _, _ = draw_children(probs, coins.unsqueeze(1), block_v=block_v)
+    return columns[:, 0]

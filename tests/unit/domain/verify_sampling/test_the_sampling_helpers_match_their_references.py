@@ -120,3 +120,29 @@ def test_the_triton_tempered_softmax_equals_the_reference(
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
     assert torch.equal(got > 0, expected > 0)  # -inf columns stay impossible
     assert torch.allclose(got.sum(dim=1), torch.ones(rows), atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("vocab", "block_v"), [(50, 16), (37, 64), (9, 16)])
+def test_the_triton_sample_equals_the_reference(device: str, vocab: int, block_v: int) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.draw_children import (
+        sample_from_probs as triton_sample,
+    )
+
+    gen = torch.Generator().manual_seed(vocab)
+    rows = 20  # the interpreter runs a program per row
+    # unnormalised dyadic weights (every partial sum exact: the two scans' orders agree), with
+    # zeros inside, at the edges and across whole blocks; a one-hot row, an all-zero row
+    weights = (torch.randint(0, 5, (rows, vocab), generator=gen) ** 2).float() / 8
+    weights[1, block_v : 2 * block_v] = 0.0
+    weights[2] = 0.0
+    weights[2, vocab - 1] = 3.0
+    weights[3] = 0.0
+    weights[4, :3] = weights[4, -3:] = 0.0
+    coins = edgy_coins((rows,), gen)
+    expected = sample_from_probs(weights, coins)
+    got = triton_sample(weights.to(device), coins.to(device), block_v=block_v).cpu()
+    assert got.dtype == torch.int64 and got.shape == (rows,)
+    assert torch.equal(got, expected)
+    assert got[2] == vocab - 1 and got[3] == 0
