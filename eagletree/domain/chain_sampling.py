@@ -15,11 +15,13 @@ a draft that spreads as the target does is taken however spread both are.
 
 Greedy requests in a sampling batch have one-hot p and q (their argmaxes): a draft is accepted iff
 it is the target's argmax, and the residual is the target's argmax — the greedy chain's rule.
+
+The worker verifies a chain with the drawn trees' walk (``tree_sampling.verify_tree_drawn``, one
+fused launch), which over a tree of width one is this rule: the tests hold the two equal, and
+this is the rule as the papers state it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
@@ -35,7 +37,6 @@ def verify_chain_sampled(
     coins: torch.Tensor,
     bonus_coins: torch.Tensor,
     token_ids: torch.Tensor | None = None,
-    sample: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = sample_from_probs,
 ) -> VerifyResult:
     """Speculative sampling along each request's chain of S sampled drafts.
 
@@ -46,7 +47,6 @@ def verify_chain_sampled(
     (V_draft,) name in target ids (None: column i is token i); ``draft_token_probs`` (bs, S): the
     probability each draft had when drawn; ``coins`` (bs, S) and ``bonus_coins`` (bs,) uniform in
     [0, 1). Node i of request b is global node b·(S + 1) + i, as a chain's tree numbers them.
-    ``sample``: the bonus's inverse-CDF draw (``sample_from_probs``, or a kernel computing it).
     """
     bs, n = candidates.shape
     depth = n - 1
@@ -67,7 +67,7 @@ def verify_chain_sampled(
     residual = torch.where(full, target_row, (target_row - draft_row).clamp(min=0.0))
     # p == q leaves no residual, and then nothing is ever rejected there: any row will do
     usable = residual.sum(dim=1, keepdim=True) > 0
-    bonus = sample(torch.where(usable, residual, target_row), bonus_coins)
+    bonus = sample_from_probs(torch.where(usable, residual, target_row), bonus_coins)
     # node i < a predicts the next draft, node a the bonus, the rest nothing
     nodes = torch.arange(n, device=device).unsqueeze(0)  # (1, S + 1)
     padded = torch.cat([drafts, drafts.new_zeros(bs, 1)], dim=1)  # (bs, S + 1)

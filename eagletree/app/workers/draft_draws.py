@@ -1,9 +1,11 @@
 """The drafts of a step that draws them: each node's children drawn from the draft's
 distribution at its request's sampling (temperature, top-k, top-p), without replacement, with
-the step's coins, and what each was drawn from kept for the verification — speculative sampling
-along a chain (``domain.chain_sampling``), recursive rejection sampling over a tree
-(``domain.tree_sampling``). A node is then accepted with probability 1 − TV(p, q) rather than
-the target's probability of the draft's top token, which at temperature 1 is far less.
+the step's coins, and what each was drawn from kept for the verification: recursive rejection
+sampling over the tree (``domain.tree_sampling``), which over a chain (a tree of width one) is
+speculative sampling (``domain.chain_sampling``), one launch where the kernels are fused (a
+chain's torch walk took some thirty). A node is then accepted with probability 1 − TV(p, q)
+rather than the target's probability of the draft's top token, which at temperature 1 is far
+less.
 
 Greedy requests in the batch keep the draft's top k (their argmax chain, where k = 1), verified
 by the same walk, which accepts exactly their target's argmax path.
@@ -21,7 +23,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
-from eagletree.domain.chain_sampling import verify_chain_sampled
 
 if TYPE_CHECKING:
     from eagletree.app.workers.sampler import SamplingInputs
@@ -64,7 +65,6 @@ class DraftDraws:
         self._shape = shape
         self._kernels = kernels
         self._distributions: list[torch.Tensor] = []  # per depth (bs, rows a request, V_draft)
-        self._drawn: list[torch.Tensor] = []  # per depth (bs, rows a request · k) float32
 
     def __call__(
         self, logits: torch.Tensor, k: int, token_ids: torch.Tensor | None = None
@@ -80,14 +80,13 @@ class DraftDraws:
         coins = self._coins[:, start : start + per_request * k].reshape(-1, k)  # (rows, k)
         # (rows, V_draft)
         probs = self._sampling.probs(logits, per_request, self._kernels.tempered_probs)
-        columns, drawn, scores = self._kernels.draw_children(probs, coins)
+        columns, _, scores = self._kernels.draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
             top_p, top_columns = self._kernels.top_k(logits, k)
             columns = torch.where(greedy.unsqueeze(1), top_columns, columns)
             scores = torch.where(greedy.unsqueeze(1), top_p, scores)
         self._distributions.append(probs.view(bs, per_request, probs.shape[1]))
-        self._drawn.append(drawn.view(bs, -1))
         tokens = columns if self._token_ids is None else self._token_ids[columns]
         return scores, tokens
 
@@ -102,17 +101,6 @@ class DraftDraws:
         draft_probs = torch.cat(self._distributions, dim=1)  # (bs, 1 + (S − 1)·k, V_draft)
         first = _draw_coins(self._shape)
         coins, bonus = self._coins[:, first : first + n - 1], self._coins[:, first + n - 1]
-        if k == 1:
-            return verify_chain_sampled(
-                candidates,
-                target_probs.view(bs, n, -1),
-                draft_probs,
-                torch.cat(self._drawn, dim=1),
-                coins,
-                bonus,
-                self._token_ids,
-                self._kernels.sample,
-            )
         root = torch.full((bs, 1), -1, dtype=torch.int64, device=candidates.device)
         return self._kernels.verify_drawn(
             candidates,

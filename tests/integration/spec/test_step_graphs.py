@@ -344,14 +344,15 @@ def test_the_triton_draws_and_walk_of_a_drawn_tree_sample_what_the_torch_ones_sa
     assert fused.engine.stats.num_retracted > 0
 
 
-def test_the_triton_sample_of_first_tokens_and_chain_bonuses_samples_what_the_torch_one_does(
+def test_a_drawn_chain_and_its_first_tokens_sample_with_the_triton_kernels_what_torch_does(
     models_cache: Callable[..., SpecModels], device: torch.device
 ) -> None:
-    """The one-launch inverse-CDF sample (a prefill's first tokens, a drawn chain's bonus) in
-    the worker, padded (and on CUDA graphed), against the torch reference: the same seeded
-    samples."""
+    """A drawn chain through the one-launch draws and drawn trees' walk (the chain is its tree
+    of width one), its requests' first tokens through the one-launch inverse-CDF sample,
+    padded (and on CUDA graphed), against the torch references: the same seeded samples."""
     requires_triton(device)
-    from eagletree.adapters.kernels.triton.draw_children import sample_from_probs
+    from eagletree.adapters.kernels.triton.draw_children import draw_children, sample_from_probs
+    from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
 
     models = models_cache("llama", "eagle", device)
     backend = "triton" if device.type == "cuda" else "torch"
@@ -365,7 +366,9 @@ def test_the_triton_sample_of_first_tokens_and_chain_bonuses_samples_what_the_to
         1,
         4,
         draw_drafts=True,
-        kernels=REFERENCE_KERNELS._replace(sample=sample_from_probs),
+        kernels=REFERENCE_KERNELS._replace(
+            sample=sample_from_probs, draw_children=draw_children, verify_drawn=verify_tree_drawn
+        ),
         graph_buckets=BUCKETS,
         use_cuda_graphs=device.type == "cuda",
         **options,
