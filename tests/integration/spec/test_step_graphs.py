@@ -311,45 +311,19 @@ def test_padded_triton_tree_steps_match_unpadded_ones(
     assert [r.output_ids for r in padded.engine.generate(prompts, max_new_tokens=5)] == expected
 
 
-def test_the_triton_draws_and_walk_of_a_drawn_tree_sample_what_the_torch_ones_sample(
-    models_cache: Callable[..., SpecModels], device: torch.device
+@pytest.mark.parametrize(
+    ("shape", "pool_size"), [((3, 2, 5), 100), ((3, 1, 4), 60)], ids=["tree", "chain"]
+)
+def test_the_triton_draws_walk_and_sample_of_drawn_drafts_sample_what_the_torch_ones_sample(
+    models_cache: Callable[..., SpecModels],
+    device: torch.device,
+    shape: tuple[int, int, int],
+    pool_size: int,
 ) -> None:
-    """The one-launch draws and verification of drawn trees in the worker, padded (and on CUDA
-    graphed), against the torch references: the same seeded samples, retractions and an abort."""
-    requires_triton(device)
-    from eagletree.adapters.kernels.triton.draw_children import draw_children
-    from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
-
-    models = models_cache("llama", "eagle", device)
-    backend = "triton" if device.type == "cuda" else "torch"
-    prompts, params = _workload(1.0)
-    options: dict[str, Any] = {"backend": backend, "pool_size": 100, "max_running": 6}
-    # a narrow tree: the interpreter runs a program per row and draw
-    reference = speculative_engine(models, 3, 2, 5, draw_drafts=True, **options)
-    expected = _run_workload(reference.engine, prompts, params)
-    fused = speculative_engine(
-        models,
-        3,
-        2,
-        5,
-        draw_drafts=True,
-        kernels=REFERENCE_KERNELS._replace(
-            draw_children=draw_children, verify_drawn=verify_tree_drawn
-        ),
-        graph_buckets=BUCKETS,
-        use_cuda_graphs=device.type == "cuda",
-        **options,
-    )
-    assert _run_workload(fused.engine, prompts, params) == expected
-    assert fused.engine.stats.num_retracted > 0
-
-
-def test_a_drawn_chain_and_its_first_tokens_sample_with_the_triton_kernels_what_torch_does(
-    models_cache: Callable[..., SpecModels], device: torch.device
-) -> None:
-    """A drawn chain through the one-launch draws and drawn trees' walk (the chain is its tree
-    of width one), its requests' first tokens through the one-launch inverse-CDF sample,
-    padded (and on CUDA graphed), against the torch references: the same seeded samples."""
+    """The one-launch draws and verification of drawn trees in the worker (a chain is its tree
+    of width one), and the one-launch inverse-CDF sample of the requests' first tokens, padded
+    (and on CUDA graphed), against the torch references: the same seeded samples, retractions
+    and an abort."""
     requires_triton(device)
     from eagletree.adapters.kernels.triton.draw_children import draw_children, sample_from_probs
     from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
@@ -357,14 +331,13 @@ def test_a_drawn_chain_and_its_first_tokens_sample_with_the_triton_kernels_what_
     models = models_cache("llama", "eagle", device)
     backend = "triton" if device.type == "cuda" else "torch"
     prompts, params = _workload(1.0)
-    options: dict[str, Any] = {"backend": backend, "pool_size": 100, "max_running": 6}
-    reference = speculative_engine(models, 3, 1, 4, draw_drafts=True, **options)
+    # a pool that retracts; narrow drafts: the interpreter runs a program per row and draw
+    options: dict[str, Any] = {"backend": backend, "pool_size": pool_size, "max_running": 6}
+    reference = speculative_engine(models, *shape, draw_drafts=True, **options)
     expected = _run_workload(reference.engine, prompts, params)
     fused = speculative_engine(
         models,
-        3,
-        1,
-        4,
+        *shape,
         draw_drafts=True,
         kernels=REFERENCE_KERNELS._replace(
             sample=sample_from_probs, draw_children=draw_children, verify_drawn=verify_tree_drawn
@@ -374,3 +347,4 @@ def test_a_drawn_chain_and_its_first_tokens_sample_with_the_triton_kernels_what_
         **options,
     )
     assert _run_workload(fused.engine, prompts, params) == expected
+    assert fused.engine.stats.num_retracted > 0
