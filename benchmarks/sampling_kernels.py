@@ -1,7 +1,9 @@
 """Benchmark: a sampled step's Triton kernels against their torch references, at the rows a
 step hands them — a drawn node's children (``draw_children``: bs · k draft rows a depth, k
-draws each) and the tempered softmax (``tempered_probs``: the same draft rows, or bs · N
-verify rows) — at the real pair's vocabulary (16,384) and Llama-3's (128,256).
+draws each), the tempered softmax (``tempered_probs``: the same draft rows, or bs · N verify
+rows) and the walk that verifies a drawn chain (``verify_tree_drawn`` over a tree of width one,
+against ``verify_chain_sampled``, at several ``block_v``) — at the real pair's vocabulary
+(16,384) and Llama-3's (128,256).
 
 Both sides are captured in a CUDA graph and replayed (``benchmarks.timing.replay_us``), as a
 decode step runs them: device time without the eager launches (a call that cannot be captured
@@ -25,6 +27,8 @@ import torch
 from benchmarks.timing import median_us, replay_us
 from eagletree.adapters.kernels.triton.draw_children import draw_children as triton_draws
 from eagletree.adapters.kernels.triton.tempered_probs import tempered_probs as triton_softmax
+from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn as triton_walk
+from eagletree.domain.chain_sampling import verify_chain_sampled
 from eagletree.domain.sampling import tempered_probs
 from eagletree.domain.tree_sampling import draw_children
 
@@ -32,6 +36,8 @@ VOCABS = (16_384, 128_256)
 # (batch size, k): a chain's draws, a k = 4 and a k = 8 tree's, at bs 1, 8 and 64
 DRAWS = ((1, 1), (1, 4), (1, 8), (8, 8), (64, 1), (64, 8))
 SOFTMAX_ROWS = (1, 8, 32, 512)  # a plain step's row, a chain's draft rows, verify rows
+WALK_BATCHES = (1, 64)  # a drawn chain S3's walk
+WALK_BLOCKS = (1024, 4096)  # the columns a pass of the walk reads at once
 Case = tuple[Callable[[], object], Callable[[], object]]  # (torch reference, Triton kernel)
 
 
@@ -56,6 +62,35 @@ def softmax_case(rows: int, vocab: int, device: torch.device) -> Case:
         lambda: tempered_probs(logits, temperature),
         lambda: triton_softmax(logits, temperature),
     )
+
+
+def walk_case(bs: int, vocab: int, block_v: int, device: torch.device) -> Case:
+    """The verification of a drawn chain S3 (the root and three drafts) over bs requests:
+    target and draft distributions spread independently (most chains end early, on a
+    residual)."""
+    generator = torch.Generator().manual_seed(bs + vocab)
+    depth = 3
+    draft = torch.softmax(2 * torch.randn((bs, depth, vocab), generator=generator), dim=2)
+    target = torch.softmax(2 * torch.randn((bs, depth + 1, vocab), generator=generator), dim=2)
+    drafts = torch.multinomial(draft.view(-1, vocab), 1, generator=generator).view(bs, depth)
+    roots = torch.randint(0, vocab, (bs, 1), generator=generator)
+    candidates = torch.cat([roots, drafts], dim=1)
+    drawn_probs = draft.gather(2, drafts.unsqueeze(2)).squeeze(2)
+    coins = torch.rand((bs, depth), generator=generator)
+    bonus = torch.rand((bs,), generator=generator)
+    chain = torch.arange(-1, depth).expand(bs, depth + 1)  # parents; sources alike
+    ranks = torch.where(chain < 0, -1, 0)
+    on = [t.to(device) for t in (candidates, target, draft, drawn_probs, coins, bonus)]
+    candidates, target, draft, drawn_probs, coins, bonus = on
+    chain, ranks = chain.contiguous().to(device), ranks.to(device)
+    every = torch.ones(bs, dtype=torch.bool, device=device)
+    return (
+        lambda: verify_chain_sampled(candidates, target, draft, drawn_probs, coins, bonus),
+        lambda: triton_walk(
+            candidates, chain, ranks, chain, target, draft, every, coins, bonus, depth, 1,
+            block_v=block_v,
+        ),
+    )  # fmt: skip
 
 
 def table(
@@ -92,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vocabs = (50,) if args.smoke else VOCABS
     draws = ((1, 1), (2, 4)) if args.smoke else DRAWS
     softmax_rows = (1, 3) if args.smoke else SOFTMAX_ROWS
+    walk_batches, walk_blocks = ((2,), (16,)) if args.smoke else (WALK_BATCHES, WALK_BLOCKS)
     rep_ms = 1.0 if args.smoke else 30.0
     parts = [f"# Sampled steps' kernels vs torch ({device}{', smoke' if args.smoke else ''})"]
     for vocab in vocabs:
@@ -101,6 +137,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             (f"{rows} rows", softmax_case(rows, vocab, device)) for rows in softmax_rows
         ]
         parts.append(table(f"Tempered softmax, vocabulary {vocab}", softmax_cases, device, rep_ms))
+        walk_cases = [
+            (f"bs {bs}, block {block}", walk_case(bs, vocab, block, device))
+            for bs in walk_batches
+            for block in walk_blocks
+        ]
+        parts.append(
+            table(f"A drawn chain S3's walk, vocabulary {vocab}", walk_cases, device, rep_ms)
+        )
     text = "\n\n".join(parts) + "\n"
     print(text)
     if args.out:

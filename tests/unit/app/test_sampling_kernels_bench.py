@@ -18,9 +18,14 @@ def test_the_smoke_run_times_every_case_both_ways(tmp_path: Path) -> None:
     assert re.findall(r"^## (.+)$", text, re.M) == [
         "Draws, vocabulary 50",
         "Tempered softmax, vocabulary 50",
+        "A drawn chain S3's walk, vocabulary 50",
     ]
     rows = re.findall(
-        r"^\| (bs \d+, k \d+|\d+ rows) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$", text, re.M
+        r"^\| (bs \d+, (?:k|block) \d+|\d+ rows) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$",
+        text,
+        re.M,
     )
-    assert [name for name, _, _ in rows] == ["bs 1, k 1", "bs 2, k 4", "1 rows", "3 rows"]
+    assert [name for name, _, _ in rows] == [
+        "bs 1, k 1", "bs 2, k 4", "1 rows", "3 rows", "bs 2, block 16",
+    ]  # fmt: skip
     assert all(float(a) > 0 and float(b) > 0 for _, a, b in rows)
