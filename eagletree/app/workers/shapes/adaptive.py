@@ -67,12 +67,12 @@ class AdaptiveShapes:
     whether drafting pays is the probes' (on the H200, explorations among plain steps were one
     step in eight at T 1, bs 32, each a tree step three times a plain one); nor is plain
     explored from drafting steps: a lone plain step there teaches no time, and costs a catch-up
-    after it. The shapes are priced again
-    every ``reprice_every`` steps, when the batch moves to another bucket of the step costs and
-    after a probe is read back; in between the last pricing stands (pricing every candidate is
-    most of the policy's host time, a step's estimates move by one smoothed sample, and within a
-    bucket every shape's step costs the same: a serving batch, whose size changes whenever a
-    request ends, would be priced every step). No step runs a shape — chosen, probed or explored
+    after it. The shapes are priced again every ``reprice_every`` steps, when the batch moves to
+    another bucket of the step costs and after a probe is read back; in between the last pricing
+    stands (pricing every candidate is most of the policy's host time, a step's estimates move
+    by one smoothed sample, and within a bucket every shape's step costs the same: a serving
+    batch, whose size changes whenever a request ends, would be priced every step). No step runs
+    a shape — chosen, probed or explored
     — priced above ``stall_ratio`` × the cheapest candidate's step at the batch's size, or × the
     median of the last steps taken there (``LearnedCosts.median_step``) where that is longer:
     the median step a request sees is about that, and at least the cheapest, so no request's
