@@ -42,14 +42,18 @@ def make_scheduler(
     max_running: int = 8,
     max_prefill_tokens: int = 1024,
     prefill_step: PrefillStep = "with_decode",
+    grow_ahead: int = 0,
+    allocator: DeviceSlotAllocator | None = None,
 ) -> tuple[Scheduler, DeviceSlotAllocator, TensorReqToTokenPool]:
-    allocator = DeviceSlotAllocator(pool_size, "cpu")
+    """A scheduler over ``allocator`` (default: a fresh one of ``pool_size`` slots)."""
+    allocator = DeviceSlotAllocator(pool_size, "cpu") if allocator is None else allocator
     table = TensorReqToTokenPool(max_requests, CONTEXT + reserve + 4, "cpu")
     scheduler = Scheduler(
         allocator,
         table,
         max_running_requests=max_running,
         reserve_per_step=reserve,
+        grow_ahead=grow_ahead,
         max_prefill_tokens=max_prefill_tokens,
         prefill_step=prefill_step,
         clock=Clock(),

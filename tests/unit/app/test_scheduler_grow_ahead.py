@@ -18,7 +18,7 @@ from eagletree.app.engine.scheduler import PREFILL_STEPS, PrefillStep, Scheduler
 from eagletree.domain.request import Request
 from tests.hypothesis_profiles import examples
 
-from .test_scheduler import CONTEXT, Clock, check_slot_ownership, make_request, simulate_step
+from .test_scheduler import check_slot_ownership, make_request, make_scheduler, simulate_step
 
 
 class _CountingAllocator(DeviceSlotAllocator):
@@ -38,16 +38,15 @@ def _scheduler(
 ) -> tuple[Scheduler, _CountingAllocator, TensorReqToTokenPool]:
     """A scheduler of 4 rows over ``pool_size`` slots, its allocator counting allocations."""
     allocator = _CountingAllocator(pool_size)
-    table = TensorReqToTokenPool(4, CONTEXT + reserve + 4, "cpu")
-    scheduler = Scheduler(
-        allocator,
-        table,
-        max_running_requests=4,
-        reserve_per_step=reserve,
-        grow_ahead=grow_ahead,
+    scheduler, _, table = make_scheduler(
+        pool_size=pool_size,
+        max_requests=4,
+        reserve=reserve,
+        max_running=4,
         max_prefill_tokens=32,
         prefill_step=prefill_step,
-        clock=Clock(),
+        grow_ahead=grow_ahead,
+        allocator=allocator,
     )
     return scheduler, allocator, table
 
