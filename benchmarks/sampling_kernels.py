@@ -1,9 +1,9 @@
 """Benchmark: a sampled step's Triton kernels against their torch references, at the rows a
 step hands them — a drawn node's children (``draw_children``: bs · k draft rows a depth, k
 draws each), the tempered softmax (``tempered_probs``: the same draft rows, or bs · N verify
-rows) and the walk that verifies a drawn chain (``verify_tree_drawn`` over a tree of width one,
-against ``verify_chain_sampled``, at several ``block_v``) — at the real pair's vocabulary
-(16,384) and Llama-3's (128,256).
+rows) and the walks that verify a drawn chain (its own two launches, ``verify_chain_drawn``, and
+``verify_tree_drawn`` over a tree of width one, each against ``verify_chain_sampled``, at
+several ``block_v``) — at the real pair's vocabulary (16,384) and Llama-3's (128,256).
 
 Both sides are captured in a CUDA graph and replayed (``benchmarks.timing.replay_us``), as a
 decode step runs them: device time without the eager launches (a call that cannot be captured
@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 import torch
 
 from benchmarks.timing import median_us, replay_us
+from eagletree.adapters.kernels.triton.chain_sampling import verify_chain_drawn as chain_walk
 from eagletree.adapters.kernels.triton.draw_children import draw_children as triton_draws
 from eagletree.adapters.kernels.triton.tempered_probs import tempered_probs as triton_softmax
-from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn as triton_walk
+from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn as tree_walk
 from eagletree.domain.chain_sampling import verify_chain_sampled
 from eagletree.domain.sampling import tempered_probs
 from eagletree.domain.tree_sampling import draw_children
@@ -64,10 +65,11 @@ def softmax_case(rows: int, vocab: int, device: torch.device) -> Case:
     )
 
 
-def walk_case(bs: int, vocab: int, block_v: int, device: torch.device) -> Case:
-    """The verification of a drawn chain S3 (the root and three drafts) over bs requests:
-    target and draft distributions spread independently (most chains end early, on a
-    residual)."""
+def walk_case(bs: int, vocab: int, block_v: int, walk: str, device: torch.device) -> Case:
+    """The verification of a drawn chain S3 (the root and three drafts) over bs requests by
+    ``walk``: the chain's two launches (``chain``) or the drawn trees' walk over a tree of width
+    one (``tree``). Target and draft distributions spread independently (most chains end early,
+    on a residual)."""
     generator = torch.Generator().manual_seed(bs + vocab)
     depth = 3
     draft = torch.softmax(2 * torch.randn((bs, depth, vocab), generator=generator), dim=2)
@@ -84,9 +86,18 @@ def walk_case(bs: int, vocab: int, block_v: int, device: torch.device) -> Case:
     candidates, target, draft, drawn_probs, coins, bonus = on
     chain, ranks = chain.contiguous().to(device), ranks.to(device)
     every = torch.ones(bs, dtype=torch.bool, device=device)
+
+    def reference() -> object:
+        return verify_chain_sampled(candidates, target, draft, drawn_probs, coins, bonus)
+
+    if walk == "chain":
+        return (
+            reference,
+            lambda: chain_walk(candidates, target, draft, coins, bonus, block_v=block_v),
+        )
     return (
-        lambda: verify_chain_sampled(candidates, target, draft, drawn_probs, coins, bonus),
-        lambda: triton_walk(
+        reference,
+        lambda: tree_walk(
             candidates, chain, ranks, chain, target, draft, every, coins, bonus, depth, 1,
             block_v=block_v,
         ),
@@ -138,9 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         parts.append(table(f"Tempered softmax, vocabulary {vocab}", softmax_cases, device, rep_ms))
         walk_cases = [
-            (f"bs {bs}, block {block}", walk_case(bs, vocab, block, device))
+            (f"bs {bs}, block {block}, {walk} walk", walk_case(bs, vocab, block, walk, device))
             for bs in walk_batches
             for block in walk_blocks
+            for walk in ("tree", "chain")
         ]
         parts.append(
             table(f"A drawn chain S3's walk, vocabulary {vocab}", walk_cases, device, rep_ms)

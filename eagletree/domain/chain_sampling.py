@@ -16,9 +16,10 @@ a draft that spreads as the target does is taken however spread both are.
 Greedy requests in a sampling batch have one-hot p and q (their argmaxes): a draft is accepted iff
 it is the target's argmax, and the residual is the target's argmax — the greedy chain's rule.
 
-The worker verifies a chain with the drawn trees' walk (``tree_sampling.verify_tree_drawn``, one
-fused launch), which over a tree of width one is this rule: the tests hold the two equal, and
-this is the rule as the papers state it.
+A step that draws its chain keeps the rows its drafts were drawn from, not the drawn tokens'
+probabilities: ``verify_chain_drawn`` reads those from the rows (the worker's chain walk, which
+the Triton kernel matches). The drawn trees' walk (``tree_sampling.verify_tree_drawn``) over a
+tree of width one is this rule too: the tests hold them equal.
 """
 
 from __future__ import annotations
@@ -80,4 +81,28 @@ def verify_chain_sampled(
         predict=predict.reshape(-1).to(torch.int32),
         accept_index=accept_index.to(torch.int32),
         accept_length=accept_length.to(torch.int32),
+    )
+
+
+def verify_chain_drawn(
+    candidates: torch.Tensor,
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    coins: torch.Tensor,
+    bonus_coins: torch.Tensor,
+    token_ids: torch.Tensor | None = None,
+) -> VerifyResult:
+    """``verify_chain_sampled`` with each draft's probability read from the row it was drawn
+    from: ``draft_probs`` (bs, S, V_draft) row d is the distribution draft d + 1 was drawn
+    from; the other arguments as there."""
+    drafts = candidates[:, 1:].long()  # (bs, S) target ids
+    if token_ids is not None:  # each draft's column
+        column_of = torch.full(
+            (target_probs.shape[2],), -1, dtype=torch.int64, device=candidates.device
+        )
+        column_of[token_ids] = torch.arange(token_ids.numel(), device=candidates.device)
+        drafts = column_of[drafts]
+    drawn_p = draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2)  # (bs, S)
+    return verify_chain_sampled(
+        candidates, target_probs, draft_probs, drawn_p, coins, bonus_coins, token_ids
     )

@@ -22,6 +22,7 @@ import torch
 from dependency_injector import providers
 
 from eagletree.adapters.kernels.triton import beam_step as triton_beam_step
+from eagletree.adapters.kernels.triton import chain_sampling as triton_chain_sampling
 from eagletree.adapters.kernels.triton import coins as triton_coins
 from eagletree.adapters.kernels.triton import compaction as triton_compaction
 from eagletree.adapters.kernels.triton import draft_topk as triton_draft_topk
@@ -101,6 +102,7 @@ class Container(PoolProviders):
             plain_step_writes=triton_plain_step_writes.plain_step_writes,
             draw_children=triton_draw_children.draw_children,
             verify_drawn=triton_tree_sampling.verify_tree_drawn,
+            verify_chain=triton_chain_sampling.verify_chain_drawn,
         ),
     )
     cuda_graphs = providers.Singleton(

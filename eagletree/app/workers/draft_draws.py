@@ -2,10 +2,10 @@
 distribution at its request's sampling (temperature, top-k, top-p), without replacement, with
 the step's coins, and what each was drawn from kept for the verification: recursive rejection
 sampling over the tree (``domain.tree_sampling``), which over a chain (a tree of width one) is
-speculative sampling (``domain.chain_sampling``), one launch where the kernels are fused (a
-chain's torch walk took some thirty). A node is then accepted with probability 1 − TV(p, q)
-rather than the target's probability of the draft's top token, which at temperature 1 is far
-less.
+speculative sampling (``domain.chain_sampling``, a chain's own kernels: a depth's acceptance
+reads two numbers, so every depth's sums are taken at once). A node is then accepted with
+probability 1 − TV(p, q) rather than the target's probability of the draft's top token, which at
+temperature 1 is far less.
 
 Greedy requests in the batch keep the draft's top k (their argmax chain, where k = 1), verified
 by the same walk, which accepts exactly their target's argmax path.
@@ -101,6 +101,10 @@ class DraftDraws:
         draft_probs = torch.cat(self._distributions, dim=1)  # (bs, 1 + (S − 1)·k, V_draft)
         first = _draw_coins(self._shape)
         coins, bonus = self._coins[:, first : first + n - 1], self._coins[:, first + n - 1]
+        if k == 1:  # a chain: its own walk, every depth's sums at once
+            return self._kernels.verify_chain(
+                candidates, target_probs.view(bs, n, -1), draft_probs, coins, bonus, self._token_ids
+            )
         root = torch.full((bs, 1), -1, dtype=torch.int64, device=candidates.device)
         return self._kernels.verify_drawn(
             candidates,

@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from eagletree.domain.accepted_path import accepted_path_ranks
+from eagletree.domain.chain_sampling import verify_chain_drawn
 from eagletree.domain.coins import uniform_coins
 from eagletree.domain.compaction import CompactionPlan, compaction_plan
 from eagletree.domain.draft_lag import plain_step_writes
@@ -69,6 +70,9 @@ DrawChildren = Callable[
 ]
 # domain.tree_sampling.verify_tree_drawn's signature
 DrawnVerify = Callable[..., VerifyResult]
+# domain.chain_sampling.verify_chain_drawn's signature: (candidates (bs, S + 1), target_probs
+# (bs, S + 1, V), draft_probs (bs, S, V_draft), coins (bs, S), bonus_coins (bs,), token_ids)
+DrawnChainVerify = Callable[..., VerifyResult]
 # domain.draft_lag.plain_step_writes's signature: (rows, tokens, features, seq_lens, lag_tokens,
 # lag_features, lag_count, committed, pending or None) -> None, writing the last five
 PlainStepWrites = Callable[..., None]
@@ -78,7 +82,7 @@ class StepKernels(NamedTuple):
     """Sampling coins, the greedy argmax, the tempered softmax, a row's inverse-CDF sample,
     the draft's top-k, the beam step, the verify tree, greedy tree verification, the compaction
     plan, the accepted path's ranks, a plain step's per-row writes, a drawn node's children and
-    the verification of drawn trees (defaults: the torch references)."""
+    the verification of drawn trees and of drawn chains (defaults: the torch references)."""
 
     coins: CoinSource = uniform_coins
     argmax: Argmax = greedy_tokens
@@ -93,6 +97,7 @@ class StepKernels(NamedTuple):
     plain_step_writes: PlainStepWrites = plain_step_writes
     draw_children: DrawChildren = draw_children
     verify_drawn: DrawnVerify = verify_tree_drawn
+    verify_chain: DrawnChainVerify = verify_chain_drawn
 
 
 REFERENCE_KERNELS = StepKernels()

@@ -320,11 +320,12 @@ def test_the_triton_draws_walk_and_sample_of_drawn_drafts_sample_what_the_torch_
     shape: tuple[int, int, int],
     pool_size: int,
 ) -> None:
-    """The one-launch draws and verification of drawn trees in the worker (a chain is its tree
-    of width one), and the one-launch inverse-CDF sample of the requests' first tokens, padded
+    """The one-launch draws and verification of drawn trees in the worker (a chain's in its own
+    two launches), and the one-launch inverse-CDF sample of the requests' first tokens, padded
     (and on CUDA graphed), against the torch references: the same seeded samples, retractions
     and an abort."""
     requires_triton(device)
+    from eagletree.adapters.kernels.triton.chain_sampling import verify_chain_drawn
     from eagletree.adapters.kernels.triton.draw_children import draw_children, sample_from_probs
     from eagletree.adapters.kernels.triton.tree_sampling import verify_tree_drawn
 
@@ -340,7 +341,10 @@ def test_the_triton_draws_walk_and_sample_of_drawn_drafts_sample_what_the_torch_
         *shape,
         draw_drafts=True,
         kernels=REFERENCE_KERNELS._replace(
-            sample=sample_from_probs, draw_children=draw_children, verify_drawn=verify_tree_drawn
+            sample=sample_from_probs,
+            draw_children=draw_children,
+            verify_drawn=verify_tree_drawn,
+            verify_chain=verify_chain_drawn,
         ),
         graph_buckets=BUCKETS,
         use_cuda_graphs=device.type == "cuda",

@@ -21,11 +21,13 @@ def test_the_smoke_run_times_every_case_both_ways(tmp_path: Path) -> None:
         "A drawn chain S3's walk, vocabulary 50",
     ]
     rows = re.findall(
-        r"^\| (bs \d+, (?:k|block) \d+|\d+ rows) \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$",
+        r"^\| (bs \d+, (?:k \d+|block \d+, \w+ walk)|\d+ rows)"
+        r" \| ([\d.]+) \| ([\d.]+) \| [\d.]+ \|$",
         text,
         re.M,
     )
     assert [name for name, _, _ in rows] == [
-        "bs 1, k 1", "bs 2, k 4", "1 rows", "3 rows", "bs 2, block 16",
+        "bs 1, k 1", "bs 2, k 4", "1 rows", "3 rows", "bs 2, block 16, tree walk",
+        "bs 2, block 16, chain walk",
     ]  # fmt: skip
     assert all(float(a) > 0 and float(b) > 0 for _, a, b in rows)

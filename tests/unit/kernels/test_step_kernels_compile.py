@@ -1,10 +1,10 @@
 """Step kernels compile for an H100/H200 (sm_90) on a machine without a GPU — the drawn trees'
-draws (one child a row: a sampled token) and walk, a plain step's writes and the tempered
-softmax: the interpreter runs them on the CPU, but a kernel the interpreter accepts may still
-fail Triton's compiler (types of loop-carried values, constant conditions), which only a GPU
-run would otherwise show. Compiled in a subprocess without ``TRITON_INTERPRET`` (under it the
-kernels are interpreted functions, which the compiler does not take); Triton's wheel carries
-the ``ptxas`` the last stage needs."""
+draws (one child a row: a sampled token) and walk, the drawn chains' two kernels, a plain step's
+writes and the tempered softmax: the interpreter runs them on the CPU, but a kernel the
+interpreter accepts may still fail Triton's compiler (types of loop-carried values, constant
+conditions), which only a GPU run would otherwise show. Compiled in a subprocess without
+``TRITON_INTERPRET`` (under it the kernels are interpreted functions, which the compiler does
+not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     from triton.compiler import ASTSource
 
     from eagletree.adapters.kernels.triton import (
-        draw_children, plain_step_writes, tempered_probs, tree_sampling,
+        chain_sampling, draw_children, plain_step_writes, tempered_probs, tree_sampling,
     )
 
     target = GPUTarget("cuda", 90, 32)
@@ -40,6 +40,19 @@ SCRIPT = textwrap.dedent(
         "accept_length_ptr": "*i32", "n": "i32", "vocab": "i32", "draft_rows": "i32",
         "draft_vocab": "i32", "num_steps": "i32", "K": "constexpr", "HAS_MAP": "constexpr",
         "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
+        "NUM_BLOCKS": "constexpr",
+    }
+    chain_sums = {
+        "target_ptr": "*fp32", "draft_ptr": "*fp32", "column_of_ptr": "*i64", "sums_ptr": "*fp32",
+        "vocab": "i32", "draft_vocab": "i32", "num_steps": "i32", "num_blocks": "i32",
+        "HAS_MAP": "constexpr", "BLOCK_V": "constexpr",
+    }
+    chain_walk = {
+        "candidates_ptr": "*i64", "target_ptr": "*fp32", "draft_ptr": "*fp32",
+        "column_of_ptr": "*i64", "sums_ptr": "*fp32", "coins_ptr": "*fp32", "bonus_ptr": "*fp32",
+        "predict_ptr": "*i32", "accept_index_ptr": "*i32", "accept_length_ptr": "*i32",
+        "vocab": "i32", "draft_vocab": "i32", "num_steps": "i32", "num_blocks": "i32",
+        "HAS_MAP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr",
         "NUM_BLOCKS": "constexpr",
     }
     writes = {
@@ -77,6 +90,11 @@ SCRIPT = textwrap.dedent(
             {"K": 8, "HAS_MAP": False, "BLOCK_N": 32, "BLOCK_K": 16, "BLOCK_V": 1024,
              "NUM_BLOCKS": 128},
         ),
+        (chain_sampling._chain_block_sums_kernel, chain_sums, {"HAS_MAP": True, "BLOCK_V": 1024}),
+        (
+            chain_sampling._chain_walk_kernel, chain_walk,
+            {"HAS_MAP": False, "BLOCK_N": 16, "BLOCK_V": 1024, "NUM_BLOCKS": 16},
+        ),
     ]
     for kernel, signature, constants in kernels:
         compiled = triton.compile(
@@ -95,4 +113,4 @@ def test_the_step_kernels_compile_for_sm_90() -> None:
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 7, done.stdout
+    assert done.stdout.count("compiled") == 9, done.stdout

@@ -1,7 +1,8 @@
 """Speculative sampling along a chain of sampled drafts is lossless: decoding a Markov target
 step after step, each step's drafts drawn from a Markov draft that differs from it, the first
 three emitted tokens follow the target's chain (chi-square); the rule equals a request-by-request
-walk of the textbook algorithm on random inputs; greedy rows keep the greedy chain's rule."""
+walk of the textbook algorithm on random inputs; greedy rows keep the greedy chain's rule; the
+Triton chain walk equals the reference."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from eagletree.domain.chain_sampling import verify_chain_sampled
+from eagletree.domain.chain_sampling import verify_chain_drawn, verify_chain_sampled
 from eagletree.domain.verify import VerifyResult
 from tests.chi_square import markov_p_value
+from tests.conftest import requires_triton
+from tests.unit.domain.strategies import DEVICES
+from tests.unit.domain.verify_sampling.draws import dyadic_probs, edgy_coins
 
 VOCAB = 5
 NUM_DRAWS = 40_000
@@ -176,3 +180,55 @@ def test_greedy_rows_accept_the_target_argmax_path_whatever_their_coins() -> Non
         assert result.accept_length.tolist() == [2]
         assert result.predict.tolist() == [3, 1, 2, -1]
         assert result.accept_index.tolist() == [[0, 1, 2, -1]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("num_steps", "columns", "block_v"), [(3, 40, 16), (1, 24, 16),
+                                                                (5, 40, 64)])  # fmt: skip
+def test_the_triton_chain_walk_equals_the_reference(
+    device: str, num_steps: int, columns: int, block_v: int
+) -> None:
+    requires_triton(device)
+    from eagletree.adapters.kernels.triton.chain_sampling import (
+        verify_chain_drawn as triton_verify,
+    )
+
+    gen = torch.Generator().manual_seed(num_steps * columns)
+    bs, vocab = 16, 40  # the interpreter: a program per request, per row and block
+    ids = None if columns == vocab else torch.randperm(vocab, generator=gen)[:columns]
+    # dyadic rows (every partial sum exact: the block sums' order and the scan's agree); the
+    # target never emits its first three tokens, and at 16 columns a block whole blocks of the
+    # target rows are empty (the block scan steps over them)
+    target = dyadic_probs(bs * (num_steps + 1), vocab, gen).view(bs, num_steps + 1, vocab)
+    target[:, :, :3] = 0.0
+    target[::3, :, 16:32] = 0.0
+    target[:, :, 3] += 1.0 - target.sum(dim=2)  # a row of mass one again
+    draft = dyadic_probs(bs * num_steps, columns, gen).view(bs, num_steps, columns)
+    draft[1] = torch.nn.functional.one_hot(draft[1].argmax(dim=1), columns).float()  # greedy
+    picked = torch.multinomial(draft.view(-1, columns), 1, generator=gen).view(bs, num_steps)
+    drafts = picked if ids is None else ids[picked]
+    candidates = torch.cat([torch.randint(0, vocab, (bs, 1), generator=gen), drafts], dim=1)
+    if ids is None:  # p = q / 2 where request 2 stops: no residual, the bonus from the target
+        target[2, 0] = draft[2, 0] / 2
+    coins, bonus = edgy_coins((bs, num_steps), gen), edgy_coins((bs,), gen)
+    coins[2] = 1.0 - 2.0**-24
+    # a bonus coin of 1 stands for a threshold that rounding carried to the row's total: the
+    # row's last token with mass, as the reference's clamp gives
+    bonus[::5] = 1.0
+    # requests 4..7: targets sure of each draft, taken whatever the coin: whole chains
+    target[4:8, :num_steps] = torch.nn.functional.one_hot(drafts[4:8], vocab).float()
+    expected = verify_chain_drawn(candidates, target, draft, coins, bonus, ids)
+    lengths = expected.accept_length.tolist()
+    assert num_steps in lengths and min(lengths) < num_steps  # whole chains and rejections
+    assert ids is not None or lengths[2] == 0
+
+    def on(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    got = triton_verify(
+        on(candidates), on(target), on(draft), on(coins), on(bonus),
+        None if ids is None else on(ids), block_v=block_v,
+    )  # fmt: skip
+    assert torch.equal(got.accept_length.cpu(), expected.accept_length)
+    assert torch.equal(got.accept_index.cpu(), expected.accept_index)
+    assert torch.equal(got.predict.cpu(), expected.predict)
