@@ -62,7 +62,8 @@ class AdaptiveShapes:
     where 4 cost 30, and replayed on two H100 runs' cells 4 chose as well); ``rows_per_stride``:
     a larger batch spreads a pricing and a record over more steps (``HostCadence``). Every
     ``explore_every`` drafting steps a close drafting runner-up not timed at the batch's size
-    (or timed too long ago, ``LearnedCosts``) runs once (``Trials.untried_near``). Plain steps
+    (or timed too long ago, ``LearnedCosts``) runs once, each more rarely while the choice
+    stands (``Trials.untried_near``). Plain steps
     explore nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
     whether drafting pays is the probes' (on the H200, explorations among plain steps were one
     step in eight at T 1, bs 32, each a tree step three times a plain one); nor is plain
@@ -207,12 +208,14 @@ class AdaptiveShapes:
             if drafting:  # the best drafting shape, once, to see whether speculation pays now
                 best = max(drafting, key=lambda i: (chosen.rates[i], -i))
                 choice = self._probe = self.shapes[best]
-        elif not choice.is_plain and self._trials.explore_due():
-            size, sampled = priced.batch_size, priced.sampled
-            untried = self._trials.untried_near(
-                chosen, priced.short, lambda s: costs.observations(s, size, sampled)
-            )
-            choice = untried or choice
+        elif not choice.is_plain:
+            self._trials.chose(choice)
+            if self._trials.explore_due():
+                size, sampled = priced.batch_size, priced.sampled
+                untried = self._trials.untried_near(
+                    chosen, priced.short, lambda s: costs.observations(s, size, sampled), bucket
+                )
+                choice = untried or choice
         return choice
 
     def _price(self, decode: Sequence[Request], costs: LearnedCosts, bucket: int) -> _Pricing:

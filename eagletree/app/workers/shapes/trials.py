@@ -19,7 +19,7 @@ class Trials:
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``probe_due``); every ``explore_every`` drafting steps a close runner-up
     (within ``explore_margin`` of the choice) not timed at the batch's size runs once
-    (``untried_near``)."""
+    (``untried_near``), each shape at a bucket ever more rarely while the choice stands."""
 
     def __init__(
         self,
@@ -36,6 +36,12 @@ class Trials:
         self._explore_every = explore_every
         self._explore_margin = explore_margin
         self._unexplored_steps = 0
+        self._drafting_steps = 0
+        # per (shape, bucket): the drafting steps before which it is not explored again, and
+        # the wait after its next exploration (both dropped when the choice changes)
+        self._explore_after: dict[tuple[DraftShape, int], int] = {}
+        self._explore_interval: dict[tuple[DraftShape, int], int] = {}
+        self._choice: DraftShape | None = None
 
     def probe_due(self, bands: Sequence[str], choice: ShapeChoice, short: Sequence[bool]) -> bool:
         """Whether a plain step should draft instead, to learn: a plain step observes nothing,
@@ -68,8 +74,17 @@ class Trials:
         ``explore_margin`` of the choice's tokens per second."""
         return any(not shape.is_plain for _, shape, _ in self._near(choice, short))
 
+    def chose(self, shape: DraftShape) -> None:
+        """The pricing chose drafting ``shape`` for this step: another choice than the last
+        starts every exploration's wait afresh."""
+        if shape != self._choice:
+            self._choice = shape
+            self._explore_after.clear()
+            self._explore_interval.clear()
+
     def explore_due(self) -> bool:
         """Every ``explore_every`` drafting steps (``untried_near``)."""
+        self._drafting_steps += 1
         self._unexplored_steps += 1
         if self._unexplored_steps < self._explore_every:
             return False
@@ -81,22 +96,37 @@ class Trials:
         choice: ShapeChoice,
         short: Sequence[bool],
         observations: Callable[[DraftShape], int],
+        bucket: int,
     ) -> DraftShape | None:
         """The best-looking drafting shape other than the choice whose steps were timed fewer
-        than twice (``observations``: at this batch's bucket and sampling), if its estimate is
-        within ``explore_margin`` of the choice's: until it runs, its time is the start-up
+        than twice (``observations``: at this batch's ``bucket`` and sampling), if its estimate
+        is within ``explore_margin`` of the choice's: until it runs, its time is the start-up
         table's guess, which can rank two close shapes wrongly (one step of it settles that, at
         a cost of that margin at most). Never plain: a lone plain step among drafting ones is
         not timed (it pays their host work, ``LearnedCosts``), so it stayed untried and ran
         every ``explore_every`` steps for good, each with the catch-up the next drafting step
         needs (on the H100, T 1, bs 8–64: a plain step and a catch-up every 16 chain S3 steps; at
-        bs 64 1.34 ms for 2 tokens where chain S3 committed them in 1.17)."""
+        bs 64 1.34 ms for 2 tokens where chain S3 committed them in 1.17). A shape's times go
+        stale after a while (``LearnedCosts``), so a runner-up the choice stays ahead of is
+        explored again: after ``explore_every`` drafting steps, then twice that, up to 16 times
+        (on the H100 chain S5 ran every 16th step among chain S3 ones for whole T 1 and T 0.7
+        cells, 0.85 x as fast there)."""
+        now = self._drafting_steps
         near = [
             (rate, -i)
             for i, shape, rate in self._near(choice, short)
-            if shape != choice.shape and not shape.is_plain and observations(shape) < 2
+            if shape != choice.shape
+            and not shape.is_plain
+            and observations(shape) < 2
+            and now >= self._explore_after.get((shape, bucket), 0)
         ]
-        return self.shapes[-max(near)[1]] if near else None
+        if not near:
+            return None
+        shape = self.shapes[-max(near)[1]]
+        interval = self._explore_interval.get((shape, bucket), self._explore_every)
+        self._explore_after[shape, bucket] = now + interval
+        self._explore_interval[shape, bucket] = min(2 * interval, 16 * self._explore_every)
+        return shape
 
     def _near(
         self, choice: ShapeChoice, short: Sequence[bool]

@@ -148,5 +148,38 @@ def test_drafting_steps_never_explore_plain_however_close_and_untimed() -> None:
         batch = requests_at([0.0])
         ran = [policy.choose(batch) for _ in range(32)]  # nothing timed: untried throughout
         assert PLAIN not in ran
-        explored = [shape for shape in ran if shape != CHAIN]
-        assert explored == ([tree] * 8 if tree in shapes else [])  # every fourth step
+        explored = [(step, shape) for step, shape in enumerate(ran) if shape != CHAIN]
+        # after 4 drafting steps, then 4, 8 and 16 more
+        assert explored == ([(3, tree), (7, tree), (15, tree), (31, tree)] if tree in shapes
+                            else [])  # fmt: skip
+
+
+def test_a_runner_up_is_explored_ever_more_rarely_until_the_choice_changes() -> None:
+    # the chain commits 1.15 tokens a second, the tree 0.95 (within the 20 % margin): the tree
+    # is explored after 4, 4, 8, 16, 32 and then every 64 drafting steps (16 x 4); when a new
+    # estimate makes the tree the choice and then the chain again, its waits start afresh
+    prior = RankProfile(((0.6, 0.3),))
+    tree = DraftShape(3, 2, 6)
+    tree_tokens = 1 + expected_accepted(tree, prior)
+    policy = AdaptiveShapes(
+        (CHAIN, tree, PLAIN), prior=prior, prior_weight=1e9, calibration_weight=1e9,
+        hysteresis=0.0, probe_every=1000, explore_every=4, stall_ratio=4.0, reprice_every=1,
+    )  # fmt: skip
+    policy.use_costs(costs_of({CHAIN: 1.9, tree: tree_tokens / 0.95, PLAIN: 1.0}), warm_after=0)
+    batch = requests_at([0.0])
+    ran = [policy.choose(batch) for _ in range(256)]
+    explored = [step + 1 for step, shape in enumerate(ran) if shape == tree]
+    assert explored == [4, 8, 16, 32, 64, 128, 192, 256]
+    costs = policy.costs
+    assert costs is not None
+    # timed, the tree's steps take half their estimate: it becomes the choice; then as long as
+    # the table says: the chain again; once the tree's times are stale (16 steps later), it is
+    # explored within 4 drafting steps, not 64
+    for seconds in (0.5, 1.0):
+        for _ in range(40):
+            costs.record(CHAIN, 1, False, 1.9)
+            costs.record(tree, 1, False, seconds * tree_tokens / 0.95)
+        assert policy.choose(batch) == (tree if seconds < 1 else CHAIN)
+    for _ in range(16):
+        costs.record(CHAIN, 1, False, 1.9)
+    assert tree in [policy.choose(batch) for _ in range(4)]
