@@ -17,21 +17,20 @@ pressure. (The v1 worker alone also frees its rejected draft slots every step, t
 ``free_window_tail``; it grows nothing ahead.) With ``reserve_per_step = 2·max(S·k, N)`` a
 speculative worker can run a step on device-side lengths the host learns one step later.
 Every runner of one engine shares the req_to_token pool given here (a slot id indexes every
-KV pool; a row id indexes every runner's view of the request).
+KV pool; a row id indexes every runner's view of the request). The scheduler decides each
+window's length; ``RowSlots`` (``row_slots.py``) backs, gives back and frees the slots.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-import torch
-
 from eagletree.app.engine.plan import SchedulePlan
-from eagletree.app.engine.transfers import to_device
+from eagletree.app.engine.row_slots import RowSlots, free_window_tail
 from eagletree.domain.errors import OutOfSlots
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.ports.memory import ReqToTokenPool, TokenSlotAllocator
@@ -75,6 +74,7 @@ class Scheduler:
             )
         self._allocator = allocator
         self._req_to_token_pool = req_to_token_pool
+        self._slots = RowSlots(allocator, req_to_token_pool)
         self.max_running_requests = max_running_requests
         self.reserve_per_step = reserve_per_step
         self.grow_ahead = grow_ahead
@@ -159,7 +159,7 @@ class Scheduler:
         for request in released:
             if request.status is RequestStatus.RUNNING:
                 self.running.remove(request)
-                self._free_row(request)
+                self._slots.free_row(request)
             else:
                 self.waiting.remove(request)
             if request.finish_reason is FinishReason.ABORT:
@@ -182,13 +182,13 @@ class Scheduler:
             if len(self.running) == 1:  # cannot happen for requests `add` accepted
                 raise OutOfSlots(shortfall, available)
             victim = self.running.pop()
-            self._free_row(victim)
+            self._slots.free_row(victim)
             victim.retract()
             self.waiting.appendleft(victim)  # the oldest retracted ends up first in line
             self.stats.num_retracted += 1
             retracted.append(victim)
         if shortfall:
-            self._grow_windows(self._window_targets(available))
+            self._slots.grow(self._window_targets(available))
         return retracted
 
     def _window_targets(self, available: int) -> list[tuple[Request, int]]:
@@ -214,21 +214,13 @@ class Scheduler:
         """Give back the slots of every running window past committed + reserve (those grown
         ahead), in one free; returns how many."""
         reserve = self.reserve_per_step
-        trimmed = [
-            (r, r.committed_len + reserve)
-            for r in self.running
-            if r.allocated_len > r.committed_len + reserve
-        ]
-        if not trimmed:
-            return 0
-        flat_cells = self._row_cells([(r, end, r.allocated_len) for r, end in trimmed])
-        for request, end in trimmed:
-            request.shrink_window(end)
-        table = self._req_to_token_pool.req_to_token
-        slots = table.view(-1)[flat_cells].to(torch.int64)  # a copy: the cells are cleared next
-        table.view(-1)[flat_cells] = 0
-        self._allocator.free(slots)
-        return flat_cells.numel()
+        return self._slots.give_back(
+            [
+                (r, r.committed_len + reserve)
+                for r in self.running
+                if r.allocated_len > r.committed_len + reserve
+            ]
+        )
 
     def must_retract(self) -> bool:
         """Whether the next ``schedule`` would retract: the running windows cannot all grow,
@@ -276,72 +268,10 @@ class Scheduler:
             admitted.append(request)
             free_slots -= fill_len + self.reserve_per_step
             token_budget -= fill_len
-        self._grow_windows([(r, r.num_tokens) for r in admitted])
+        self._slots.grow([(r, r.num_tokens) for r in admitted])
         self.stats.num_admitted += len(admitted)
         return admitted
-
-    # -- slots -----------------------------------------------------------------------------------
-
-    def _grow_windows(self, targets: Sequence[tuple[Request, int]]) -> None:
-        """Back ``req_to_token[row, allocated:target]`` with fresh slots, in one allocation."""
-        growing = [(r, target) for r, target in targets if target > r.allocated_len]
-        if not growing:
-            return
-        flat_cells = self._row_cells([(r, r.allocated_len, target) for r, target in growing])
-        total = flat_cells.numel()
-        slots = self._allocator.alloc(total)
-        if slots is None:
-            raise OutOfSlots(total, self._allocator.available_size())
-        table = self._req_to_token_pool.req_to_token
-        table.view(-1)[flat_cells] = slots.to(table.dtype)
-        for request, target in growing:
-            request.grow_window(target)
-
-    def _row_cells(self, spans: Sequence[tuple[Request, int, int]]) -> torch.Tensor:
-        """The flat req_to_token cells of columns ``[start, end)`` of each ``(request, start,
-        end)``'s row, on the table's device (n,) int64: built in Python, a few hundred ints
-        cost less host time than a chain of small torch calls."""
-        table = self._req_to_token_pool.req_to_token
-        width = table.shape[1]
-        cells: list[int] = []
-        for request, start, end in spans:
-            assert request.row is not None, request
-            base = request.row * width
-            cells.extend(range(base + start, base + end))
-        return to_device(torch.tensor(cells, dtype=torch.int64), table.device)
 
     def shrink_window(self, request: Request, new_allocated_len: int) -> None:
         """Free the slots of ``req_to_token[row, new_allocated_len:allocated]`` now (v1 only)."""
         free_window_tail(request, new_allocated_len, self._allocator, self._req_to_token_pool)
-
-    def _free_row(self, request: Request) -> None:
-        """Free the request's row and every slot of it, committed prefix and window tail alike."""
-        row, allocated = request.release()
-        table = self._req_to_token_pool.req_to_token
-        if allocated:
-            slots = table[row, :allocated].to(torch.int64)  # a copy: the row is cleared next
-            table[row, :allocated] = 0
-            self._allocator.free(slots)
-        self._req_to_token_pool.free([row])
-
-
-def free_window_tail(
-    request: Request,
-    new_allocated_len: int,
-    allocator: TokenSlotAllocator,
-    req_to_token_pool: ReqToTokenPool,
-) -> None:
-    """Give the slots of ``req_to_token[row, new_allocated_len:allocated]`` back and clear them.
-
-    The per-step free of the v1 worker: after it has moved the accepted slots to the front of
-    the window, the rejected ones form the tail. The committed prefix is never freed this way
-    (``Request.shrink_window`` checks it); the scheduler grows the window again next step.
-    """
-    assert request.row is not None, request
-    start, end = new_allocated_len, request.allocated_len
-    request.shrink_window(new_allocated_len)
-    if end > start:
-        table = req_to_token_pool.req_to_token
-        slots = table[request.row, start:end].to(torch.int64)  # a copy: cleared next
-        table[request.row, start:end] = 0
-        allocator.free(slots)

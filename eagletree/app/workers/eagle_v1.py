@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eagletree.app.engine.scheduler import free_window_tail
+from eagletree.app.engine.row_slots import free_window_tail
 from eagletree.app.engine.transfers import to_device
 from eagletree.app.workers.decode_window import DecodeWindow
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels

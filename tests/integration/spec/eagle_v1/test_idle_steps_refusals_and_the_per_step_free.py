@@ -12,7 +12,7 @@ from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.slot_allocator import DeviceSlotAllocator
 from eagletree.adapters.models.runner import DraftModelRunner
 from eagletree.app.engine.plan import SchedulePlan
-from eagletree.app.engine.scheduler import free_window_tail
+from eagletree.app.engine.row_slots import free_window_tail
 from eagletree.app.workers.eagle_v1 import EagleWorkerV1
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
