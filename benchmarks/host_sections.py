@@ -50,6 +50,7 @@ def sections() -> list[tuple[str, type | ModuleType, str]]:
     from eagletree.app.workers.decode_inputs import DecodeInputBuffers
     from eagletree.app.workers.non_speculative import NonSpeculativeWorker
     from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+    from eagletree.app.workers.shapes.step_feedback import StepFeedback
     from eagletree.app.workers.speculative_worker import SpeculativeWorker
     from eagletree.app.workers.step_graphs import DecodeStepRunner
 
@@ -64,7 +65,7 @@ def sections() -> list[tuple[str, type | ModuleType, str]]:
         ("wait for the tokens", PendingStep, "rows"),
         ("commit", pipeline, "commit_step"),
         ("policy: choose", AdaptiveShapes, "choose"),
-        ("policy: learn", SpeculativeWorker, "_read_back"),
+        ("policy: learn", StepFeedback, "_read_back"),
     ]
     if torch.cuda.is_available():
         found.append(("graph replay call", torch.cuda.CUDAGraph, "replay"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,8 @@ from eagletree.app.engine.worker import StepOutput, joined_phases
 from eagletree.app.workers.sampler import SamplingMode, sample_next_tokens, sampling_mode
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.policy import FixedShape, ShapePolicy
-from eagletree.app.workers.shapes.step_costs import ReadBackClock, measure_step_costs
+from eagletree.app.workers.shapes.step_costs import measure_step_costs
+from eagletree.app.workers.shapes.step_feedback import StepFeedback
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
 from eagletree.domain.draft_shape import PLAIN, DraftShape
@@ -116,11 +117,7 @@ class SpeculativeWorker(StepWorker):
         self.shape_steps: Counter[DraftShape] = Counter()
         self.last_shape: DraftShape | None = None  # of the latest decode step launched
         self.last_caught_up = False  # whether that step was a catch-up
-        # the steps launched, and when each decode step was read back: what the policy learns
-        # each shape's running cost from
-        self._launched = 0
-        self._read_back_clock = ReadBackClock()
-        self._timing = True  # False inside ``untimed_steps``
+        self._feedback = StepFeedback(self.policy)
 
     def _coins_per_step(self, shape: DraftShape) -> int:
         """Coins a sampling request spends in one step of ``shape``: its verifier's (plain
@@ -179,7 +176,7 @@ class SpeculativeWorker(StepWorker):
         group sharing its dense layers runs the phases it agreed on (``plan.phases``), some
         maybe with zero rows."""
         all_owned = self._state.retain(plan.live)
-        self._launched += 1
+        self._feedback.launched()
         phases = plan.phases
         outputs: list[StepOutput] = []
         if phases.prefill:
@@ -210,15 +207,13 @@ class SpeculativeWorker(StepWorker):
             # a plain step's catch-up)
             forwards = 1 + (0 if lagging else max(shape.num_steps, 1))
             observer = None
-            if decode and self.policy.observes:
-                # a step that also prefilled took longer than its shape's step: not timed
-                timed = not phases.prefill
-                # a step inside ``untimed_steps`` does not lap the clock: neither it nor the
-                # step after it is timed
-                launched = self._launched if self._timing else None
-                paths = observed is not None
-                observer = partial(
-                    self._read_back, shape, launched, timed, paths, catch_up, sampled
+            if decode:
+                observer = self._feedback.observer(
+                    shape,
+                    timed=not phases.prefill,  # a step that also prefilled took longer
+                    paths=observed is not None,
+                    catch_up=catch_up,
+                    sampled=sampled,
                 )
             outputs.append(
                 StepOutput(
@@ -235,38 +230,10 @@ class SpeculativeWorker(StepWorker):
             )
         return joined_phases(outputs, len(plan.prefill), speculative=True)
 
-    def _read_back(
-        self,
-        shape: DraftShape,
-        launched: int | None,
-        timed: bool,
-        paths: bool,
-        catch_up: bool,
-        sampled: bool,
-        requests: Sequence[Request],
-        rows: Sequence[list[int]],
-    ) -> None:
-        """What the policy learns from the read-back decode step launched ``launched``-th
-        (None: inside ``untimed_steps``): the time it took (when ``timed``; ``catch_up``: a
-        plain step that extended the draft over its lag; ``sampled``: some request sampled),
-        and with ``paths`` its accepted paths (``rows``)."""
-        seconds = None if launched is None else self._read_back_clock.lap(launched)
-        if timed and seconds is not None:
-            self.policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
-        if paths:
-            self.policy.observe(shape, requests, rows)
-
-    @contextlib.contextmanager
-    def untimed_steps(self) -> Iterator[None]:
-        """Steps launched inside teach the policy what they accepted, not what they cost: a
-        profiler slows a step several times over (the bench profiles a few steps of its first
-        window), and an adaptive policy that timed them priced chain S5 at 1.73 ms where it
-        takes 1.2 and ran a tree 0.89 x as fast at T 0, bs 64 (H100)."""
-        self._timing = False
-        try:
-            yield
-        finally:
-            self._timing = True
+    def untimed_steps(self) -> contextlib.AbstractContextManager[None]:
+        """Steps launched inside teach the policy what they accepted, not what they cost
+        (``StepFeedback.untimed``)."""
+        return self._feedback.untimed()
 
     def _prefill(self, requests: list[Request]) -> StepOutput:
         """Target prefill, each request's first token, and the draft prefill whose proposals
