@@ -48,52 +48,31 @@ class _Pricing:
 
 
 class AdaptiveShapes:
-    """The fastest of ``shapes`` for each batch, from measured costs and learned acceptance.
+    """The fastest of ``shapes`` for each batch, from measured costs and learned acceptance;
+    docs/speculative.md says why each rule is as it is, with the runs that showed it.
 
-    ``hysteresis``: another shape is taken only when it is that fraction faster than the current
-    one (none by default: the estimates are smoothed already and a pricing stands for
-    ``reprice_every`` steps, and a 5 % margin left a T 1 batch on plain decoding while chain S3
-    ran 5 % faster — replayed on three runs, four seed sets, 0–0.4 % less than none).
-    ``prior``, ``head_priors``, ``prior_weight``, ``refresh_steps``, ``drift``: what a request
-    of each temperature band is expected to accept (``BandAcceptance``, whose expected tokens
-    are recomputed at once after a probe is read back). ``probe_every``: a band whose estimate
-    keeps choosing plain drafts once after that many plain steps (``Trials.probe_due``);
-    ``observe_per_step``: requests recorded per step (4: 8 cost 37 µs of host a step at bs 8–64
-    where 4 cost 30, and replayed on two H100 runs' cells 4 chose as well); ``rows_per_stride``:
-    a larger batch spreads a pricing and a record over more steps (``HostCadence``). Every
-    ``explore_every`` drafting steps a close drafting runner-up not timed at the batch's size
-    (or timed too long ago, ``LearnedCosts``) runs once, each more rarely while the choice
-    stands (``Trials.untried_near``). Plain steps
-    explore nothing: from plain, a drafting step costs a catch-up besides its own, and deciding
-    whether drafting pays is the probes' (on the H200, explorations among plain steps were one
-    step in eight at T 1, bs 32, each a tree step three times a plain one); nor is plain
-    explored from drafting steps: a lone plain step there teaches no time, and costs a catch-up
-    after it. The shapes are priced again every ``reprice_every`` steps, when the batch moves to
-    another bucket of the step costs and after a probe is read back; in between the last pricing
-    stands (pricing every candidate is most of the policy's host time, a step's estimates move
-    by one smoothed sample, and within a bucket every shape's step costs the same: a serving
-    batch, whose size changes whenever a request ends, would be priced every step). No step runs
-    a shape — chosen, probed or explored
-    — priced above ``stall_ratio`` × the cheapest candidate's step at the batch's size, or × the
-    median of the last steps taken there (``LearnedCosts.median_step``) where that is longer:
-    the median step a request sees is about that, and at least the cheapest, so no request's
-    worst step reaches 3 × its median (among plain steps of 0.6 ms a tree step of 2 ms is a
-    stall to every request in it, however many tokens it commits; a smoothed mean of the last
-    steps, which lags a batch that turned to plain steps, let a replay's probe run a 1.44 ms
-    tree step among plain ones of 0.47, 3.05 × the window's median). The steps taken count
-    because a plain step that never ran is priced by the start-up table alone, without the
-    host's share of a running step: among chain steps of 0.95 ms, a chain S5 of 1.2 was refused
-    at a batch of 64 as a stall past 2.5 plain steps priced 0.46 ms (a replay of the H200's
-    costs, where they took 0.62). ``drawn_drafts``: the worker's sampling requests draw their
-    drafts, which then accept by rejection sampling: a band's shapes are priced by what its
-    drawn drafts accepted (``drawn_band``), learned apart from top-k drafts' rates.
-    ``calibration_weight``: the requests' worth of agreement with its model each shape's
-    calibration starts with (``AcceptanceCalibration``); ``settle_tokens``: the output tokens
-    before which a request's paths calibrate no shape. A request's first steps continue a prompt
-    cut anywhere, and which shape runs them depends on when the batch formed, not on the shape:
-    on the H100's real pair at T 0, every bs 8–32 cell began with chain steps on fresh requests,
-    and chain S5's factor stood at 0.84 after the first window and 0.94 after the fourth, its
-    model within 2 % of what the fixed chain committed."""
+    ``hysteresis``: another shape is taken only when it is that fraction faster than the
+    current one (none by default: the estimates are smoothed and a pricing stands for
+    ``reprice_every`` steps). ``prior``, ``head_priors``, ``prior_weight``, ``refresh_steps``,
+    ``drift``, ``calibration_weight``: what a request of each temperature band is expected to
+    accept (``BandAcceptance``); ``settle_tokens``: the output tokens before which a request's
+    paths teach its band's profile but calibrate no shape (its first steps continue a prompt
+    cut anywhere). ``probe_every``: a band whose estimate keeps choosing plain drafts once after
+    that many plain steps (``Trials.probe_due``). ``explore_every``: a close drafting runner-up
+    not timed at the batch's size runs once after that many drafting steps, ever more rarely
+    while the choice stands (``Trials.untried_near``); plain steps explore nothing and plain is
+    never explored (from plain a drafting step also pays a catch-up; a lone plain step among
+    drafting ones teaches no time). ``observe_per_step`` requests are recorded a step and
+    ``rows_per_stride`` spreads a pricing and a record over more steps in a larger batch
+    (``HostCadence``). The shapes are priced again every ``reprice_every`` steps, when the batch
+    moves to another bucket of the step costs and after a probe is read back: pricing every
+    candidate is most of the policy's host time, and within a bucket every shape's step costs
+    the same. No step runs a shape — chosen, probed or explored — priced above
+    ``stall_ratio`` × the cheapest candidate's step at the batch's size, or × the median of
+    the last steps taken there where that is longer (``LearnedCosts.median_step``), so no
+    request's worst step reaches 3 × its median. ``drawn_drafts``: the worker's sampling
+    requests draw their drafts and accept by rejection sampling, so a band's shapes are priced
+    by what its drawn drafts accepted (``drawn_band``), learned apart from top-k drafts'."""
 
     observes = True
 
