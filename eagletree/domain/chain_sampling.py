@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from eagletree.domain.sampling import sample_from_probs
+from eagletree.domain.tree_sampling import draft_columns
 from eagletree.domain.verify import VerifyResult
 
 
@@ -97,11 +98,7 @@ def verify_chain_drawn(
     from; the other arguments as there."""
     drafts = candidates[:, 1:].long()  # (bs, S) target ids
     if token_ids is not None:  # each draft's column
-        column_of = torch.full(
-            (target_probs.shape[2],), -1, dtype=torch.int64, device=candidates.device
-        )
-        column_of[token_ids] = torch.arange(token_ids.numel(), device=candidates.device)
-        drafts = column_of[drafts]
+        drafts = draft_columns(token_ids, target_probs.shape[2])[drafts]
     drawn_p = draft_probs.gather(2, drafts.unsqueeze(2)).squeeze(2)  # (bs, S)
     return verify_chain_sampled(
         candidates, target_probs, draft_probs, drawn_p, coins, bonus_coins, token_ids

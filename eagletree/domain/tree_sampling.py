@@ -40,6 +40,14 @@ from eagletree.domain.verify import VerifyResult
 FIRST_DRAW_SCORE = 0.7
 
 
+def draft_columns(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Each target id's column in a draft vocabulary of ``token_ids`` (V_draft,) target ids:
+    (vocab,) int64, -1 for an id the draft cannot propose."""
+    columns = torch.full((vocab,), -1, dtype=torch.int64, device=token_ids.device)
+    columns[token_ids] = torch.arange(token_ids.numel(), device=token_ids.device)
+    return columns
+
+
 def draw_children(
     probs: torch.Tensor, coins: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block, vocab_blocks
+from eagletree.domain.tree_sampling import draft_columns
 from eagletree.domain.verify import VerifyResult
 
 
@@ -172,11 +173,8 @@ def verify_chain_drawn(
     accept_length = torch.empty((bs,), dtype=torch.int32, device=device)
     if bs == 0:
         return VerifyResult(predict=predict, accept_index=accept_index, accept_length=accept_length)
-    if token_ids is None:
-        column_of = candidates  # unread (HAS_MAP off): any int64 tensor will do
-    else:
-        column_of = torch.full((vocab,), -1, dtype=torch.int64, device=device)
-        column_of[token_ids] = torch.arange(token_ids.numel(), device=device)
+    # without a map the kernel reads no column (HAS_MAP off): any int64 tensor will do
+    column_of = candidates if token_ids is None else draft_columns(token_ids, vocab)
     block, num_blocks_pow2 = vocab_blocks(vocab, block_v)
     num_blocks = triton.cdiv(vocab, block)
     target = target_probs.float().contiguous()

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block, vocab_blocks
 from eagletree.adapters.kernels.triton.tree_verify import pick
+from eagletree.domain.tree_sampling import draft_columns
 from eagletree.domain.verify import VerifyResult
 
 
@@ -279,11 +280,8 @@ def verify_tree_drawn(
     accept_length = torch.zeros(bs, dtype=torch.int32, device=device)
     if bs == 0:
         return VerifyResult(predict=predict, accept_index=accept_index, accept_length=accept_length)
-    if token_ids is None:
-        column_of = predict  # unread (HAS_MAP off): any int tensor will do
-    else:
-        column_of = torch.full((vocab,), -1, dtype=torch.int64, device=device)
-        column_of[token_ids] = torch.arange(token_ids.numel(), device=device)
+    # without a map the kernel reads no column (HAS_MAP off): any int tensor will do
+    column_of = predict if token_ids is None else draft_columns(token_ids, vocab)
     block, num_blocks = vocab_blocks(vocab, block_v)
     _verify_tree_drawn_kernel[(bs,)](
         candidates.contiguous(),
