@@ -45,53 +45,32 @@ WARM_AFTER = 8
 
 class LearnedCosts:
     """Step costs as the running engine pays them: the ``measured`` table corrected by the seconds
-    steps took (``record``; ``ReadBackClock``).
+    steps took (``record``; ``ReadBackClock``). docs/speculative.md ("Costs") gives the runs
+    behind each rule.
 
-    A replayed graph times the device alone; a running step also pays the host's work
-    (scheduling, commits, the policy): on a small model that is most of a step, and it differs
-    far less between shapes than the device's time does, so the measured table alone overprices
-    drafting against plain steps. A (shape, bucket, sampling) that ran is priced by the smoothed
-    seconds it took, starting from its estimate as one sample; one that has not, by its measured
-    seconds plus the excess of observed over measured seconds at its bucket and sampling
-    (smoothed over the steps of its kind that ran there — plain steps with their catch-ups, or
-    drafting steps: the host's share is additive, and a drafting step's is the larger, its
-    accepted paths to commit and learn from; on the H200 a T 1 batch of 8 priced plain steps
-    35 % over their time by the drafting steps' excess and drafted at 0.8 × plain), or where none
-    ran there yet, at the nearest bucket where one did (the host's share changes slowly with the
-    batch, and a serving batch moves between buckets as requests come and go), else that of its
-    kind with the other sampling (the host's share hardly depends on it). Where no step of its
-    kind ran at all, a drafting shape borrows the plain steps' excess and a plain step has none:
-    an estimate too low is corrected the first time the step runs, one too high never is, since
-    nothing chooses the step (a plain step priced by the drafting steps' excess, 0.79 ms where
-    it took 0.57 on the H200 at T 1, bs 8, kept a batch on drafting shapes slower than plain
-    decoding). Such a price is never below ``_FLOOR`` of the table's (an excess is negative
-    where the table overstates). Plain steps and their catch-ups are learned apart and a plain
-    step priced as their mean over a run (``StepCosts``). A step that took more than ``clip``
-    times its estimate counts as that (an engine that waited between two steps); one over
-    ``stall_over`` times both its shape's average and the median step at its bucket is not
-    learned from at all (``_stalled``): on a shared H100 host a small model's steps ran 1.4–5 ×
-    their median for 10–50 ms every second or two, whatever ran, and a T 1 batch of 8 that met
-    one on chain S3 priced it up and ran chain S5, 0.87 × as fast, for the next 150 steps.
-    ``weight``: how fast an average follows a change. A shape's own times go stale once
-    ``stale_after`` steps were recorded since its last: it is priced by the table and the excess
-    again, and its next step starts a new average. A shape that stopped running keeps whatever
-    its last steps said — steps among another shape's, which pay that one's host work, a bench's
-    pause before the read-back — and, never chosen again, would never say otherwise: on the H200
-    a plain step priced 1.2 ms by a few such steps kept a T 1 batch of 64 on drafting shapes 0.8
-    × as fast as plain decoding. A bench window of 256 tokens at 5 a step lasts about 50 steps,
-    and a batch as often: a shape must go stale well within that, or a batch that begins on the
-    slower of two close shapes (its rival priced 10 % over its time by the batch before) stays
-    on it to the end (64 steps did that on the H200). Once stale, the next exploration (every 16
-    drafting steps) times it again. ``median_step``: the median of the last ``recent_steps``
-    steps at a bucket and sampling, whatever their shape (the adaptive policy's stall limit).
-    ``warm_after``: the first steps at a bucket and sampling teach nothing but its median: an
-    engine's first steps pay one-time host work, and a kind priced by them keeps that price
-    while nothing chooses it (on the H100 four cold plain steps priced plain decoding at 1.3–1.7
-    × its time at bs 1–32 for a whole run, 0.79–0.90 ms against 0.50–0.67). Nor does a plain
-    step right after a drafting one (a lone one, or a run's first): it pays the drafting step's
-    host work (H100, T 1, bs 1: lone plain steps among chain steps read back 0.66–0.94 ms, plain
-    steps in a run 0.45; lent to larger buckets they kept T 1, bs 32 drafting at 0.97 × plain
-    decoding).
+    A replayed graph times the device alone; a running step also pays the host's work, which
+    differs far less between shapes, so the table alone overprices drafting against plain
+    steps. A (shape, bucket, sampling) that ran is priced by the smoothed seconds it took
+    (``weight``: how fast the average follows a change; its estimate counts as the first
+    sample). One that has not is priced by its measured seconds plus the excess of observed
+    over measured seconds of its kind — plain steps with their catch-ups, or drafting steps,
+    kept apart because a drafting step's host share is the larger — at its bucket and sampling,
+    else at the nearest bucket where one ran, else with the other sampling; where none of its
+    kind ran at all a drafting shape borrows the plain steps' excess and a plain step has none
+    (an estimate too low is corrected when the step runs, one too high never is). Such a price
+    is never below ``_FLOOR`` of the table's. Plain steps and their catch-ups are learned apart
+    and a plain step is priced as their mean over a run (``StepCosts``).
+
+    A step over ``clip`` times its estimate counts as that (an engine that waited between two
+    steps); one over ``stall_over`` times both its shape's average and the median step at its
+    bucket is not learned from at all (``_stalled``: a host that stalled). A shape's own times
+    go stale once ``stale_after`` steps were recorded since its last, and it is priced by the
+    table and the excess again (a shape that stopped running would otherwise keep whatever its
+    last steps said, and never say otherwise). ``median_step``: the median of the last
+    ``recent_steps`` steps at a bucket and sampling, whatever their shape (the adaptive
+    policy's stall limit). ``warm_after``: the first steps at a bucket and sampling teach
+    nothing but its median (an engine's first steps pay one-time host work); nor does a plain
+    step right after a drafting one, which pays that step's host work.
     """
 
     def __init__(
