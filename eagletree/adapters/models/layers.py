@@ -158,13 +158,16 @@ class SwiGLU(nn.Module):
         out: torch.Tensor = self.down_proj(self.activation(self.gate_up_proj(x)))
         return out
 
-    def on_stream(self, stream: torch.Tensor, eps: float) -> torch.Tensor:
+    def on_stream(
+        self, stream: torch.Tensor, eps: float, copy_to: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``stream + self(norm(stream))`` where the norm's weight is folded into gate/up:
-        SiLU-and-mul applies the norm's statistic, down_proj's kernel adds the stream. Only
-        for an MLP built with fused kernels, of rows down_proj streams (a stream layer's)."""
-        # stream: (num_tokens, hidden) -> (num_tokens, hidden)
+        SiLU-and-mul applies the norm's statistic, down_proj's kernel adds the stream (and
+        stores the result into ``copy_to`` too). Only for an MLP built with fused kernels, of
+        rows down_proj streams (a stream layer's)."""
+        # stream, copy_to: (num_tokens, hidden) -> (num_tokens, hidden)
         act = silu_and_mul(self.gate_up_proj(stream), stream, eps)
-        return self.down_proj.product(act, residual=stream)
+        return self.down_proj.product(act, residual=stream, copy_to=copy_to)
 
 
 def silu_times_up(gate_up: torch.Tensor) -> torch.Tensor:
@@ -220,3 +223,18 @@ class PreNormDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
         out: torch.Tensor = self.mlp(x)
         return out, residual
+
+    def forward_copying(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+        copy_to: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """``forward``, and whether it also wrote the stream after this layer into ``copy_to``
+        (num_tokens, hidden): a layer whose last kernel produces the stream itself stores it
+        there too, where a copy would be one more launch (EAGLE-3's capture of the next
+        layer's input). This one returns the stream as a pair (mlp output, residual): no."""
+        out, residual = self(h, residual, rope, ctx)
+        return out, residual, False

@@ -113,9 +113,33 @@ class StreamLlamaDecoderLayer(LlamaDecoderLayer):
         # h, residual: (num_tokens, hidden) -> (stream, None), or the pre-norm pair
         if h.shape[0] > MAX_ROWS:
             return super().forward(h, residual, rope, ctx)
+        return self._on_stream(h, residual, rope, ctx, None), None
+
+    def forward_copying(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+        copy_to: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        # down_proj's kernel, which produces the stream, stores it into copy_to as well
+        if h.shape[0] > MAX_ROWS:
+            return super().forward_copying(h, residual, rope, ctx, copy_to)
+        return self._on_stream(h, residual, rope, ctx, copy_to), None, True
+
+    def _on_stream(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        rope: RopeTables,
+        ctx: AttentionContext,
+        copy_to: torch.Tensor | None,
+    ) -> torch.Tensor:
+        # h, residual, copy_to: (num_tokens, hidden) -> the stream after this layer
         stream = h if residual is None else residual + h
         stream = self.self_attn.on_stream(stream, rope, ctx, self.input_eps)
-        return self.mlp.on_stream(stream, self.post_attention_layernorm.eps), None
+        return self.mlp.on_stream(stream, self.post_attention_layernorm.eps, copy_to)
 
 
 def llama_decoder_layer(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
-from eagletree.adapters.models.layers import AttentionContext, RMSNorm
+from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, RMSNorm
 from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.tensor_parallel import TensorParallel
 
@@ -92,23 +92,36 @@ def run_decoder_stack(
     rope = rotary(positions, h.dtype)
     residual: torch.Tensor | None = None
     # the captured streams are written into their columns of one (num_tokens, n·H) tensor as
-    # they pass: a copy each (the fused path updates the stream in place), and no concatenation
+    # they pass, and no concatenation: by the kernel of the layer before that produces the
+    # stream (a stream layer's down_proj, ``forward_copying``), else a copy each (the fused
+    # path updates the stream in place)
     aux = h.new_empty(h.shape[0], len(aux_layer_ids) * h.shape[-1]) if aux_layer_ids else None
     columns: dict[int, list[torch.Tensor]] = {}
     if aux is not None:
         for k, column in enumerate(aux.chunk(len(aux_layer_ids), dim=-1)):
             columns.setdefault(aux_layer_ids[k], []).append(column)
-    for i, layer in enumerate(layers):
+    written: torch.Tensor | None = None  # the column the last layer wrote
+    for i, module in enumerate(layers):
         for column in columns.get(i, ()):
+            if column is written:
+                continue
             if residual is None:
                 column.copy_(h)
             else:
                 torch.add(residual, h, out=column)
-        h, residual = layer(h, residual, rope, ctx)
-    if residual is None:  # no layers: the embedding is the output
+        layer = cast(PreNormDecoderLayer, module)  # every target's layers derive from it
+        after = columns.get(i + 1)
+        if after:
+            h, residual, wrote = layer.forward_copying(h, residual, rope, ctx, after[0])
+            written = after[0] if wrote else None
+        else:
+            h, residual = layer(h, residual, rope, ctx)
+            written = None
+    if residual is None:  # no layers, or a stream layer's output: the stream itself
         normed, stream = norm(h), h
     else:
         normed, stream = norm.add(h, residual)
     for column in columns.get(len(layers), ()):
-        column.copy_(stream)
+        if column is not written:
+            column.copy_(stream)
     return TargetHidden(normed, aux)

@@ -29,10 +29,15 @@ class TorchProduct:
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         residual: torch.Tensor | None,
+        copy_to: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # x: (num_tokens, in), weight: (out, in), residual: (num_tokens, out) -> (num_tokens, out)
+        # x: (num_tokens, in), weight: (out, in), residual, copy_to: (num_tokens, out)
+        # -> (num_tokens, out)
         y = nn.functional.linear(x, weight, bias)
-        return y if residual is None else y + residual
+        y = y if residual is None else y + residual
+        if copy_to is not None:
+            copy_to.copy_(y)
+        return y
 
 
 class WeightStreamProduct(TorchProduct):
@@ -50,10 +55,11 @@ class WeightStreamProduct(TorchProduct):
         weight: torch.Tensor,
         bias: torch.Tensor | None,
         residual: torch.Tensor | None,
+        copy_to: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.streams(x):
-            return skinny_gemm(x, weight, bias, residual=residual)
-        return super().__call__(x, weight, bias, residual)
+            return skinny_gemm(x, weight, bias, residual=residual, copy_to=copy_to)
+        return super().__call__(x, weight, bias, residual, copy_to)
 
 
 class StreamedLinear(nn.Linear):
@@ -71,8 +77,14 @@ class StreamedLinear(nn.Linear):
         return self.gemm.streams(x)
 
     def product(
-        self, x: torch.Tensor, with_bias: bool = True, residual: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        with_bias: bool = True,
+        residual: torch.Tensor | None = None,
+        copy_to: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x @ weight.T`` (+ bias) (+ ``residual``, added inside the weight-stream kernel)."""
-        # x: (num_tokens, in), residual: (num_tokens, out) -> (num_tokens, out)
-        return self.gemm(x, self.weight, self.bias if with_bias else None, residual)
+        """``x @ weight.T`` (+ bias) (+ ``residual``, added inside the weight-stream kernel),
+        also written into ``copy_to`` (by the weight-stream kernel's own store)."""
+        # x: (num_tokens, in), residual, copy_to: (num_tokens, out) -> (num_tokens, out)
+        bias = self.bias if with_bias else None
+        return self.gemm(x, self.weight, bias, residual, copy_to)

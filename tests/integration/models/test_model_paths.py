@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
+from eagletree.adapters.kernels.triton.skinny_gemm import skinny_gemm
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.adapters.memory.row_movers import TorchRowMover
@@ -207,6 +208,45 @@ def test_folded_layers_run_a_decode_step_on_the_stream_and_a_long_prefill_throug
     runner.forward(requests.decode([1, 2]))
     # on the stream: no norm before the final one, which has no residual beside it to add
     assert norm_kernel_calls == {"rmsnorm": 1, "fused_add_rmsnorm": 0}
+
+
+def test_a_stream_layer_captures_its_output_for_eagle3_in_its_own_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The inputs of layers 1 and 2 (the last layer's output) of a folded two-layer target are
+    stored by the down_proj kernels of layers 0 and 1 on a decode step; the input of layer 0
+    (the embedding) is copied, and a prefill past the weight-stream limit copies all three."""
+    requires_triton("cpu")
+    stored: list[int] = []  # rows of each capture a weight-stream kernel stored
+    kernel: Callable[..., torch.Tensor] = skinny_gemm
+
+    def counted(*args: Any, copy_to: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        if copy_to is not None:
+            stored.append(copy_to.shape[0])
+        return kernel(*args, copy_to=copy_to, **kwargs)
+
+    monkeypatch.setattr(streamed_linear, "skinny_gemm", counted)
+    aux_ids = (0, 1, 2)
+    model = LlamaForCausalLM(LLAMA, aux_ids, fused_kernels=True)
+    reference = LlamaForCausalLM(LLAMA, aux_ids, fused_kernels=False)
+    for target in (model, reference):
+        perturb_parameters(target, seed=4)
+    model.fold_norms()
+    outputs = []
+    for target in (model.eval(), reference.eval()):
+        memory = Memory(torch.device("cpu"), num_slots=256, row_width=128)
+        parts = memory.runner_parts(target.kv_layout, "triton", torch.float32)
+        runner = TargetModelRunner(target, *parts)
+        requests = Requests(memory, 2)
+        outputs.append(runner.forward(requests.extend(random_prompts(64, [40, 30], seed=5))))
+        if target is model:  # 70 rows: the layers run their norms and copy every capture
+            assert stored == []
+        outputs.append(runner.forward(requests.decode([1, 2])))
+    assert stored == [2, 2]  # layers 0 and 1, two rows each
+    fused_fill, fused_step, reference_fill, reference_step = outputs
+    for fused, expected in ((fused_fill, reference_fill), (fused_step, reference_step)):
+        assert fused.aux_hidden_states is not None and expected.aux_hidden_states is not None
+        assert torch.allclose(fused.aux_hidden_states, expected.aux_hidden_states, atol=1e-4)
 
 
 def test_fold_norms_gives_the_stream_layer_only_to_layers_built_with_fused_kernels() -> None:

@@ -65,6 +65,28 @@ def test_a_residual_is_added_to_the_sum_before_its_one_rounding(
         skinny_gemm(x, weight, residual=residual[:, :-1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 17, MAX_ROWS])
+def test_the_result_is_also_stored_into_the_columns_of_a_wider_tensor(
+    device: torch.device, dtype: torch.dtype, rows: int
+) -> None:
+    requires_triton(device)
+    x, weight, bias = operands(rows, DEPTH, dtype, device, seed=rows + 11)
+    residual = torch.randn(rows, COLS, generator=torch.Generator().manual_seed(rows)).to(
+        device, dtype
+    )
+    # the middle third of a (rows, 3·COLS) tensor, as EAGLE-3's capture: row stride 3·COLS
+    wide = torch.full((rows, 3 * COLS), 7.0, dtype=dtype, device=device)
+    copy_to = wide[:, COLS : 2 * COLS]
+    out = skinny_gemm(x, weight, bias, config=SMALL_TILE, residual=residual, copy_to=copy_to)
+    summed = F.linear(x.float(), weight.float(), bias.float()) + residual.float()
+    assert_computed_close(out, summed.to(dtype), scale=float(summed.abs().max()))
+    assert torch.equal(copy_to, out)  # the same rounded values, stored twice
+    assert bool((wide[:, :COLS] == 7.0).all()) and bool((wide[:, 2 * COLS :] == 7.0).all())
+    with pytest.raises(ValueError, match="copy_to must be"):
+        skinny_gemm(x, weight, copy_to=wide[:, : COLS - 1])
+
+
 def test_row_parallel_layers_stream_only_a_decode_steps_rows(device: torch.device) -> None:
     requires_triton(device)
     down = RowParallelLinear(DEPTH, COLS, bias=True, fused_kernels=True).to(device)

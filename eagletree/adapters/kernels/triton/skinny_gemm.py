@@ -53,6 +53,7 @@ def _skinny_gemm_kernel(
     bias_ptr,
     residual_ptr,
     out_ptr,
+    copy_ptr,
     rows,
     cols,
     depth,
@@ -60,8 +61,10 @@ def _skinny_gemm_kernel(
     stride_w,
     stride_residual,
     stride_out,
+    stride_copy,
     HAS_BIAS: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_COPY: tl.constexpr,
     DOT_FP32: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -94,6 +97,9 @@ def _skinny_gemm_kernel(
         acc += tl.load(res, mask=tile_mask, other=0.0).to(tl.float32)
     out = out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=tile_mask)
+    if HAS_COPY:
+        copy = copy_ptr + offs_m[:, None].to(tl.int64) * stride_copy + offs_n[None, :]
+        tl.store(copy, acc.to(copy_ptr.dtype.element_ty), mask=tile_mask)
 
 
 def skinny_gemm(
@@ -102,9 +108,12 @@ def skinny_gemm(
     bias: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     residual: torch.Tensor | None = None,
+    copy_to: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (rows ≤ MAX_ROWS, K) · weight (N, K)ᵀ (+ bias (N,)) (+ residual (rows, N)) -> (rows, N)
-    in x's dtype; the residual is added to the fp32 sum, so the result is rounded once."""
+    in x's dtype; the residual is added to the fp32 sum, so the result is rounded once.
+    ``copy_to`` (rows, N) in x's dtype, any row stride (the columns of a wider tensor): the
+    result is stored there too, by the same kernel (EAGLE-3's capture of a layer's output)."""
     if (
         x.dim() != 2
         or weight.dim() != 2
@@ -125,6 +134,13 @@ def skinny_gemm(
             f"skinny_gemm: the residual must be ({rows}, {cols}) with unit column stride, got"
             f" {tuple(residual.shape)} strides {residual.stride()}"
         )
+    if copy_to is not None and (
+        copy_to.shape != (rows, cols) or copy_to.stride(-1) != 1 or copy_to.dtype != x.dtype
+    ):
+        raise ValueError(
+            f"skinny_gemm: copy_to must be ({rows}, {cols}) {x.dtype} with unit column stride,"
+            f" got {tuple(copy_to.shape)} {copy_to.dtype} strides {copy_to.stride()}"
+        )
     config = config or default_config(cols, rows, x.element_size())
     out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
     if rows == 0 or cols == 0:
@@ -138,6 +154,7 @@ def skinny_gemm(
         bias if bias is not None else weight,  # never read without HAS_BIAS
         residual if residual is not None else weight,  # never read without HAS_RESIDUAL
         out,
+        copy_to if copy_to is not None else out,  # never written without HAS_COPY
         rows,
         cols,
         depth,
@@ -145,8 +162,10 @@ def skinny_gemm(
         weight.stride(0),
         residual.stride(0) if residual is not None else 0,
         out.stride(0),
+        copy_to.stride(0) if copy_to is not None else 0,
         HAS_BIAS=bias is not None,
         HAS_RESIDUAL=residual is not None,
+        HAS_COPY=copy_to is not None,
         DOT_FP32=dot_fp32,
         PRECISION="ieee" if dot_fp32 else None,
         BLOCK_M=block_m,
