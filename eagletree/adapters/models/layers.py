@@ -49,15 +49,22 @@ class RMSNorm(nn.Module):
         return out.copy_(self(x))
 
     def add(
-        self, x: torch.Tensor, residual: torch.Tensor, reuse_residual: bool = True
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        reuse_residual: bool = True,
+        copy_to: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(residual + x), residual + x): the pre-norm residual stream's step.
 
         ``reuse_residual``: the caller owns ``residual``, so the sum may be written over it
-        (the fused kernel does; the torch reference always returns a new tensor).
+        (the fused kernel does; the torch reference always returns a new tensor). ``copy_to``
+        gets the sum too (the fused kernel stores it there itself).
         """
-        # x, residual: (num_tokens, hidden)
+        # x, residual, copy_to: (num_tokens, hidden)
         summed = residual + x
+        if copy_to is not None:
+            copy_to.copy_(summed)
         return self(summed), summed
 
     def concat(self, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
@@ -82,10 +89,14 @@ class FusedRMSNorm(RMSNorm):
         return super().into(x, out)
 
     def add(
-        self, x: torch.Tensor, residual: torch.Tensor, reuse_residual: bool = True
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        reuse_residual: bool = True,
+        copy_to: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = None if reuse_residual else torch.empty_like(residual)
-        return fused_add_rmsnorm(x, residual, self.weight, self.eps, out)
+        return fused_add_rmsnorm(x, residual, self.weight, self.eps, out, copy_to=copy_to)
 
     def concat(self, x: torch.Tensor, second: RMSNorm, y: torch.Tensor) -> torch.Tensor:
         out = x.new_empty(x.shape[0], x.shape[1] + y.shape[1])
@@ -100,15 +111,21 @@ def rms_norm(hidden_size: int, eps: float, fused_kernels: bool) -> RMSNorm:
 
 
 def input_step(
-    norm: RMSNorm | None, h: torch.Tensor, residual: torch.Tensor | None
+    norm: RMSNorm | None,
+    h: torch.Tensor,
+    residual: torch.Tensor | None,
+    copy_to: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's (attention input, residual stream): the stream is ``h`` for the first layer,
-    ``residual + h`` after it."""
+    ``residual + h`` after it; also stored into ``copy_to`` (by the norm's kernel after the
+    first layer)."""
     if residual is None:
+        if copy_to is not None:
+            copy_to.copy_(h)
         return (h if norm is None else norm(h)), h
     if norm is None:
         raise ValueError("only a stack's first layer may skip its input norm")
-    return norm.add(h, residual)
+    return norm.add(h, residual, copy_to=copy_to)
 
 
 def fold_rms_weight(norm: RMSNorm, linear: nn.Linear) -> None:
@@ -219,9 +236,7 @@ class PreNormDecoderLayer(nn.Module):
         ctx: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # h, residual: (num_tokens, hidden); the residual is this stack's own, updated in place
-        x, residual = input_step(self.input_layernorm, h, residual)
-        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
-        out: torch.Tensor = self.mlp(x)
+        out, residual, _ = self.forward_copying(h, residual, rope, ctx, None, None)
         return out, residual
 
     def forward_copying(
@@ -230,11 +245,16 @@ class PreNormDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         rope: RopeTables,
         ctx: AttentionContext,
-        copy_to: torch.Tensor,
+        input_to: torch.Tensor | None,
+        output_to: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-        """``forward``, and whether it also wrote the stream after this layer into ``copy_to``
-        (num_tokens, hidden): a layer whose last kernel produces the stream itself stores it
-        there too, where a copy would be one more launch (EAGLE-3's capture of the next
-        layer's input). This one returns the stream as a pair (mlp output, residual): no."""
-        out, residual = self(h, residual, rope, ctx)
+        """``forward``, also storing the stream entering the layer into ``input_to`` and,
+        where a kernel of the layer produces the stream leaving it, that one into
+        ``output_to`` (then True); both (num_tokens, hidden), any row stride (EAGLE-3's
+        captures). Each is stored by the kernel that computes the stream, where one does,
+        saving a copy's launch. This layer hands its stream on as a pair (mlp output,
+        residual), which the next layer's input norm adds: no kernel here produces it."""
+        x, residual = input_step(self.input_layernorm, h, residual, input_to)
+        x, residual = self.post_attention_layernorm.add(self.self_attn(x, rope, ctx), residual)
+        out: torch.Tensor = self.mlp(x)
         return out, residual, False

@@ -111,9 +111,8 @@ class StreamLlamaDecoderLayer(LlamaDecoderLayer):
         ctx: AttentionContext,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # h, residual: (num_tokens, hidden) -> (stream, None), or the pre-norm pair
-        if h.shape[0] > MAX_ROWS:
-            return super().forward(h, residual, rope, ctx)
-        return self._on_stream(h, residual, rope, ctx, None), None
+        out, residual, _ = self.forward_copying(h, residual, rope, ctx, None, None)
+        return out, residual
 
     def forward_copying(
         self,
@@ -121,25 +120,19 @@ class StreamLlamaDecoderLayer(LlamaDecoderLayer):
         residual: torch.Tensor | None,
         rope: RopeTables,
         ctx: AttentionContext,
-        copy_to: torch.Tensor,
+        input_to: torch.Tensor | None,
+        output_to: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-        # down_proj's kernel, which produces the stream, stores it into copy_to as well
+        # on the stream, down_proj's kernel produces the stream leaving the layer and stores
+        # it into output_to as well; the stream entering it is a copy (no kernel here makes it)
         if h.shape[0] > MAX_ROWS:
-            return super().forward_copying(h, residual, rope, ctx, copy_to)
-        return self._on_stream(h, residual, rope, ctx, copy_to), None, True
-
-    def _on_stream(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: RopeTables,
-        ctx: AttentionContext,
-        copy_to: torch.Tensor | None,
-    ) -> torch.Tensor:
-        # h, residual, copy_to: (num_tokens, hidden) -> the stream after this layer
+            return super().forward_copying(h, residual, rope, ctx, input_to, output_to)
         stream = h if residual is None else residual + h
+        if input_to is not None:
+            input_to.copy_(stream)
         stream = self.self_attn.on_stream(stream, rope, ctx, self.input_eps)
-        return self.mlp.on_stream(stream, self.post_attention_layernorm.eps, copy_to)
+        eps = self.post_attention_layernorm.eps
+        return self.mlp.on_stream(stream, eps, output_to), None, output_to is not None
 
 
 def llama_decoder_layer(

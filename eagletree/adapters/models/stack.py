@@ -92,36 +92,32 @@ def run_decoder_stack(
     rope = rotary(positions, h.dtype)
     residual: torch.Tensor | None = None
     # the captured streams are written into their columns of one (num_tokens, n·H) tensor as
-    # they pass, and no concatenation: by the kernel of the layer before that produces the
-    # stream (a stream layer's down_proj, ``forward_copying``), else a copy each (the fused
-    # path updates the stream in place)
+    # they pass, each by the kernel that computes it (``forward_copying``: a stream layer's
+    # down_proj for the stream leaving it, an input norm's add for the stream entering a
+    # pre-norm layer, the final norm's for the last), a copy where none does
     aux = h.new_empty(h.shape[0], len(aux_layer_ids) * h.shape[-1]) if aux_layer_ids else None
     columns: dict[int, list[torch.Tensor]] = {}
     if aux is not None:
         for k, column in enumerate(aux.chunk(len(aux_layer_ids), dim=-1)):
             columns.setdefault(aux_layer_ids[k], []).append(column)
-    written: torch.Tensor | None = None  # the column the last layer wrote
+    written: torch.Tensor | None = None  # the column the layer before stored
     for i, module in enumerate(layers):
-        for column in columns.get(i, ()):
-            if column is written:
-                continue
-            if residual is None:
-                column.copy_(h)
-            else:
-                torch.add(residual, h, out=column)
         layer = cast(PreNormDecoderLayer, module)  # every target's layers derive from it
-        after = columns.get(i + 1)
-        if after:
-            h, residual, wrote = layer.forward_copying(h, residual, rope, ctx, after[0])
-            written = after[0] if wrote else None
-        else:
-            h, residual = layer(h, residual, rope, ctx)
-            written = None
+        entering = [column for column in columns.get(i, ()) if column is not written]
+        leaving = columns.get(i + 1, [None])[0]
+        input_to = entering[0] if entering else None
+        h, residual, wrote = layer.forward_copying(h, residual, rope, ctx, input_to, leaving)
+        for column in entering[1:]:  # a layer captured twice
+            column.copy_(entering[0])
+        written = leaving if wrote else None
+    last = [column for column in columns.get(len(layers), ()) if column is not written]
+    output_to = last[0] if last else None
     if residual is None:  # no layers, or a stream layer's output: the stream itself
         normed, stream = norm(h), h
+        if output_to is not None:
+            output_to.copy_(stream)
     else:
-        normed, stream = norm.add(h, residual)
-    for column in columns.get(len(layers), ()):
-        if column is not written:
-            column.copy_(stream)
+        normed, stream = norm.add(h, residual, copy_to=output_to)
+    for column in last[1:]:
+        column.copy_(stream)
     return TargetHidden(normed, aux)

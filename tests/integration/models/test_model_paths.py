@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from eagletree.adapters.attention.torch_backend import TorchAttentionBackend
+from eagletree.adapters.kernels.triton.rmsnorm import fused_add_rmsnorm
 from eagletree.adapters.kernels.triton.skinny_gemm import skinny_gemm
 from eagletree.adapters.memory.mha_pool import MHAKVPool
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
@@ -210,22 +211,27 @@ def test_folded_layers_run_a_decode_step_on_the_stream_and_a_long_prefill_throug
     assert norm_kernel_calls == {"rmsnorm": 1, "fused_add_rmsnorm": 0}
 
 
-def test_a_stream_layer_captures_its_output_for_eagle3_in_its_own_kernel(
+def test_eagle3_captures_are_stored_by_the_kernels_that_compute_the_streams(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The inputs of layers 1 and 2 (the last layer's output) of a folded two-layer target are
-    stored by the down_proj kernels of layers 0 and 1 on a decode step; the input of layer 0
-    (the embedding) is copied, and a prefill past the weight-stream limit copies all three."""
+    """A folded two-layer target capturing the inputs of layers 0, 1 and 2 (the last layer's
+    output): on a decode step (stream layers) the down_proj kernels of layers 0 and 1 store
+    the last two, on a prefill past the weight-stream limit (pre-norm layers) the add + norm
+    kernels of layer 1's input norm and of the final norm do; the embedding is copied. The
+    captured states equal the torch reference's."""
     requires_triton("cpu")
-    stored: list[int] = []  # rows of each capture a weight-stream kernel stored
-    kernel: Callable[..., torch.Tensor] = skinny_gemm
+    stored: dict[str, list[int]] = {"skinny_gemm": [], "fused_add_rmsnorm": []}
 
-    def counted(*args: Any, copy_to: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        if copy_to is not None:
-            stored.append(copy_to.shape[0])
-        return kernel(*args, copy_to=copy_to, **kwargs)
+    def spy(owner: object, name: str, kernel: Callable[..., Any]) -> None:
+        def counted(*args: Any, copy_to: torch.Tensor | None = None, **kwargs: Any) -> Any:
+            if copy_to is not None:
+                stored[name].append(copy_to.shape[0])
+            return kernel(*args, copy_to=copy_to, **kwargs)
 
-    monkeypatch.setattr(streamed_linear, "skinny_gemm", counted)
+        monkeypatch.setattr(owner, name, counted)
+
+    spy(streamed_linear, "skinny_gemm", skinny_gemm)
+    spy(layers, "fused_add_rmsnorm", fused_add_rmsnorm)
     aux_ids = (0, 1, 2)
     model = LlamaForCausalLM(LLAMA, aux_ids, fused_kernels=True)
     reference = LlamaForCausalLM(LLAMA, aux_ids, fused_kernels=False)
@@ -239,10 +245,10 @@ def test_a_stream_layer_captures_its_output_for_eagle3_in_its_own_kernel(
         runner = TargetModelRunner(target, *parts)
         requests = Requests(memory, 2)
         outputs.append(runner.forward(requests.extend(random_prompts(64, [40, 30], seed=5))))
-        if target is model:  # 70 rows: the layers run their norms and copy every capture
-            assert stored == []
+        if target is model:  # 70 rows: the layers run their norms
+            assert stored == {"skinny_gemm": [], "fused_add_rmsnorm": [70, 70]}
         outputs.append(runner.forward(requests.decode([1, 2])))
-    assert stored == [2, 2]  # layers 0 and 1, two rows each
+    assert stored == {"skinny_gemm": [2, 2], "fused_add_rmsnorm": [70, 70]}
     fused_fill, fused_step, reference_fill, reference_step = outputs
     for fused, expected in ((fused_fill, reference_fill), (fused_step, reference_step)):
         assert fused.aux_hidden_states is not None and expected.aux_hidden_states is not None

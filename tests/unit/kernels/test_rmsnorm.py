@@ -68,6 +68,33 @@ def test_fused_add_rmsnorm_can_leave_the_residual_untouched(device: torch.device
     assert_computed_close(out, norm(before + x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rmsnorm_also_stores_the_sum_into_the_columns_of_a_wider_tensor(
+    device: torch.device, dtype: torch.dtype
+) -> None:
+    requires_triton(device)
+    norm = reference_norm(80, dtype, device)
+    x = rows(13, 80, seed=9, device=device).to(dtype)
+    residual = rows(13, 80, seed=10, device=device).to(dtype)
+    expected_sum = residual + x
+    # the last of three captures, as EAGLE-3's: row stride 240
+    wide = torch.full((13, 240), 7.0, dtype=dtype, device=device)
+    copy_to = wide[:, 160:]
+    out, summed = fused_add_rmsnorm(x, residual, norm.weight, norm.eps, copy_to=copy_to)
+    assert summed is residual
+    assert_rounded_sum_equal(residual, expected_sum)
+    assert torch.equal(copy_to, residual)  # the same rounded sum, stored twice
+    assert bool((wide[:, :160] == 7.0).all())
+    assert_computed_close(out, norm(residual))
+    with pytest.raises(ValueError, match="copy_to"):
+        fused_add_rmsnorm(x, residual, norm.weight, norm.eps, copy_to=wide[:, :79])
+    # the module's reference path stores the same sum
+    reference = reference_norm(80, dtype, device)
+    kept = torch.empty_like(x)
+    _, reference_sum = reference.add(x, expected_sum - x, copy_to=kept)
+    assert torch.equal(kept, reference_sum)
+
+
 def test_the_fused_rmsnorm_module_path_matches_its_reference_path(device: torch.device) -> None:
     requires_triton(device)
     reference = reference_norm(80, torch.float32, device)

@@ -1,11 +1,11 @@
 """Step kernels compile for an H100/H200 (sm_90) on a machine without a GPU — the drawn trees'
 draws (one child a row: a sampled token) and walk, the drawn chains' two kernels, a plain step's
-writes, the tempered softmax and the weight-stream GEMM storing its result twice (a layer's
-output and EAGLE-3's capture of it): the interpreter runs them on the CPU, but a kernel the
-interpreter accepts may still fail Triton's compiler (types of loop-carried values, constant
-conditions), which only a GPU run would otherwise show. Compiled in a subprocess without
-``TRITON_INTERPRET`` (under it the kernels are interpreted functions, which the compiler does
-not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
+writes, the tempered softmax, and the weight-stream GEMM and the add + RMSNorm storing their
+streams twice (the stream and EAGLE-3's capture of it): the interpreter runs them on the CPU,
+but a kernel the interpreter accepts may still fail Triton's compiler (types of loop-carried
+values, constant conditions), which only a GPU run would otherwise show. Compiled in a
+subprocess without ``TRITON_INTERPRET`` (under it the kernels are interpreted functions, which
+the compiler does not take); Triton's wheel carries the ``ptxas`` the last stage needs."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ SCRIPT = textwrap.dedent(
     from triton.compiler import ASTSource
 
     from eagletree.adapters.kernels.triton import (
-        chain_sampling, draw_children, plain_step_writes, skinny_gemm, tempered_probs,
-        tree_sampling,
+        chain_sampling, draw_children, plain_step_writes, rmsnorm, skinny_gemm,
+        tempered_probs, tree_sampling,
     )
 
     target = GPUTarget("cuda", 90, 32)
@@ -76,6 +76,14 @@ SCRIPT = textwrap.dedent(
         **{name: "constexpr" for name in ("HAS_BIAS", "HAS_RESIDUAL", "HAS_COPY", "DOT_FP32",
                                           "PRECISION", "BLOCK_M", "BLOCK_N", "BLOCK_K")},
     }
+    norm = {
+        **{name: "*bf16" for name in ("x_ptr", "residual_ptr", "residual_out_ptr", "copy_ptr",
+                                      "weight_ptr", "out_ptr")},
+        **{name: "i32" for name in ("stride_x", "stride_residual", "stride_residual_out",
+                                    "stride_copy", "stride_out", "hidden")},
+        "eps": "fp32", "ADD_RESIDUAL": "constexpr", "HAS_COPY": "constexpr",
+        "BLOCK": "constexpr",
+    }
     writer = plain_step_writes._plain_step_writes_kernel
     block_f = plain_step_writes._BLOCK_F
     kernels = [
@@ -106,6 +114,7 @@ SCRIPT = textwrap.dedent(
             {"HAS_BIAS": False, "HAS_RESIDUAL": True, "HAS_COPY": True, "DOT_FP32": False,
              "PRECISION": None, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 512},
         ),
+        (rmsnorm._rmsnorm_kernel, norm, {"ADD_RESIDUAL": True, "HAS_COPY": True, "BLOCK": 4096}),
         (
             chain_sampling._chain_walk_kernel, chain_walk,
             {"HAS_MAP": False, "BLOCK_N": 16, "BLOCK_V": 1024, "NUM_BLOCKS": 16},
@@ -128,4 +137,4 @@ def test_the_step_kernels_compile_for_sm_90() -> None:
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("compiled") == 10, done.stdout
+    assert done.stdout.count("compiled") == 11, done.stdout

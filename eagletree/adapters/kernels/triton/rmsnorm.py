@@ -19,15 +19,18 @@ def _rmsnorm_kernel(
     x_ptr,
     residual_ptr,
     residual_out_ptr,
+    copy_ptr,
     weight_ptr,
     out_ptr,
     stride_x,
     stride_residual,
     stride_residual_out,
+    stride_copy,
     stride_out,
     hidden,
     eps,
     ADD_RESIDUAL: tl.constexpr,
+    HAS_COPY: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -38,6 +41,8 @@ def _rmsnorm_kernel(
         res = tl.load(residual_ptr + row * stride_residual + cols, mask=mask, other=0.0)
         summed = (x + res.to(tl.float32)).to(residual_out_ptr.dtype.element_ty)
         tl.store(residual_out_ptr + row * stride_residual_out + cols, summed, mask=mask)
+        if HAS_COPY:
+            tl.store(copy_ptr + row * stride_copy + cols, summed, mask=mask)
         x = summed.to(tl.float32)
     mean_square = tl.sum(x * x, axis=0) / hidden
     normed = (x * tl.math.rsqrt(mean_square + eps)).to(out_ptr.dtype.element_ty)
@@ -63,6 +68,7 @@ def _launch(
     eps: float,
     add_residual: bool,
     num_warps: int | None,
+    copy_to: torch.Tensor | None = None,
 ) -> None:
     num_tokens, hidden = x.shape
     if num_tokens == 0:
@@ -71,15 +77,18 @@ def _launch(
         x,
         residual,
         residual_out,
+        copy_to if copy_to is not None else residual_out,  # never written without HAS_COPY
         weight,
         out,
         x.stride(0),
         residual.stride(0),
         residual_out.stride(0),
+        copy_to.stride(0) if copy_to is not None else 0,
         out.stride(0),
         hidden,
         eps,
         ADD_RESIDUAL=add_residual,
+        HAS_COPY=copy_to is not None,
         BLOCK=triton.next_power_of_2(hidden),
         num_warps=num_warps or 8,
     )
@@ -114,12 +123,15 @@ def fused_add_rmsnorm(
     eps: float,
     residual_out: torch.Tensor | None = None,
     *,
+    copy_to: torch.Tensor | None = None,
     num_warps: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``residual_out = residual + x`` (rounded to the residual's dtype) and its RMSNorm.
 
-    ``residual_out`` defaults to ``residual`` itself (updated in place). Returns
-    (normed, residual_out); normed is a new tensor in x's dtype. ``num_warps`` as ``rmsnorm``.
+    ``residual_out`` defaults to ``residual`` itself (updated in place); ``copy_to`` (any row
+    stride: the columns of a wider tensor) gets the sum too, stored by the same kernel
+    (EAGLE-3's capture of a layer's input). Returns (normed, residual_out); normed is a new
+    tensor in x's dtype. ``num_warps`` as ``rmsnorm``.
     """
     # x, residual, residual_out: (num_tokens, hidden)
     _check(x, weight)
@@ -132,6 +144,13 @@ def fused_add_rmsnorm(
         )
     if residual.stride(-1) != 1 or residual_out.stride(-1) != 1:
         raise ValueError("residual and residual_out need a unit column stride")
+    if copy_to is not None and (
+        copy_to.shape != x.shape or copy_to.stride(-1) != 1 or copy_to.dtype != residual_out.dtype
+    ):
+        raise ValueError(
+            f"copy_to {tuple(copy_to.shape)} {copy_to.dtype} strides {copy_to.stride()} must"
+            f" have x's shape {tuple(x.shape)}, the residual's dtype and a unit column stride"
+        )
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch(x, residual, residual_out, weight, out, eps, add_residual=True, num_warps=num_warps)
+    _launch(x, residual, residual_out, weight, out, eps, True, num_warps, copy_to=copy_to)
     return out, residual_out
