@@ -103,17 +103,6 @@ class StreamLlamaDecoderLayer(LlamaDecoderLayer):
         # None: no input norm (an EAGLE head's first layer), so no statistic to apply
         self.input_eps = None if input_layernorm is None else input_layernorm.eps
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
-        rope: RopeTables,
-        ctx: AttentionContext,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        # h, residual: (num_tokens, hidden) -> (stream, None), or the pre-norm pair
-        out, residual, _ = self.forward_copying(h, residual, rope, ctx, None, None)
-        return out, residual
-
     def forward_copying(
         self,
         h: torch.Tensor,
@@ -123,8 +112,9 @@ class StreamLlamaDecoderLayer(LlamaDecoderLayer):
         input_to: torch.Tensor | None,
         output_to: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-        # on the stream, down_proj's kernel produces the stream leaving the layer and stores
-        # it into output_to as well; the stream entering it is a copy (no kernel here makes it)
+        # h, residual: (num_tokens, hidden) -> (stream, None, …), or the pre-norm pair. On the
+        # stream, down_proj's kernel produces the stream leaving the layer and stores it into
+        # output_to as well; the stream entering it is a copy (no kernel here makes it)
         if h.shape[0] > MAX_ROWS:
             return super().forward_copying(h, residual, rope, ctx, input_to, output_to)
         stream = h if residual is None else residual + h
