@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
 
+# what a step's observer is called with: its decode requests and, per request, the step's
+# observed columns read back (``StepOutput``)
+StepObserver = Callable[[Sequence["Request"], Sequence[list[int]]], None]
+
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
@@ -40,7 +44,7 @@ class StepOutput:
     num_prefill: int  # rows [0, num_prefill) were prefills
     speculative: bool = False  # decode rows were verify steps: their emitted counts are recorded
     observed: torch.Tensor | None = None
-    observer: Callable[[Sequence[Request], Sequence[list[int]]], None] | None = None
+    observer: StepObserver | None = None
 
 
 def joined_phases(

@@ -10,19 +10,17 @@ not one that also prefilled (it took longer than its shape's step), nor one insi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
 from eagletree.app.workers.shapes.step_costs import ReadBackClock
 
 if TYPE_CHECKING:
+    from eagletree.app.engine.worker import StepObserver
     from eagletree.app.workers.shapes.policy import ShapePolicy
     from eagletree.domain.draft_shape import DraftShape
     from eagletree.domain.request import Request
-
-# called with a read-back step's requests and, per request, its accepted path's columns
-Observer = Callable[[Sequence["Request"], Sequence[list[int]]], None]
 
 
 class StepFeedback:
@@ -41,7 +39,7 @@ class StepFeedback:
 
     def observer(
         self, shape: DraftShape, *, timed: bool, paths: bool, catch_up: bool, sampled: bool
-    ) -> Observer | None:
+    ) -> StepObserver | None:
         """What to call when the decode step just launched, of ``shape``, is read back: it
         learns the step's time where ``timed`` (``catch_up``: a plain step that extended the
         draft over its lag; ``sampled``: some request sampled) and with ``paths`` the
