@@ -23,6 +23,7 @@ is not the GPU: its acceptance is the model's, and what it shows is to be confir
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import math
 import random
@@ -160,6 +161,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a step's time: a calm one of its shape's, stretched where the cell's steps "
         "show the host stalling at that point (runs of slow steps hit whatever runs)",
     )
+    p.add_argument(
+        "--request-spread",
+        type=float,
+        help="how far requests' ease differs (each request's factor on it is uniform in 1 ± "
+        "this; the fit's is 0.1): text whose requests differ more is what a policy reacting "
+        "to its recent steps is judged by",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if not args.run.is_file():
@@ -168,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--draft-dir {args.draft_dir} holds no {REPORT_NAME}")
     if args.seeds < 1 or args.min_requests < 1:
         p.error("--seeds and --min-requests must be at least 1")
+    if args.request_spread is not None and not 0 <= args.request_spread < 1:
+        p.error(f"--request-spread must be in [0, 1), got {args.request_spread:g}")
     options: dict[str, Any] = dict(args.option)
     known = inspect.signature(AdaptiveShapes).parameters
     for name, value in options.items():
@@ -183,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [
         f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
         + (", host stalls" if args.host_stalls else "")
+        + (f", request spread {args.request_spread:g}" if args.request_spread is not None else "")
         + "".join(f", {k}={v:g}" for k, v in options.items())
         + ")",
         "",
@@ -194,7 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     views: list[str] = []
     for cell in run.cells:
         if cell.temperature not in models:
-            models[cell.temperature] = fit_model(_pooled(run, cell.temperature))
+            fitted = fit_model(_pooled(run, cell.temperature))
+            if args.request_spread is not None:
+                fitted = dataclasses.replace(fitted, request_spread=args.request_spread)
+            models[cell.temperature] = fitted
         model = models[cell.temperature]
         fixed: dict[DraftShape, float] = {}
         adaptive, ran, stall = 0.0, Counter[DraftShape](), 1.0

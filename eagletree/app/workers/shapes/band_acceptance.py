@@ -64,9 +64,15 @@ class BandAcceptance:
     shape and band; a settled estimate moves slowly), at once when ``record`` is told to (a
     probe was read back), and at once with the cadence restarted when the rank-0 chain's
     expected accepted drafts moved by ``drift`` (relative;
-    ``_drifted``). Each shape's expectation is scaled by what its own steps accepted against
+    ``_drifted``). Each tree's expectation is scaled by what its own steps accepted against
     it (``AcceptanceCalibration``, per band): the profile's static tree misses what a step's
-    tree, cut from that step's scores, gains or loses.
+    tree, cut from that step's scores, gains or loses. A chain's is not: its drafts are the
+    rank-0 line, whose rates the profile counts apart, so its model is what its steps accept
+    on average, and a factor could only add when the chain ran — the policy drafts deep chains
+    where its requests' recent paths went deep and short ones where they did not, and a factor
+    against the model of the moment then priced the short chain below what it accepts (on the
+    H100's real pair at T 0.7 chain S3 at 0.93–0.96 of the fixed chain's tokens a step, chain
+    S5 at 1.00–1.07, and the policy ran chain S5 where chain S3 was 1–4 % faster).
     """
 
     def __init__(
@@ -119,14 +125,16 @@ class BandAcceptance:
         starting: Sequence[RankedPath] = (),
         steps: int = 1,
     ) -> bool:
-        """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (whose
+        """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (a tree's
         calibration then compares them with what its model expected of them); ``starting``:
         more of the step's paths, of requests in their first tokens, which the profile learns
         from and the calibration does not; ``steps``: the steps this record stands for
         (``AcceptanceProfile.record``). Returns whether its expected tokens are to be
         recomputed before they are next read: the estimate drifted, or ``refresh``."""
-        # what the model expects of the shape before the profile learns these paths
-        modelled = self._modelled(band, shape) if shape is not None and paths else 0.0
+        # a tree's steps calibrate it: what the model expects of it before the profile learns
+        # these paths
+        tree = shape if shape is not None and paths and self.shapes[shape].topk > 1 else None
+        modelled = self._modelled(band, tree) if tree is not None else 0.0
         profile = self._profiles.get(band)
         if profile is None:
             profile = AcceptanceProfile(
@@ -136,13 +144,13 @@ class BandAcceptance:
         accepted = profile.record(paths, steps=steps)
         if starting:
             profile.record(starting, steps=0)
-        if shape is not None and paths:
+        if tree is not None:
             calibration = self._calibration.get(band)
             if calibration is None:
                 calibration = self._calibration[band] = AcceptanceCalibration(
                     len(self.shapes), prior_weight=self._calibration_weight
                 )
-            calibration.record(shape, accepted, modelled, len(paths))
+            calibration.record(tree, accepted, modelled, len(paths))
         self._stale[band] += steps
         drifted = self._drifted(band, profile)
         if drifted:  # new text, new requests: follow them closely

@@ -178,46 +178,68 @@ def test_a_tree_that_accepts_more_than_its_static_tree_is_priced_by_what_it_acce
 
 
 def test_requests_in_their_first_tokens_teach_the_profile_and_calibrate_no_shape() -> None:
-    # every settled request accepts the chain's 3 drafts; those in their first tokens (half of
-    # the batch) accept none: the profile learns from both, the chain's calibration from the
-    # settled ones alone, so the chain is priced at what those accepted
+    # every settled request accepts the tree's 2 drafts down its rank-0 line; those in their
+    # first tokens (half of the batch) accept none: the profile learns from both, the tree's
+    # calibration from the settled ones alone, so the tree is priced near what those accepted
+    tree = DraftShape(2, 2, 4)
+
     def policy(settle_tokens: int) -> AdaptiveShapes:
         return AdaptiveShapes(
-            SHAPES, prior=PESSIMISTIC, prior_weight=1e-3, settle_tokens=settle_tokens,
+            (tree, PLAIN), prior=PESSIMISTIC, prior_weight=1e-3, settle_tokens=settle_tokens,
             observe_per_step=8,
         )  # fmt: skip
 
     settled, mixed, everyone = policy(8), policy(8), policy(0)
     batch = requests_at([0.0] * 4, generated=8) + requests_at([0.0] * 4, generated=7)
-    nothing = [[-1, -1, -1, 1, 0, 0]]
+    both, nothing = [[0, 0, 2, 2]], [[-1, -1, 2, 0]]
     for _ in range(32):
-        settled.observe(CHAIN, batch[:4], ACCEPTING * 4)
-        mixed.observe(CHAIN, batch, ACCEPTING * 4 + nothing * 4)
-        everyone.observe(CHAIN, batch, ACCEPTING * 4 + nothing * 4)
+        settled.observe(tree, batch[:4], both * 4)
+        mixed.observe(tree, batch, both * 4 + nothing * 4)
+        everyone.observe(tree, batch, both * 4 + nothing * 4)
     assert settled.profile("greedy").rate(0, 0) == pytest.approx(1.0, abs=1e-3)
     for learned in (mixed, everyone):  # half the paths accept at depth 1
         assert learned.profile("greedy").rate(0, 0) == pytest.approx(0.5, abs=1e-3)
-        # depths 2 and 3 reached by the settled paths alone, all accepted: 0.5 + 0.5 + 0.5
-        assert learned.expected_accepted(0.0, calibrated=False)[0] == pytest.approx(1.5, 1e-3)
-    assert settled.expected_accepted(0.0)[0] == pytest.approx(3.0, abs=0.01)
-    # calibrated by the settled requests' 3 drafts (less the prior's pull towards the model)
-    assert mixed.expected_accepted(0.0)[0] > 2.7
-    # calibrated by the mean of both halves, 1.5: its model's
-    assert everyone.expected_accepted(0.0)[0] == pytest.approx(1.5, rel=0.01)
+        # depth 2 reached by the settled paths alone, all accepted; rank 1 never taken: the
+        # static tree's best three nodes score 0.5, 0.5 and 0
+        assert learned.expected_accepted(0.0, calibrated=False)[0] == pytest.approx(1.0, 1e-3)
+    assert settled.expected_accepted(0.0)[0] == pytest.approx(2.0, abs=0.01)
+    # calibrated by the settled requests' 2 drafts (less the prior's pull towards the model)
+    assert mixed.expected_accepted(0.0)[0] > 1.8
+    # calibrated by the mean of both halves, 1: its model's
+    assert everyone.expected_accepted(0.0)[0] == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_chain_is_priced_by_its_line_rates_whatever_its_steps_accepted() -> None:
+    # a heavy prior holds the profile at 0.6 a depth; every chain step accepts both drafts, as
+    # every tree step does: the tree's calibration moves its price, the chain's stays its model
+    chain, tree = DraftShape.chain(2), DraftShape(2, 2, 4)
+    profile = RankProfile(((0.6, 0.2), (0.6, 0.2)))
+    policy = AdaptiveShapes((chain, tree), prior=profile, prior_weight=1e6, observe_per_step=8)
+    batch = requests_at([0.0] * 8)
+    for _ in range(32):
+        policy.observe(chain, batch, [[0, 0, 1, 1]] * len(batch))
+        policy.observe(tree, batch, [[0, 0, 2, 2]] * len(batch))
+    calibrated = policy.expected_accepted(0.0)
+    modelled = policy.expected_accepted(0.0, calibrated=False)
+    assert modelled[0] == pytest.approx(expected_accepted(chain, profile), rel=1e-3)
+    assert calibrated[0] == pytest.approx(modelled[0], rel=1e-3)
+    assert calibrated[1] > 1.2 * modelled[1]
 
 
 def test_a_calibrated_shape_is_never_priced_past_the_drafts_it_verifies() -> None:
-    # the prior says a chain S2 accepts 0.96 drafts; every step accepts both: the profile
-    # rises towards 2, and the calibration, had it kept the ratios of its first steps (2
-    # against a model near 1), would price the chain past the 2 drafts it verifies
-    chain = DraftShape.chain(2)
-    policy = AdaptiveShapes((chain,), prior=RankProfile(((0.6,), (0.6,))), prior_weight=1.0)
-    policy.use_costs(StepCosts((1, 8), {(chain, b, x): 1.0 for b in (1, 8)
+    # the prior says a tree S2 k2 N4 accepts 0.96 drafts; every step accepts both down its
+    # rank-0 line: the profile rises towards 2, and the calibration, had it kept the ratios of
+    # its first steps (2 against a model near 1), would price the tree past the 2 drafts a
+    # path through it verifies
+    tree = DraftShape(2, 2, 4)
+    policy = AdaptiveShapes((tree,), prior=RankProfile(((0.6, 0.0), (0.6, 0.0))),
+                            prior_weight=1.0)  # fmt: skip
+    policy.use_costs(StepCosts((1, 8), {(tree, b, x): 1.0 for b in (1, 8)
                                         for x in (False, True)}))  # fmt: skip
     batch = requests_at([0.0] * 8)
     for _ in range(40):
         policy.choose(batch)
-        policy.observe(chain, batch, [[0, 0, 1, 1]] * len(batch))
+        policy.observe(tree, batch, [[0, 0, 2, 2]] * len(batch))
     assert policy.profile("greedy").rate(1, 0) > 0.9  # learned: the model now expects ~2
     (accepted,) = policy.expected_accepted(0.0)
     assert 1.99 < accepted <= 2.0
