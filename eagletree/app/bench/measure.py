@@ -67,6 +67,9 @@ class DecodeMeasurement:
     # an adaptive engine's: the shape each timed step launched (with overlap a step's time is
     # mostly the device's work on the one launched before it)
     step_shapes: tuple[str, ...] = ()
+    # the tokens each timed step's return brought, all requests together (with overlap: those
+    # of the step it read back, the one ``step_shapes`` names)
+    step_tokens: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,6 +96,7 @@ def merged(windows: Sequence[DecodeMeasurement]) -> DecodeMeasurement:
         ended_early_reason=reasons[0] if reasons else None,
         step_seconds=tuple(t for w in windows for t in w.step_seconds),
         step_shapes=tuple(s for w in windows for s in w.step_shapes),
+        step_tokens=tuple(n for w in windows for n in w.step_tokens),
     )
 
 
@@ -186,6 +190,8 @@ def _measure(
     started = last = time.perf_counter()
     step_seconds = []
     step_shapes = []
+    step_tokens = []
+    committed = sum(outputs_before)
     # with overlap a step returns the tokens of the step launched before it, and waits for
     # them: its interval is that step's as much as its own, so it is named after that one
     shifted = launched is not None and engine.overlap
@@ -206,6 +212,9 @@ def _measure(
         now = time.perf_counter()
         step_seconds.append(now - last)
         last = now
+        total = sum(len(r.output_ids) for r in requests)
+        step_tokens.append(total - committed)
+        committed = total
         shape = None if launched is None else launched()
         if shape is not None:
             step_shapes.append(read_back if shifted and read_back is not None else shape)
@@ -249,6 +258,7 @@ def _measure(
         _reason(ended[0]) if ended else None,
         tuple(step_seconds),
         tuple(step_shapes),
+        tuple(step_tokens),
     )
 
 

@@ -50,6 +50,7 @@ class BenchRow:
     step_ms: tuple[float, ...] = ()  # each timed step's wall time, in order (JSON only)
     # an adaptive engine's: the shape each one ran (with overlap: the step it read back)
     step_shapes: tuple[str, ...] = ()
+    step_tokens: tuple[int, ...] = ()  # the tokens each step committed, all requests (JSON only)
     # an adaptive engine's policy after the window, per candidate: the tokens per step and ms
     # per step it expects at this batch size and temperature (JSON only; adaptive_state)
     policy_view: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)

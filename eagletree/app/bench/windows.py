@@ -205,4 +205,5 @@ def _row(
         ended_early_reason=m.ended_early_reason,
         step_ms=tuple(1000.0 * t for t in m.step_seconds),
         step_shapes=m.step_shapes,
+        step_tokens=m.step_tokens,
     )

@@ -169,6 +169,9 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
         assert all(0.0 <= rate <= 1.0 for rate in line)
     assert cells == {(c, bs, t) for c in configs for bs in (1, 2) for t in (0.0, 1.0)}
     for row in rows:
+        # every timed step's committed tokens, together the window's
+        assert len(row["step_tokens"]) == row["num_steps"]
+        assert sum(row["step_tokens"]) == row["num_tokens"]
         if row["config"] == "adaptive":
             assert row["chosen"] in ("plain", "chain S2", TREE)
             # every step of the window counted by the shape it ran, the most run first

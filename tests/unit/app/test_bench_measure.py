@@ -142,6 +142,8 @@ def test_only_steady_decode_steps_are_timed_and_tokens_per_step_is_the_acceptanc
     # one wall time per timed step, together the window (less its last check and sync)
     assert len(m.step_seconds) == m.num_steps and min(m.step_seconds) > 0
     assert sum(m.step_seconds) <= m.seconds
+    # and the tokens each one committed, all requests together
+    assert m.step_tokens == (3 * accept,) * timed_steps
     # 3 prefill steps, 2 warm-up, the timed ones, the profiler's unrecorded one and 1 profiled;
     # everything aborted afterwards
     assert engine.num_steps == 3 + 2 + timed_steps + PROFILE_WARMUP_STEPS + 1
