@@ -48,21 +48,20 @@ def draft_columns(token_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     return columns
 
 
-def draw_children(
-    probs: torch.Tensor, coins: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def draw_children(probs: torch.Tensor, coins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw ``k`` children of every row without replacement, in draw order.
 
     ``probs`` (rows, V) float32, each row a distribution; ``coins`` (rows, k) uniform in [0, 1).
-    Returns (columns (rows, k) int64, their probabilities under ``probs`` (rows, k), scores
-    (rows, k) in [0, 1], non-increasing along each row: ``FIRST_DRAW_SCORE``, then the collision
-    probability of what the earlier draws left). A draw after the row's support ran out is a
-    placeholder (column 0) scored 0, which a verify never accepts.
+    Returns (columns (rows, k) int64, scores (rows, k) in [0, 1], non-increasing along each row:
+    ``FIRST_DRAW_SCORE``, then the collision probability of what the earlier draws left). A draw
+    after the row's support ran out is a placeholder (column 0) scored 0, which a verify never
+    accepts. (A drawn child's probability is not returned: a verify reads it from the row it was
+    drawn from.)
     """
     rows, k = coins.shape
     remaining = probs.float()
     bound = torch.full((rows,), FIRST_DRAW_SCORE, dtype=remaining.dtype, device=probs.device)
-    columns, drawn, scores = [], [], []
+    columns, scores = [], []
     for i in range(k):
         mass = remaining.sum(dim=1)  # (rows,) what the earlier draws left, exactly 0 when none
         live = mass > 0
@@ -71,13 +70,10 @@ def draw_children(
             bound = torch.minimum(bound, estimate)
         bound = torch.where(live, bound, 0.0)
         column = sample_from_probs(remaining, coins[:, i])  # (rows,)
-        q = probs.gather(1, column.unsqueeze(1)).squeeze(1).float()
-        q = torch.where(live, q, 0.0)
         columns.append(column)
-        drawn.append(q)
         scores.append(bound)
         remaining = remaining.scatter(1, column.unsqueeze(1), 0.0)
-    return torch.stack(columns, dim=1), torch.stack(drawn, dim=1), torch.stack(scores, dim=1)
+    return torch.stack(columns, dim=1), torch.stack(scores, dim=1)
 
 
 def verify_tree_drawn(

@@ -80,7 +80,7 @@ class DraftDraws:
         coins = self._coins[:, start : start + per_request * k].reshape(-1, k)  # (rows, k)
         # (rows, V_draft)
         probs = self._sampling.probs(logits, per_request, self._kernels.tempered_probs)
-        columns, _, scores = self._kernels.draw_children(probs, coins)
+        columns, scores = self._kernels.draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
             top_p, top_columns = self._kernels.top_k(logits, k)

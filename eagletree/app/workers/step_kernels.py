@@ -64,10 +64,8 @@ GreedyVerify = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], VerifyResult
 ]
 # domain.tree_sampling.draw_children's signature: (probs (rows, V), coins (rows, k)) ->
-# (columns, their probabilities, scores), each (rows, k)
-DrawChildren = Callable[
-    [torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-]
+# (columns, scores), each (rows, k)
+DrawChildren = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # domain.tree_sampling.verify_tree_drawn's signature
 DrawnVerify = Callable[..., VerifyResult]
 # domain.chain_sampling.verify_chain_drawn's signature: (candidates (bs, S + 1), target_probs

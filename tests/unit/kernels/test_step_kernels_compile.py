@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     target = GPUTarget("cuda", 90, 32)
     draws = {
         "probs_ptr": "*fp32", "coins_ptr": "*fp32", "columns_ptr": "*i64",
-        "drawn_ptr": "*fp32", "scores_ptr": "*fp32", "vocab": "i32", "first_score": "fp32",
+        "scores_ptr": "*fp32", "vocab": "i32", "first_score": "fp32",
         "K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
         "NUM_BLOCKS": "constexpr",
     }

@@ -28,7 +28,6 @@ def _draw_children_kernel(
     probs_ptr,  # (rows, V) float32
     coins_ptr,  # (rows, K) float32
     columns_ptr,  # (rows, K) int64 out
-    drawn_ptr,  # (rows, K) float32 out
     scores_ptr,  # (rows, K) float32 out
     vocab,
     first_score,
@@ -73,9 +72,7 @@ def _draw_children_kernel(
         q = tl.where(_removed(ys, taken, offs_k, i, K) | ~ok, 0.0, q)
         _, count, last_nonzero = inverse_cdf_block(q, ys, ok, threshold, carry, row * 0, row * 0)
         column = tl.minimum(block.to(tl.int64) * BLOCK_V + count, last_nonzero)
-        q_x = tl.where(live, tl.load(probs + column), 0.0)
         tl.store(columns_ptr + row * K + i, column)
-        tl.store(drawn_ptr + row * K + i, q_x)
         tl.store(scores_ptr + row * K + i, bound)
         taken = tl.where(offs_k == i, column, taken)
         left = tl.where(ys == column, 0.0, q)
@@ -122,7 +119,7 @@ def vocab_blocks(vocab: int, block_v: int) -> tuple[int, int]:
 
 def draw_children(
     probs: torch.Tensor, coins: torch.Tensor, *, block_v: int = 1024
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``domain.tree_sampling.draw_children`` in one launch; the same arguments and result.
     ``block_v``: the vocabulary's columns a pass reads at once (tests shrink it to cross
     blocks)."""
@@ -130,16 +127,14 @@ def draw_children(
     vocab = probs.shape[1]
     device = probs.device
     columns = torch.zeros((rows, k), dtype=torch.int64, device=device)
-    drawn = torch.zeros((rows, k), dtype=torch.float32, device=device)
     scores = torch.zeros((rows, k), dtype=torch.float32, device=device)
     if rows == 0:
-        return columns, drawn, scores
+        return columns, scores
     block, num_blocks = vocab_blocks(vocab, block_v)
     _draw_children_kernel[(rows,)](
         probs.float().contiguous(),
         coins.float().contiguous(),
         columns,
-        drawn,
         scores,
         vocab,
         FIRST_DRAW_SCORE,
@@ -149,7 +144,7 @@ def draw_children(
         NUM_BLOCKS=num_blocks,
         num_warps=4,
     )
-    return columns, drawn, scores
+    return columns, scores
 
 
 def sample_from_probs(
@@ -160,5 +155,5 @@ def sample_from_probs(
     this is the draws' kernel with one child a row: two passes over the vocabulary where the
     reference's scan takes a cumulative sum over the whole (rows, V) (41 µs of a plain step's
     0.45 ms at bs 64 on the H100) and five more launches."""
-    columns, _, _ = draw_children(probs, coins.unsqueeze(1), block_v=block_v)
+    columns, _ = draw_children(probs, coins.unsqueeze(1), block_v=block_v)
     return columns[:, 0]

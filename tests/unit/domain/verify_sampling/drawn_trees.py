@@ -47,7 +47,7 @@ def draw_tree(
 
     def children(rows: torch.Tensor, row_coins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q = draft[rows]  # (R, V_draft)
-        columns, _, scores = draw_children(q, row_coins)
+        columns, scores = draw_children(q, row_coins)
         if picked is not None:
             top_p, top_columns = torch.sort(q, dim=1, descending=True, stable=True)
             flag = picked.repeat_interleave(rows.shape[0] // batch).unsqueeze(1)
