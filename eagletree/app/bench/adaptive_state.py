@@ -71,7 +71,7 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
 def policy_view(engine: Engine, batch_size: int, temperature: float) -> dict[str, Any]:
     """What an adaptive engine's policy now believes of a batch of ``batch_size`` requests at
     ``temperature``, per candidate: the tokens a step commits as the policy prices it (the
-    band's learned profile, calibrated by the shape's own steps), as the profile alone models
+    band's learned profile, a tree's calibrated by its own steps), as the profile alone models
     them (``model_tokens_per_step``) and the ms a step costs by its learned costs (empty for
     any other engine): beside the row's measured tokens per step and ms per step, where its
     choice went wrong."""

@@ -161,7 +161,7 @@ class AdaptiveShapes:
 
     def expected_accepted(self, temperature: float, *, calibrated: bool = True) -> list[float]:
         """Every candidate's expected accepted drafts a step for a request at ``temperature``,
-        as the policy prices them (its drawn class where it draws, calibrated by each shape's
+        as the policy prices them (its drawn class where it draws, each tree calibrated by its
         own steps unless not ``calibrated``)."""
         every = range(len(self.shapes))
         expected = self._expected(band_of(temperature), every, calibrated=calibrated)

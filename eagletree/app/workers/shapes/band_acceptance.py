@@ -67,12 +67,10 @@ class BandAcceptance:
     ``_drifted``). Each tree's expectation is scaled by what its own steps accepted against
     it (``AcceptanceCalibration``, per band): the profile's static tree misses what a step's
     tree, cut from that step's scores, gains or loses. A chain's is not: its drafts are the
-    rank-0 line, whose rates the profile counts apart, so its model is what its steps accept
-    on average, and a factor could only add when the chain ran — the policy drafts deep chains
-    where its requests' recent paths went deep and short ones where they did not, and a factor
-    against the model of the moment then priced the short chain below what it accepts (on the
-    H100's real pair at T 0.7 chain S3 at 0.93–0.96 of the fixed chain's tokens a step, chain
-    S5 at 1.00–1.07, and the policy ran chain S5 where chain S3 was 1–4 % faster).
+    rank-0 line, whose rates the profile counts apart, so its model is what its steps accept on
+    average, and a factor could only add *when* it ran (the policy drafts deep chains where the
+    recent paths went deep and short ones where they did not: against the model of the moment
+    the short chain was priced below what it accepts, docs/speculative.md).
     """
 
     def __init__(
