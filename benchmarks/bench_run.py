@@ -1,18 +1,19 @@
 """What a CPU replay reads of a GPU bench JSON of an adaptive engine (``eagletree bench
 --policy adaptive --out run``): per cell (batch size, temperature) each fixed configuration's
 measured step seconds and tokens a step, the adaptive engine's start-up cost table, its
-candidate shapes, and the tok/s the GPU measured for it (``benchmarks/policy_replay.py``)."""
+candidate shapes and the head's rank profiles it started from, and the tok/s the GPU measured
+for it (``benchmarks/policy_replay.py``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.config.shape_policy import parse_shape
-from eagletree.domain.draft_shape import DraftShape
+from eagletree.domain.draft_shape import DraftShape, RankProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,9 @@ class Run:
     new_tokens: int
     repeats: int
     measured: Mapping[tuple[int, float], float]  # the GPU's adaptive tok/s per cell
+    # the head's rank profiles by class, as its report gave them to the engine (runs written
+    # before they were recorded: none)
+    head_priors: Mapping[str, RankProfile] = field(default_factory=dict)
 
 
 def read_run(path: Path) -> Run:
@@ -79,4 +83,8 @@ def read_run(path: Path) -> Run:
         argv["new_tokens"],
         argv.get("repeats", 1),
         measured,
+        {
+            name: RankProfile(tuple(tuple(float(rate) for rate in row) for row in rows))
+            for name, rows in state.get("head_priors", {}).items()
+        },
     )

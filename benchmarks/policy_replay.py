@@ -150,7 +150,12 @@ def _option(text: str) -> tuple[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--run", type=Path, required=True, help="an eagletree bench JSON")
-    p.add_argument("--draft-dir", type=Path, help="the head's directory: its training.json prior")
+    p.add_argument(
+        "--draft-dir",
+        type=Path,
+        help="the head's directory: its training.json prior (default: the priors the run's "
+        "engine started from, where the run recorded them)",
+    )
     p.add_argument("--min-requests", type=int, default=16)
     p.add_argument("--seeds", type=int, default=3, help="replays per cell, averaged")
     p.add_argument("--first-seed", type=int, default=0)
@@ -188,12 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 p.error(f"--option {name}: a whole number, got {value:g}")
             options[name] = int(value)  # a count: an index or a range bound
     run = read_run(args.run)
-    priors = read_rank_priors(args.draft_dir) if args.draft_dir else {}
+    # the head's report where given, else the priors the GPU's engine started from
+    priors = read_rank_priors(args.draft_dir) if args.draft_dir else dict(run.head_priors)
     models: dict[float, DraftModel] = {}
     lines = [
         f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
         + (", host stalls" if args.host_stalls else "")
         + (f", request spread {args.request_spread:g}" if args.request_spread is not None else "")
+        + (f", head priors: {', '.join(sorted(priors))}" if priors else ", the default prior")
         + "".join(f", {k}={v:g}" for k, v in options.items())
         + ")",
         "",

@@ -28,8 +28,8 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     """An adaptive engine's step costs (ms per step, per shape, bucket and sampling: as
     measured at start and as learned from its steps; a plain step's, its share of a run of
     plain steps with their catch-ups), its catch-up step as measured at start (one every
-    ``every`` plain steps) and its learned rank profiles per band;
-    None for any other engine."""
+    ``every`` plain steps), its learned rank profiles per band and the head's own it started
+    from; None for any other engine."""
     adaptive = _adaptive_policy(engine)
     if adaptive is None:
         return None
@@ -60,11 +60,14 @@ def adaptive_state(engine: Engine) -> dict[str, Any] | None:
     learned = policy.learned_profiles()
     profiles = {band: [list(row) for row in profile.hit_rates] for band, profile in learned.items()}
     lines = {band: list(profile.line_rates) for band, profile in learned.items()}
+    # what the bands started from, as the head's report gives it (a replay starts there too)
+    priors = policy.acceptance.head_priors
     return {
         "step_costs": rows,
         "catch_ups": catch_ups,
         "rank_profiles": profiles,
         "line_rates": lines,
+        "head_priors": {name: [list(row) for row in p.hit_rates] for name, p in priors.items()},
     }
 
 

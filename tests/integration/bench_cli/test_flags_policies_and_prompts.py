@@ -127,6 +127,10 @@ def test_the_header_names_each_engines_resolved_value_when_they_differ() -> None
 def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_temperature(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # the head's report: the rank profiles its bands start from
+    _, draft = ensure_preset_checkpoint("tiny", "eagle", tmp_path / "checkpoint")
+    priors = {"greedy": [[0.75, 0.125], [0.625, 0.125]], "sampled": [[0.5, 0.25], [0.375, 0.25]]}
+    (draft / "training.json").write_text(json.dumps({"rank_profile": priors}))
     argv = tiny_run(
         tmp_path, "--configs", "chain:S2", "tree:S2,k2,N3", "--batch-sizes", "1", "2",
         "--policy", "adaptive", "--temperatures", "0", "1", "--out", str(tmp_path / "run"),
@@ -142,6 +146,7 @@ def test_the_adaptive_policy_is_measured_beside_the_fixed_shapes_at_each_tempera
     # what the adaptive engine measured and learned: every candidate's step at every bucket,
     # greedy and sampled, and a rank profile for each temperature it ran
     (learned,) = data["adaptive"].values()
+    assert learned["head_priors"] == priors  # what a replay of the run starts from
     costs = learned["step_costs"]
     # and its catch-up, a plain step's that extends the draft over the lag
     assert {(c["bucket"], c["sampled"]) for c in learned["catch_ups"]} == {

@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import policy_replay, replay_drafts
-from benchmarks.bench_run import Cell, Run
+from benchmarks.bench_run import Cell, Run, read_run
 from benchmarks.policy_replay import replay_cell
 from benchmarks.replay_clock import StepClock
 from benchmarks.replay_drafts import DraftModel, accepted_drafts
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
-from eagletree.domain.draft_shape import PLAIN, DraftShape, max_draft_tokens
+from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, max_draft_tokens
 from tests.hypothesis_profiles import examples
 
 CHAIN3, CHAIN5 = DraftShape.chain(3), DraftShape.chain(5)
@@ -123,9 +123,12 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     ] + [{"config": "adaptive (mostly chain S3, 90 %)", "batch_size": bs, "temperature": 0.0,
           "tokens_per_s": 2000.0 * bs} for bs in (1, 2)]  # fmt: skip
     speculative = {"candidate_shapes": ["chain:S3", "plain"], "sampled_drafts": "drawn"}
+    # the head's priors the engine started from: the replayed policy starts there too
+    state = {"step_costs": step_costs, "catch_ups": [],
+             "head_priors": {"greedy": [[0.75, 0.125]], "sampled": [[0.5, 0.25]]}}  # fmt: skip
     bench = {
         "rows": rows,
-        "adaptive": {"adaptive": {"step_costs": step_costs, "catch_ups": []}},
+        "adaptive": {"adaptive": state},
         "settings": {"engines": {"adaptive": {"speculative": speculative}},
                      "argv": {"new_tokens": 16, "repeats": 1}},
     }  # fmt: skip
@@ -143,7 +146,12 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     # the GPU's own adaptive ÷ best fixed: 2000 tok/s a request against the chain's 2462
     assert all(line.endswith("| 0.81 |") for line in table)
     assert capsys.readouterr().out.startswith("Policy replay of")
-    assert "observe_per_step=4)" in out.read_text().splitlines()[0]
+    header = out.read_text().splitlines()[0]
+    assert "head priors: greedy, sampled, observe_per_step=4)" in header
+    assert read_run(path).head_priors == {
+        "greedy": RankProfile(((0.75, 0.125),)),
+        "sampled": RankProfile(((0.5, 0.25),)),
+    }
 
 
 @pytest.mark.parametrize(

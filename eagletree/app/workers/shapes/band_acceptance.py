@@ -113,6 +113,12 @@ class BandAcceptance:
         """The rank profile of every band a path was recorded for."""
         return {band: learned.profile() for band, learned in self._profiles.items()}
 
+    @property
+    def head_priors(self) -> dict[str, RankProfile]:
+        """The head's own rank profiles the bands start from, by class (empty: the default
+        prior)."""
+        return dict(self._head_priors)
+
     def record(
         self,
         band: str,
