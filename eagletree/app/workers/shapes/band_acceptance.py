@@ -173,9 +173,16 @@ class BandAcceptance:
         priced there); not ``calibrated``: as the profile's model alone expects them."""
         cached = self._expected.get(band)
         if cached is None or self._stale[band] >= self._refresh_threshold(band):
+            # what drift is measured from: the prior's too, so that a band's first paths, which
+            # can move it far off the prior that priced the batch, price it again at once
             learned = self._profiles.get(band)
-            if learned is not None:
-                self._refreshed_at[band] = _chain_expectation(learned.top_rates())
+            prior = self._prior_of(band)
+            rates = (
+                learned.top_rates()
+                if learned is not None
+                else [prior.rate(d, 0) for d in range(self._depth)]
+            )
+            self._refreshed_at[band] = _chain_expectation(rates)
             if band in self._expected:
                 self._refreshes[band] += 1
             cached = self._expected[band] = [None] * len(self.shapes)

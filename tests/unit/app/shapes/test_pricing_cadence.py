@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
+from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
 from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
@@ -87,3 +88,31 @@ def test_a_profile_that_moves_is_priced_again_at_once() -> None:
     # (every 64 observed steps by then: the 252nd, 52 steps into the batch of eight)
     assert _steps_until_plain(0.1) <= fresh + 2
     assert _steps_until_plain(float("inf")) >= fresh + 30
+
+
+def _steps_until_deeper(drift: float) -> int:
+    """A batch of 64 whose prior (every depth accepted half the time) prices a chain S1 best;
+    its requests accept every draft, under which a chain S3 pays: the steps until the policy
+    drafts it (no explorations, which would run it anyway)."""
+    shallow, deep = DraftShape.chain(1), DraftShape.chain(3)
+    table = {shallow: 1.0, deep: 1.3}
+    costs = StepCosts((64,), {(s, 64, b): table[s] for s in table for b in (False, True)})
+    policy = AdaptiveShapes(
+        (shallow, deep), prior=RankProfile(((0.5,),)), probe_every=10**6,
+        explore_every=10**6, drift=drift,
+    )  # fmt: skip
+    policy.use_costs(costs)
+    batch = requests_at([0.0] * 64)
+    for step in range(100):
+        if policy.choose(batch) == deep:
+            return step
+        policy.observe(shallow, batch, [[0, 1]] * 64)
+    raise AssertionError("never drafted the deeper chain")
+
+
+def test_a_batchs_first_paths_price_it_again_when_they_move_it_off_its_prior() -> None:
+    # the pricing of a batch of 64 stands for 16 steps, and its first record (one step in
+    # four there) moves depth 1 from 0.5 to 0.9: measured from the prior that priced it, that
+    # drift prices the batch again at the next step; the cadence alone waits for its turn
+    assert _steps_until_deeper(0.1) <= 4
+    assert _steps_until_deeper(float("inf")) == 16
