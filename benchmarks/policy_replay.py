@@ -86,6 +86,7 @@ def replay_cell(
         decode = [Request(window * size + i, [1, 2], params, 4096) for i in range(size)]
         generated = torch.zeros(size, dtype=torch.int64)
         factors = model.request_factors(size, generator)
+        noise = model.ease_noise(size, generator)  # the requests' ease, step by step
         lag = 0
         steps: list[float] = []
         pending: Callable[[], None] | None = None  # the step in flight, read back next step
@@ -104,9 +105,10 @@ def replay_cell(
             if shape.is_plain:
                 committed = torch.ones(size, dtype=torch.int64)
             else:
-                ranks, offered = model.paths(shape, factors, generator)
+                ranks, offered = model.paths(shape, factors, generator, noise)
                 committed = 1 + accepted_drafts(ranks)
                 rows = torch.cat([ranks, offered], dim=1).tolist()
+            noise = model.ease_noise(size, generator, noise)  # the text moves on
             generated += committed
             for request, count in zip(decode, committed.tolist(), strict=True):
                 request.output_ids.extend([0] * count)  # how far into its output (the policy)
@@ -173,6 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "this; the fit's is 0.1): text whose requests differ more is what a policy reacting "
         "to its recent steps is judged by",
     )
+    p.add_argument(
+        "--persistence",
+        type=float,
+        help="how much of a request's ease carries over from one step to its next (the "
+        "correlation of its normal draws; default 0, every step drawn afresh): easy "
+        "stretches of text, which a policy reacting to its recent steps may chase",
+    )
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if not args.run.is_file():
@@ -183,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--seeds and --min-requests must be at least 1")
     if args.request_spread is not None and not 0 <= args.request_spread < 1:
         p.error(f"--request-spread must be in [0, 1), got {args.request_spread:g}")
+    if args.persistence is not None and not 0 <= args.persistence < 1:
+        p.error(f"--persistence must be in [0, 1), got {args.persistence:g}")
     options: dict[str, Any] = dict(args.option)
     known = inspect.signature(AdaptiveShapes).parameters
     for name, value in options.items():
@@ -200,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
         + (", host stalls" if args.host_stalls else "")
         + (f", request spread {args.request_spread:g}" if args.request_spread is not None else "")
+        + (f", persistence {args.persistence:g}" if args.persistence is not None else "")
         + (f", head priors: {', '.join(sorted(priors))}" if priors else ", the default prior")
         + "".join(f", {k}={v:g}" for k, v in options.items())
         + ")",
@@ -215,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fitted = fit_model(_pooled(run, cell.temperature))
             if args.request_spread is not None:
                 fitted = dataclasses.replace(fitted, request_spread=args.request_spread)
+            if args.persistence is not None:
+                fitted = dataclasses.replace(fitted, persistence=args.persistence)
             models[cell.temperature] = fitted
         model = models[cell.temperature]
         fixed: dict[DraftShape, float] = {}

@@ -12,7 +12,9 @@ probability ``ease × q_j`` (else none of them), where
   a real tree gains over the static tree of average rates (``draft_shape.expected_accepted``);
 - ``ease`` is the step's, shared by all its nodes: ``sigmoid(ease + ease_spread · z)`` times
   the request's own factor (``request_spread``: prompts differ) — a path that went deep was on
-  an easy step, so a learned profile's rates rise with depth, as the H200's do.
+  an easy step, so a learned profile's rates rise with depth, as the H200's do. The normal
+  draw ``z`` of a request's ease carries over from its step to its next by ``persistence``
+  (``ease_noise``: an easy stretch of text lasts some steps), without changing its spread.
 
 Chains are priced exactly by a learned profile whatever these are (its rates are conditional
 on the depth reached); trees are not, as on the GPU. ``fit_model`` picks the parameters whose
@@ -45,21 +47,40 @@ class DraftModel:
     confidence_spread: float
     tail: float = 0.5
     request_spread: float = 0.1
+    persistence: float = 0.0
 
     def request_factors(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """Each of ``count`` requests' factor on its steps' ease (count,)."""
         uniform = torch.rand(count, generator=generator, dtype=torch.float64)
         return 1.0 + self.request_spread * (2.0 * uniform - 1.0)
 
+    def ease_noise(
+        self, count: int, generator: torch.Generator, previous: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``count`` requests' standard normal draws of their step's ease (count,): fresh ones,
+        or from their last step's ``previous``, ``persistence`` × that plus fresh noise (the
+        variance kept 1)."""
+        fresh = _normal(count, generator)
+        if previous is None:
+            return fresh
+        rho = self.persistence
+        return rho * previous + math.sqrt(1.0 - rho * rho) * fresh
+
     def paths(
-        self, shape: DraftShape, factors: torch.Tensor, generator: torch.Generator
+        self,
+        shape: DraftShape,
+        factors: torch.Tensor,
+        generator: torch.Generator,
+        noise: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of ``shape`` for requests of ``factors`` (n,) → ranks (n, S) int64, the rank
         accepted at each depth (−1 from the first depth not accepted), and offered (n, S)
         int64, the candidates verified there under the accepted path (0 where it did not
-        reach)."""
+        reach); ``noise`` (n,): the step's draws of the requests' ease (``ease_noise``;
+        None: fresh ones)."""
         n, steps, k = len(factors), shape.num_steps, shape.topk
-        ease = torch.sigmoid(self.ease + self.ease_spread * _normal(n, generator))
+        z = _normal(n, generator) if noise is None else noise
+        ease = torch.sigmoid(self.ease + self.ease_spread * z)
         ease = (ease * factors).clamp(0.0, 1.0)
         beam_scores = torch.ones(n, 1, dtype=torch.float64)
         scores, choices, beams = [], [], []

@@ -3,6 +3,7 @@ policy replayed on measured costs."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -32,6 +33,46 @@ def test_a_chain_of_steady_nodes_accepts_each_depth_at_ease_times_confidence() -
     generator = torch.Generator().manual_seed(0)
     tokens = model.tokens_per_step(DraftShape.chain(4), generator, steps=20_000)
     assert tokens == pytest.approx(1 + sum(rate**d for d in range(1, 5)), abs=0.05)
+
+
+@pytest.mark.parametrize("persistence", [0.0, 0.5, 0.9])
+def test_a_requests_ease_carries_over_by_its_persistence_its_spread_unchanged(
+    persistence: float,
+) -> None:
+    model = DraftModel(1.0, 1.0, 2.0, 0.0, persistence=persistence)
+    generator = torch.Generator().manual_seed(0)
+    draws = [model.ease_noise(4000, generator)]
+    for _ in range(3):
+        draws.append(model.ease_noise(4000, generator, draws[-1]))
+    for before, after in itertools.pairwise(draws):
+        assert float(after.var()) == pytest.approx(1.0, abs=0.08)
+        correlation = float(torch.corrcoef(torch.stack([before, after]))[0, 1])
+        assert correlation == pytest.approx(persistence, abs=0.05)
+
+
+def test_persistent_ease_leaves_a_chains_mean_and_ties_its_steps() -> None:
+    # the same model but for persistence: a chain's tokens a step keep their mean, and a
+    # request's consecutive steps commit alike
+    def steps(persistence: float) -> torch.Tensor:
+        model = DraftModel(1.5, 1.5, 3.0, 0.5, request_spread=0.0, persistence=persistence)
+        generator = torch.Generator().manual_seed(1)
+        factors = model.request_factors(2000, generator)
+        noise = model.ease_noise(2000, generator)
+        committed = []
+        for _ in range(6):
+            ranks, _ = model.paths(CHAIN5, factors, generator, noise)
+            committed.append(accepted_drafts(ranks).double())
+            noise = model.ease_noise(2000, generator, noise)
+        return torch.stack(committed)  # (steps, requests)
+
+    fresh, lasting = steps(0.0), steps(0.9)
+    assert float(lasting.mean()) == pytest.approx(float(fresh.mean()), rel=0.05)
+
+    def lag_one(x: torch.Tensor) -> float:
+        return float(torch.corrcoef(torch.stack([x[:-1].flatten(), x[1:].flatten()]))[0, 1])
+
+    assert abs(lag_one(fresh)) < 0.05
+    assert lag_one(lasting) > 0.2  # 0.29: the nodes' own coins blur the ease
 
 
 @st.composite
