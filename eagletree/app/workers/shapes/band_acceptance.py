@@ -176,12 +176,11 @@ class BandAcceptance:
             # what drift is measured from: the prior's too, so that a band's first paths, which
             # can move it far off the prior that priced the batch, price it again at once
             learned = self._profiles.get(band)
-            prior = self._prior_of(band)
-            rates = (
-                learned.top_rates()
-                if learned is not None
-                else [prior.rate(d, 0) for d in range(self._depth)]
-            )
+            if learned is not None:
+                rates = learned.top_rates()
+            else:
+                prior = self._prior_of(band)
+                rates = [prior.rate(d, 0) for d in range(self._depth)]
             self._refreshed_at[band] = _chain_expectation(rates)
             if band in self._expected:
                 self._refreshes[band] += 1
