@@ -9,6 +9,7 @@ every run's report answers it the same way.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -19,9 +20,10 @@ from eagletree.app.bench.rows import BenchRow
 def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     """Markdown lines (empty without an adaptive row): per (temperature, batch size) the
     adaptive engine's tok/s over the best fixed drafting shape's (named) and over plain
-    decoding's, the two shapes it ran most with their shares of its steps and its worst over
-    median step; then, per configuration, the geometric mean over the cells of its tok/s over
-    the cell's best fixed engine (plain included)."""
+    decoding's, each with its standard error where both rows measured the same draws of
+    prompts (``paired_error``), the two shapes it ran most with their shares of its steps and
+    its worst over median step; then, per configuration, the geometric mean over the cells of
+    its tok/s over the cell's best fixed engine (plain included)."""
     cells: dict[tuple[float, int], dict[str, BenchRow]] = {}
     for row in rows:
         cells.setdefault((row.temperature, row.batch_size), {})[row.config] = row
@@ -36,6 +38,7 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
         "| worst ÷ median step |",
         "|---|---|---|---|---|---|",
     ]
+    paired = False
     over_best: dict[str, list[float]] = {}
     for (temperature, batch_size), cell in measured.items():
         adaptive = cell[ADAPTIVE_NAME]
@@ -43,6 +46,7 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
         drafting = [row for name, row in fixed.items() if name != PLAIN.name]
         best = max(drafting, key=lambda r: r.tokens_per_s, default=None)
         plain = fixed.get(PLAIN.name)
+        paired = paired or any(paired_error(adaptive, b) is not None for b in (best, plain))
         lines.append(
             f"| {temperature:g} | {batch_size} | {_over(adaptive, best, named=True)} "
             f"| {_over(adaptive, plain)} | {_ran(adaptive)} | {_worst(adaptive)} |"
@@ -51,6 +55,12 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
             top = max(row.tokens_per_s for row in fixed.values())
             for name, row in cell.items():
                 over_best.setdefault(name, []).append(row.tokens_per_s / top)
+    if paired:
+        lines += [
+            "",
+            "± is the standard error of the ratio from its windows: both engines decoded each "
+            "draw of prompts, so a draw's text, easy or hard, weighs on both alike.",
+        ]
     complete = {name: ratios for name, ratios in over_best.items() if len(ratios) == len(measured)}
     if complete:
         means = sorted(
@@ -65,11 +75,27 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     return lines
 
 
+def paired_error(row: BenchRow, base: BenchRow | None) -> float | None:
+    """The standard error of log(``row`` ÷ ``base``) tok/s over the windows both measured, draw
+    by draw (None for fewer than two windows, or rows not measured over the same draws): at
+    T > 0 a row's tokens per step move by a few per cent between runs with the text its
+    requests happened to write, and a ratio is a miss only where it stands clear of that."""
+    if base is None:
+        return None
+    ours, theirs = row.window_tokens_per_s, base.window_tokens_per_s
+    if len(ours) < 2 or len(ours) != len(theirs) or min(*ours, *theirs) <= 0:
+        return None
+    logs = [math.log(a / b) for a, b in zip(ours, theirs, strict=True)]
+    return statistics.stdev(logs) / math.sqrt(len(logs))
+
+
 def _over(row: BenchRow, base: BenchRow | None, named: bool = False) -> str:
     if base is None or base.tokens_per_s <= 0:
         return "n/a"
-    ratio = f"{row.tokens_per_s / base.tokens_per_s:.2f}"
-    return f"{ratio} ({base.config})" if named else ratio
+    ratio = row.tokens_per_s / base.tokens_per_s
+    error = paired_error(row, base)
+    shown = f"{ratio:.2f}" if error is None else f"{ratio:.2f} ± {ratio * error:.2f}"
+    return f"{shown} ({base.config})" if named else shown
 
 
 def _ran(row: BenchRow) -> str:

@@ -70,6 +70,8 @@ class DecodeMeasurement:
     # the tokens each timed step's return brought, all requests together (with overlap: those
     # of the step it read back, the one ``step_shapes`` names)
     step_tokens: tuple[int, ...] = ()
+    # windows measured as one (``merged``): each one's tok/s, in order
+    window_tokens_per_s: tuple[float, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -82,7 +84,8 @@ class DecodeMeasurement:
 
 def merged(windows: Sequence[DecodeMeasurement]) -> DecodeMeasurement:
     """Windows of one batch size measured as one: their steps, tokens and seconds summed, the
-    tokens per step over all steps, the first window's profile and data-parallel shares."""
+    tokens per step over all steps, each window's tok/s, the first window's profile and
+    data-parallel shares."""
     first = windows[0]
     num_steps = sum(w.num_steps for w in windows)
     reasons = [w.ended_early_reason for w in windows if w.ended_early_reason is not None]
@@ -97,6 +100,7 @@ def merged(windows: Sequence[DecodeMeasurement]) -> DecodeMeasurement:
         step_seconds=tuple(t for w in windows for t in w.step_seconds),
         step_shapes=tuple(s for w in windows for s in w.step_shapes),
         step_tokens=tuple(n for w in windows for n in w.step_tokens),
+        window_tokens_per_s=tuple(w.tokens_per_s for w in windows),
     )
 
 

@@ -51,6 +51,9 @@ class BenchRow:
     # an adaptive engine's: the shape each one ran (with overlap: the step it read back)
     step_shapes: tuple[str, ...] = ()
     step_tokens: tuple[int, ...] = ()  # the tokens each step committed, all requests (JSON only)
+    # each window's tok/s, in the order the prompts were drawn (JSON only): engines of one
+    # interleaved run decoded the same draws, so their ratios pair window by window
+    window_tokens_per_s: tuple[float, ...] = ()
     # an adaptive engine's policy after the window, per candidate: the tokens per step and ms
     # per step it expects at this batch size and temperature (JSON only; adaptive_state)
     policy_view: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)

@@ -206,4 +206,5 @@ def _row(
         step_ms=tuple(1000.0 * t for t in m.step_seconds),
         step_shapes=m.step_shapes,
         step_tokens=m.step_tokens,
+        window_tokens_per_s=m.window_tokens_per_s,
     )

@@ -65,3 +65,28 @@ def test_a_configuration_missing_from_some_cell_has_no_mean() -> None:
     assert "chain S3" not in lines[-1]
     assert lines[-1].startswith("Geometric mean over the 2 cells")
     assert f"adaptive {math.sqrt(1.5 * 0.75):.3f}" in lines[-1]
+
+
+def test_a_ratio_over_paired_windows_carries_its_standard_error() -> None:
+    # two draws: the adaptive engine 10 % under and 10 % over the chain's, window by window
+    rows = [
+        _row("plain", 8, 1.0, 50.0, window_tokens_per_s=(50.0, 50.0)),
+        _row("chain S3", 8, 1.0, 100.0, window_tokens_per_s=(100.0, 100.0)),
+        _row("adaptive", 8, 1.0, 100.0, window_tokens_per_s=(90.0, 110.0)),
+    ]
+    lines = adaptive_lines(rows)
+    # two logs a and b: their standard deviation is |a - b| / √2, its error over √2 more
+    error = abs(math.log(110 / 90)) / 2
+    assert f"| 1 | 8 | 1.00 ± {error:.2f} (chain S3) | 2.00 ± {2 * error:.2f} |" in lines[5]
+    assert any(line.startswith("± is the standard error") for line in lines)
+
+
+def test_rows_not_measured_over_the_same_draws_carry_no_error() -> None:
+    rows = [
+        _row("plain", 1, 0.0, 100.0, window_tokens_per_s=(100.0,)),
+        _row("chain S3", 1, 0.0, 200.0, window_tokens_per_s=(180.0, 220.0, 200.0)),
+        _row("adaptive", 1, 0.0, 190.0, window_tokens_per_s=(170.0, 210.0)),
+    ]
+    lines = adaptive_lines(rows)
+    assert "| 0 | 1 | 0.95 (chain S3) | 1.90 | n/a | n/a |" in lines
+    assert not any("±" in line for line in lines)

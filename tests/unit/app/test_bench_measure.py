@@ -298,6 +298,7 @@ def test_windows_measured_as_one_sum_their_steps_and_weigh_acceptance_by_steps()
     assert m.tokens_per_s == pytest.approx(80.0) and m.ms_per_step == pytest.approx(50.0)
     assert (m.num_ended_early, m.ended_early_reason) == (1, "eos")
     assert len(m.step_seconds) == 40 and m.batch_size == 2
+    assert m.window_tokens_per_s == pytest.approx((120.0, 100.0 / 1.5))  # each window's own
 
 
 @pytest.mark.parametrize("num_engines", [1, 2, 3, 5])
