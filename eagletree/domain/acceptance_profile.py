@@ -10,6 +10,14 @@ counted apart (``RankProfile.line_rates``): a chain's drafts are those alone. Co
 geometrically (``half_life`` steps), so the profile follows the text being generated; a prior
 (e.g. the head's training report) stands in for ``prior_weight`` exposures until real ones
 outweigh it.
+
+A depth is seen only in the steps of shapes that draft that deep, and an adaptive policy drafts
+deep where the recent text was easy: a deep depth's rates, learned on easy stretches alone,
+would price every later step as if it were easy too. So each depth also counts the first
+depth's rank-0 rate over the steps that offered it, and its rates are scaled by the first
+depth's rate over all steps against that (``profile``): if the steps that went deep took the
+first draft 0.9 of the time where all steps took it 0.6, the deep depths are priced at
+two thirds of what those steps accepted there.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ class AcceptanceProfile:
         # the same of the paths that took rank 0 at every depth before: a chain's rates
         self._line_hits = [prior_weight * prior.chain_rate(d) for d in range(max_depth)]
         self._line_reached = [prior_weight] * max_depth
+        # per depth, the first depth's rank-0 hits and exposures over the steps that offered it
+        self._first_hits = [prior_weight * prior.chain_rate(0)] * max_depth
+        self._first_reached = [prior_weight] * max_depth
         # what a count recorded now weighs: the counts decay by new ones weighing ever more (one
         # multiplication per step instead of one per count; only ratios are read)
         self._weight = 1.0
@@ -72,9 +83,12 @@ class AcceptanceProfile:
         weight, depths, ranks_kept = self._weight, self.max_depth, self.max_rank
         offers, reached, hits = self._offers, self._reached, self._hits
         line_hits, line_reached = self._line_hits, self._line_reached
-        accepted = 0
+        accepted = offered_depths = 0
+        first = line_hits[0], line_reached[0]
         # (runs every step for a few paths: no builtin calls inside the loop)
         for ranks, offered in paths:
+            if len(offered) > offered_depths:
+                offered_depths = len(offered)
             on_line = True
             depth = 0
             for rank, count in zip(ranks, offered, strict=False):  # halves of one row
@@ -93,6 +107,12 @@ class AcceptanceProfile:
                     hits[depth][rank] += weight
                 depth += 1
             accepted += depth  # the depths it took a rank at, the first −1 ending them
+        # the step's shape offered every depth its paths have a slot for (``paths`` of one
+        # step): each counts the first depth's hits and exposures the paths just added
+        first_hits, first_reached = line_hits[0] - first[0], line_reached[0] - first[1]
+        for depth in range(min(offered_depths, depths)):
+            self._first_hits[depth] += first_hits
+            self._first_reached[depth] += first_reached
         return accepted
 
     def exposures(self, depth: int, rank: int) -> float:
@@ -106,8 +126,10 @@ class AcceptanceProfile:
         return [hits[0] / reached if reached > 0 else 0.0 for hits, reached in pairs]
 
     def profile(self) -> RankProfile:
-        """The current estimate: per depth, each rank's hits / exposures, capped by the rate of
-        the rank before it and by what the ranks before it leave of 1.
+        """The current estimate: per depth, each rank's hits / exposures, scaled by how the
+        first depth's rank-0 rate over all steps compares with its rate over the steps that
+        offered this depth (see the module), capped by 1, by the rate of the rank before it and
+        by what the ranks before it leave of 1.
 
         Rank 0 is offered wherever a path reaches a depth, so its rate is the plain mean. A
         lower rank is offered only where the tree kept it, and EAGLE keeps it where the draft
@@ -116,24 +138,35 @@ class AcceptanceProfile:
         with it (a greedy head whose chains accept 0.93 a depth priced at 0.74); the caps take
         the excess from the ranks that carry it, and keep a row non-increasing as the draft's
         ranking is."""
+        scales = self._selection_scales()
         rows = []
-        for hits, offers in zip(self._hits, self._offers, strict=True):
+        for hits, offers, scale in zip(self._hits, self._offers, scales, strict=True):
             exposures = _rank_exposures(offers)
             row: list[float] = []
             left = cap = 1.0
             for h, e in zip(hits, exposures, strict=True):
-                rate = min(h / e if e > 0 else 0.0, cap, left)
+                rate = min(scale * h / e if e > 0 else 0.0, cap, left)
                 row.append(rate)
                 left, cap = left - rate, rate
             rows.append(tuple(row))
-        pairs = zip(self._line_hits, self._line_reached, strict=True)
-        line = tuple(hits / reached if reached > 0 else 0.0 for hits, reached in pairs)
+        triples = zip(self._line_hits, self._line_reached, scales, strict=True)
+        line = tuple(min(scale * h / r, 1.0) if r > 0 else 0.0 for h, r, scale in triples)
         return RankProfile(tuple(rows), line)
+
+    def _selection_scales(self) -> list[float]:
+        """Per depth, the first depth's rank-0 rate over every step (the line's) over its rate
+        over the steps that offered the depth: 1 where every step did."""
+        reached = self._line_reached[0]
+        if reached <= 0:
+            return [1.0] * self.max_depth
+        everywhere = self._line_hits[0] / reached
+        pairs = zip(self._first_hits, self._first_reached, strict=True)
+        return [everywhere * r / h if h > 0 and r > 0 else 1.0 for h, r in pairs]
 
     def _rescale(self) -> None:
         """Divide every count and the weight by the weight (before it could overflow)."""
         scale = 1.0 / self._weight
-        line = (self._line_hits, self._line_reached)
+        line = (self._line_hits, self._line_reached, self._first_hits, self._first_reached)
         for counts in (*self._hits, *self._offers, self._reached, *line):
             counts[:] = [count * scale for count in counts]
         self._weight = 1.0

@@ -141,17 +141,30 @@ def test_the_profile_counts_as_a_walk_over_every_offered_rank_would(
     steps: list[list[list[tuple[int, int]]]],
 ) -> None:
     # the profile keeps offers per count and sums them when read: against the direct count,
-    # each path exposing every rank offered, with the same decay and prior
+    # each path exposing every rank offered, with the same decay and prior; a depth's rates
+    # scaled by the first depth's rank-0 rate over all steps against the steps offering it
     depths, ranks, prior_weight, decay = 3, 4, 2.0, 0.5 ** (1 / 64)
     prior = RankProfile(((0.5, 0.2), (0.6,)))
     tracker = AcceptanceProfile(depths, ranks, prior, prior_weight=prior_weight)
     hits = [[prior_weight * prior.rate(d, j) for j in range(ranks)] for d in range(depths)]
     exposures = [[prior_weight] * ranks for _ in range(depths)]
+    # the first depth's rank-0 (hits, exposures): over all steps, and over those offering each
+    first_everywhere = [prior_weight * prior.chain_rate(0), prior_weight]
+    first_offering = [[prior_weight * prior.chain_rate(0), prior_weight] for _ in range(depths)]
     for step in steps:
         paths = [([r for r, _ in path], [c for _, c in path]) for path in step]
         accepted = tracker.record(paths)
-        for row in (*hits, *exposures):
+        for row in (*hits, *exposures, first_everywhere, *first_offering):
             row[:] = [count * decay for count in row]
+        first = [
+            sum(1.0 for taken, offered in paths if offered[0] > 0 and taken[0] == 0),
+            sum(1.0 for _, offered in paths if offered[0] > 0),
+        ]
+        first_everywhere[:] = [a + b for a, b in zip(first_everywhere, first, strict=True)]
+        for depth in range(min(max((len(p) for p in step), default=0), depths)):
+            first_offering[depth][:] = [
+                a + b for a, b in zip(first_offering[depth], first, strict=True)
+            ]
         walked = 0
         for taken, offered in paths:
             for depth, (rank, count) in enumerate(zip(taken, offered, strict=True)):
@@ -170,7 +183,12 @@ def test_the_profile_counts_as_a_walk_over_every_offered_rank_would(
             assert tracker.exposures(depth, rank) == pytest.approx(exposures[depth][rank])
         top = hits[depth][0] / exposures[depth][0]
         assert tracker.top_rates()[depth] == pytest.approx(top)
-        assert tracker.profile().hit_rates[depth][0] == pytest.approx(top)
+        (everywhere_hits, everywhere), (offering_hits, offering) = (
+            first_everywhere,
+            first_offering[depth],
+        )
+        scale = everywhere_hits / everywhere * offering / offering_hits
+        assert tracker.profile().hit_rates[depth][0] == pytest.approx(min(top * scale, 1.0))
 
 
 def test_a_chains_rates_count_only_the_paths_that_took_every_first_candidate() -> None:
@@ -233,3 +251,24 @@ def _drawn_rank(rng: random.Random, rates: tuple[float, ...]) -> int:
         if draw < 0:
             return rank
     return -1
+
+
+def test_depths_seen_only_in_easy_steps_are_priced_by_every_steps_first_depth() -> None:
+    # a policy drafted chain S3 through a hard stretch and chain S5 through an easy one: the
+    # deep depths, seen in the S5 steps alone, are scaled by the first depth's rate over all
+    # steps (15 of 20 taken) against the S5 steps' own (10 of 10)
+    tracker = AcceptanceProfile(5, 1, RankProfile(((0.5,),)), prior_weight=0.0, half_life=1e12)
+    hard = [([0, 0, 0], [1, 1, 1])] * 5 + [([-1, -1, -1], [1, 0, 0])] * 5
+    easy = [([0, 0, 0, 0, 0], [1] * 5)] * 8 + [([0, 0, 0, -1, -1], [1, 1, 1, 1, 0])] * 2
+    for path in hard + easy:
+        tracker.record([path])
+    profile = tracker.profile()
+    # depths 1–3 were offered by every step: their own rates; 4 and 5 at 0.75 of theirs
+    assert profile.line_rates == pytest.approx((0.75, 1.0, 1.0, 0.8 * 0.75, 1.0 * 0.75))
+    assert [row[0] for row in profile.hit_rates] == pytest.approx(profile.line_rates)
+    assert tracker.top_rates() == pytest.approx([0.75, 1.0, 1.0, 0.8, 1.0])  # the raw rates
+    # where the deep steps' first depth was no easier than the rest, nothing is scaled
+    even = AcceptanceProfile(5, 1, RankProfile(((0.5,),)), prior_weight=0.0, half_life=1e12)
+    for path in hard + [([0, 0, 0, 0, 0], [1] * 5)] * 5 + [([-1] * 5, [1, 0, 0, 0, 0])] * 5:
+        even.record([path])
+    assert even.profile().line_rates == pytest.approx(even.top_rates())
