@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eagletree.app.bench.configs import ADAPTIVE_NAME, PLAIN
+
 
 @dataclass(frozen=True, slots=True)
 class ShapeSteps:
@@ -87,15 +89,14 @@ def report(data: Mapping[str, Any]) -> str:
     ]
     for temperature, batch_size in cells:
         here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
+        adaptive = [r for r in here if r["config"] == ADAPTIVE_NAME]
         fixed = {
             steps.label: steps
             for r in here
-            if not r["config"].startswith("adaptive")
+            if r["config"] != ADAPTIVE_NAME
             for steps in shape_steps(r)
         }
-        for r in here:
-            if not r["config"].startswith("adaptive"):
-                continue
+        for r in adaptive:
             for steps in shape_steps(r):
                 own = fixed.get(steps.label)
                 lines.append(
@@ -106,11 +107,7 @@ def report(data: Mapping[str, Any]) -> str:
                 )
     lines += ["", "Fixed drafting engines at bs 1, lag-1 autocorrelation of tokens a step:", ""]
     for r in rows:
-        if (
-            r["batch_size"] == 1
-            and r["config"] != "plain"
-            and not r["config"].startswith("adaptive")
-        ):
+        if r["batch_size"] == 1 and r["config"] not in (PLAIN.name, ADAPTIVE_NAME):
             persistence = lag_one(r.get("step_tokens") or [])
             value = "—" if persistence is None else f"{persistence:+.2f}"
             lines.append(f"- T {r['temperature']:g}, {r['config']}: {value}")
