@@ -58,11 +58,12 @@ class AdaptiveShapes:
     accept (``BandAcceptance``); ``settle_tokens``: the output tokens before which a request's
     paths teach its band's profile but calibrate no shape (its first steps continue a prompt
     cut anywhere). ``probe_every``: a band whose estimate keeps choosing plain drafts once after
-    that many plain steps (``Trials.probe_due``). ``explore_every``: a close drafting runner-up
-    not timed at the batch's size runs once after that many drafting steps, ever more rarely
-    while the choice stands (``Trials.untried_near``); plain steps explore nothing and plain is
-    never explored (from plain a drafting step also pays a catch-up; a lone plain step among
-    drafting ones teaches no time). ``observe_per_step`` requests are recorded a step and
+    that many plain steps, or the draft's lag where longer (``Trials.probe_due``).
+    ``explore_every``: a close drafting runner-up not timed at the batch's size runs once after
+    that many drafting steps, ever more rarely while the choice stands
+    (``Trials.untried_near``); plain steps explore nothing and plain is never explored (from
+    plain a drafting step also pays a catch-up; a lone plain step among drafting ones teaches
+    no time). ``observe_per_step`` requests are recorded a step and
     ``rows_per_stride`` spreads a pricing and a record over more steps in a larger batch
     (``HostCadence``). The shapes are priced again every ``reprice_every`` steps, when the batch
     moves to another bucket of the step costs and after a probe is read back: pricing every
@@ -136,8 +137,11 @@ class AdaptiveShapes:
     def use_costs(self, costs: StepCosts, *, warm_after: int = WARM_AFTER) -> None:
         """Price the shapes by ``costs`` from now on, as the steps' times correct them (until
         then, every step is the default); the first ``warm_after`` steps at each bucket and
-        sampling are not learned from (``LearnedCosts``)."""
+        sampling are not learned from (``LearnedCosts``). Probes come no sooner than the draft's
+        lag fills (``Trials.probe_no_sooner_than``)."""
         self._costs = LearnedCosts(costs, warm_after=warm_after)
+        if costs.catch_up:
+            self._trials.probe_no_sooner_than(costs.catch_up_every)
 
     def observe_time(
         self,

@@ -59,6 +59,28 @@ def test_probes_keep_their_pace_while_drafting_is_priced_near_plain() -> None:
     assert probes == [3, 7, 11, 15, 19, 23]  # every 4 plain steps, not 4, 8, 16
 
 
+def test_probes_wait_for_the_draft_lag_to_fill() -> None:
+    # a lag of 6 plain steps: a probe catches the draft up first, which costs the same however
+    # full the lag is, so a probe every 4 plain steps would pay a catch-up every 4
+    lagging = StepCosts(COSTS.buckets, COSTS.seconds, {(b, s): 1.1 for b in (1, 8)
+                        for s in (False, True)}, catch_up_every=6)  # fmt: skip
+    near = RankProfile(((0.5,),))
+    probes: dict[str, list[int]] = {}
+    for name, costs in (("no lag", COSTS), ("lag 6", lagging)):
+        policy = AdaptiveShapes(
+            SHAPES, prior=near, prior_weight=1e9, calibration_weight=1e9, hysteresis=0.0,
+            probe_every=4,
+        )  # fmt: skip
+        policy.use_costs(costs)
+        batch = requests_at([1.0])
+        probes[name] = []
+        for step in range(24):
+            if policy.choose(batch) == CHAIN:
+                probes[name].append(step)
+                policy.observe(CHAIN, batch, [[0, -1, -1, 1, 1, 0]])
+    assert probes == {"no lag": [3, 7, 11, 15, 19, 23], "lag 6": [5, 11, 17, 23]}
+
+
 def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     tree = DraftShape(3, 2, 6)
     prior = RankProfile(((0.9, 0.05),))
