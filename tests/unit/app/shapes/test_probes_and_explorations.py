@@ -41,22 +41,27 @@ def test_probes_thin_out_while_plain_stays_right() -> None:
     assert probes == [3, 11, 27, 59]  # after 4, 8, 16, 32 plain steps
 
 
-def test_probes_keep_their_pace_while_drafting_is_priced_near_plain() -> None:
-    # the chain commits 1 + 0.5 + 0.25 + 0.125 tokens a step of two plain ones: 0.94 x plain,
-    # within the 20 % explore margin; the prior and calibration outweigh what probes read
+def _probes_near_plain(costs: StepCosts, steps: int) -> list[int]:
+    """The steps of ``steps`` at which a T 1 request probed the chain, probes due every 4 plain
+    steps: the chain commits 1 + 0.5 + 0.25 + 0.125 tokens a step of two plain ones, 0.94 x
+    plain, within the 20 % explore margin; the prior and calibration outweigh what probes read."""
     near = RankProfile(((0.5,),))
     policy = AdaptiveShapes(
         SHAPES, prior=near, prior_weight=1e9, calibration_weight=1e9, hysteresis=0.0,
         probe_every=4,
     )  # fmt: skip
-    policy.use_costs(COSTS)
+    policy.use_costs(costs)
     batch = requests_at([1.0])
     probes = []
-    for step in range(24):
+    for step in range(steps):
         if policy.choose(batch) == CHAIN:
             probes.append(step)
             policy.observe(CHAIN, batch, [[0, -1, -1, 1, 1, 0]])
-    assert probes == [3, 7, 11, 15, 19, 23]  # every 4 plain steps, not 4, 8, 16
+    return probes
+
+
+def test_probes_keep_their_pace_while_drafting_is_priced_near_plain() -> None:
+    assert _probes_near_plain(COSTS, 24) == [3, 7, 11, 15, 19, 23]  # every 4, not 4, 8, 16
 
 
 def test_probes_wait_for_the_draft_lag_to_fill() -> None:
@@ -64,21 +69,7 @@ def test_probes_wait_for_the_draft_lag_to_fill() -> None:
     # full the lag is, so a probe every 4 plain steps would pay a catch-up every 4
     lagging = StepCosts(COSTS.buckets, COSTS.seconds, {(b, s): 1.1 for b in (1, 8)
                         for s in (False, True)}, catch_up_every=6)  # fmt: skip
-    near = RankProfile(((0.5,),))
-    probes: dict[str, list[int]] = {}
-    for name, costs in (("no lag", COSTS), ("lag 6", lagging)):
-        policy = AdaptiveShapes(
-            SHAPES, prior=near, prior_weight=1e9, calibration_weight=1e9, hysteresis=0.0,
-            probe_every=4,
-        )  # fmt: skip
-        policy.use_costs(costs)
-        batch = requests_at([1.0])
-        probes[name] = []
-        for step in range(24):
-            if policy.choose(batch) == CHAIN:
-                probes[name].append(step)
-                policy.observe(CHAIN, batch, [[0, -1, -1, 1, 1, 0]])
-    assert probes == {"no lag": [3, 7, 11, 15, 19, 23], "lag 6": [5, 11, 17, 23]}
+    assert _probes_near_plain(lagging, 24) == [5, 11, 17, 23]
 
 
 def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
