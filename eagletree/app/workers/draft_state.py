@@ -202,10 +202,11 @@ class DraftLag:
 
 # the most plain steps whose tokens the draft leaves unread (docs/speculative.md): while steps
 # are launch-bound a catch-up costs one draft forward whatever its width (on the H100 the real
-# pair's catch-up took 0.11 ms over a plain step at bs 1 and 0.16 ms at bs 64, 1,024 pairs),
-# so the more plain steps share it the less each pays; the buffer holds that many target
-# features per row (200 MB for 256 rows of a Llama-3-8B EAGLE-3 target's 3 x 4096 bf16 aux
-# states, whose catch-up is compute-bound: there a narrower lag would cost as little)
+# pair's catch-up over 16 pairs a row took 0.11 / 0.16 ms over a plain step at bs 1 / 64, over
+# 32 pairs 0.12 / 0.20), so the more plain steps share it the less each pays; the buffer holds
+# that many target features per row (200 MB for 256 rows of a Llama-3-8B EAGLE-3 target's
+# 3 x 4096 bf16 aux states, whose catch-up is compute-bound: there a narrower lag would cost as
+# little)
 MAX_LAG = 32
 
 
