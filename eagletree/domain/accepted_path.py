@@ -38,3 +38,13 @@ def accepted_path_ranks(
     ranks = torch.where(depth < accepted, rank.gather(1, local[:, 1:]), -1)
     offered = torch.where(depth <= accepted, children.gather(1, local[:, :-1]), 0)
     return torch.cat([ranks, offered], dim=1)
+
+
+def chain_path_ranks(accept_length: int, num_steps: int) -> list[int]:
+    """``accepted_path_ranks``'s row for a chain of ``num_steps`` drafts of which the first
+    ``accept_length`` were accepted, from that length alone (host only): every node of a chain
+    is its parent's only child, so each accepted draft has rank 0 and each depth the path
+    reached (the one it missed at included) offered one candidate."""
+    reached = min(accept_length + 1, num_steps)
+    ranks = [0] * accept_length + [-1] * (num_steps - accept_length)
+    return ranks + [1] * reached + [0] * (num_steps - reached)

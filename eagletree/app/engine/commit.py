@@ -50,9 +50,8 @@ def commit_step(
     stats.num_forwards += output.num_forwards
     if output.observer is not None:  # requests finished meanwhile still tell what was accepted
         decode = slice(output.num_prefill, None)
-        # the observed columns, where the step has any (a plain step's observer times it only)
-        paths = _Columns([] if output.observed is None else rows[decode], width + 2)
-        output.observer(output.requests[decode], paths)
+        # each decode row from its counts on: the observer may learn from them alone
+        output.observer(output.requests[decode], _Columns(rows[decode], width))
 
 
 class _Columns(Sequence[list[int]]):

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from eagletree.app.engine.plan import SchedulePlan
     from eagletree.domain.request import Request
 
-# what a step's observer is called with: its decode requests and, per request, the step's
-# observed columns read back (``StepOutput``)
+# what a step's observer is called with: its decode requests and, per request, its row read
+# back from the emitted count on: num_emitted, num_committed, then the step's observed columns
+# (``StepOutput``)
 StepObserver = Callable[[Sequence["Request"], Sequence[list[int]]], None]
 
 
@@ -29,11 +30,10 @@ class StepOutput:
     verify). ``num_committed`` (bs,) int64: tokens whose KV the step wrote (the whole fill on
     a prefill, 1 on a plain decode, accept_length + 1 after a verify).
 
-    ``observed`` (bs, W) int64, with ``observer``: what the worker learns from the step (a
-    speculative worker: each accepted path's ranks and offers), read back with the tokens and
-    handed to ``observer(decode requests, their host rows)``; prefill rows are not handed over.
-    A step with an ``observer`` and no ``observed`` columns hands it no rows (it learns only
-    that the step was read back).
+    ``observed`` (bs, W) int64, with ``observer``: what the worker learns from the step beyond
+    the counts (a speculative worker: each accepted tree path's ranks and offers), read back
+    with the tokens; ``observer(decode requests, their host rows)`` gets each decode row from
+    its emitted count on (``StepObserver``); prefill rows are not handed over.
     """
 
     requests: list[Request]  # the plan's prefill requests first, then its decode requests

@@ -45,8 +45,8 @@ class EagleWorkerV2(TreeWorker):
     def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         """Phases 1–6 of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
         ``emitted`` of each row are the step's tokens), emitted (bs,) int64 and, when the
-        policy observes, the accepted paths' ranks and offers (bs, 2·S) int64. Device work
-        only."""
+        policy observes and the shape is a tree, the accepted paths' ranks and offers (bs, 2·S)
+        int64. Device work only."""
         if shape.is_plain:
             return self._decode_plain(inputs)
         n = shape.num_draft_tokens
@@ -75,7 +75,7 @@ class EagleWorkerV2(TreeWorker):
         self.last_tree, self.last_verification = tree, verification
         bs = window.batch_size
         tokens = predict.view(bs, n)[:, : shape.tokens_per_step].to(torch.int64)
-        if not self.policy.observes:
+        if not self.policy.observes or shape.topk == 1:  # a chain's path: emitted alone
             return tokens, accepted
         observed = self._kernels.path_ranks(tree.parents, result.accept_index, result.accept_length)
         return tokens, accepted, observed  # observed: (bs, 2·S) int64

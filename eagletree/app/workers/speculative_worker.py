@@ -187,13 +187,14 @@ class SpeculativeWorker(StepWorker):
                 self._state.check_owned(decode)
             shape = self.policy.choose(decode)
             observed: torch.Tensor | None = None
-            lagging = catch_up = False
+            lagging = catch_up = drafted_on_device = False
             if self._runs_on_device(decode):
                 shape, runner, lagging = self._runner_of(shape, decode)
                 catch_up = runner is self._catch_up
                 run = runner.run(decode, exact_lengths=plan.exact_lengths)
                 tokens, emitted, *rest = run
                 observed = rest[0] if rest and not shape.is_plain else None
+                drafted_on_device = not shape.is_plain  # its accepted paths are read back
                 sampled = runner.last_mode is not SamplingMode.GREEDY
             else:
                 assert plan.exact_lengths, "a step sized on the host needs exact host lengths"
@@ -211,7 +212,7 @@ class SpeculativeWorker(StepWorker):
                 observer = self._feedback.observer(
                     shape,
                     timed=not phases.prefill,  # a step that also prefilled took longer
-                    paths=observed is not None,
+                    paths=drafted_on_device,
                     catch_up=catch_up,
                     sampled=sampled,
                 )
@@ -270,8 +271,8 @@ class SpeculativeWorker(StepWorker):
     def _decode_as(self, shape: DraftShape, inputs: DecodeInputs) -> tuple[torch.Tensor, ...]:
         """One decode step of ``shape`` over ``inputs`` → tokens (bs, S + 1) int64 (the first
         ``emitted`` of each row are the step's tokens), emitted (bs,) int64 and, when the
-        policy observes, the accepted paths' ranks and offers (bs, 2·S) int64. Device work
-        only."""
+        policy observes and the shape is a tree, the accepted paths' ranks and offers (bs, 2·S)
+        int64 (a chain's follow from emitted). Device work only."""
         raise NotImplementedError(f"{type(self).__name__} decodes on the host only")
 
     def _runner_of(

@@ -1,5 +1,5 @@
-"""A read step's hand-off to its worker's observer: the decode rows' observed columns, cut
-only where read."""
+"""A read step's hand-off to its worker's observer: each decode row's counts and observed
+columns, cut only where read."""
 
 from __future__ import annotations
 
@@ -42,18 +42,19 @@ def _step(observed: torch.Tensor | None) -> tuple[StepOutput, list[tuple[list[in
     return output, seen
 
 
-def test_the_observer_reads_each_decode_rows_observed_columns() -> None:
+def test_the_observer_reads_each_decode_rows_counts_and_observed_columns() -> None:
     observed = torch.tensor([[0, 0, 0, 0], [0, -1, 2, 0], [1, 0, 3, 1]])  # (bs, 2 S), S = 2
     output, seen = _step(observed)
     commit_step(StepReadback().start(output), set(), lambda: 0.0, EngineStats())
     (rows,) = seen
-    # by index, then as a slice (reversed): the decode rows' columns after tokens and counts
-    assert rows == ([0, -1, 2, 0], [1, 0, 3, 1], [1, 0, 3, 1], [0, -1, 2, 0])
+    # by index, then as a slice (reversed): the decode rows' columns after their tokens
+    first, second = [2, 2, 0, -1, 2, 0], [1, 1, 1, 0, 3, 1]
+    assert rows == (first, second, second, first)
 
 
-def test_a_step_without_observed_columns_hands_over_no_rows() -> None:
+def test_a_step_without_observed_columns_hands_over_the_counts() -> None:
     output, seen = _step(None)
-    got: list[int] = []
-    output = replace(output, observer=lambda decode, rows: got.append(len(rows)))
+    got: list[list[list[int]]] = []
+    output = replace(output, observer=lambda decode, rows: got.append(list(rows)))
     commit_step(StepReadback().start(output), set(), lambda: 0.0, EngineStats())
-    assert got == [0] and not seen
+    assert got == [[[2, 2], [1, 1]]] and not seen

@@ -1,5 +1,6 @@
 """The ranks and offers along an accepted path: a constructed tree and random trees against a
-brute-force walk, for the torch reference and the Triton kernel."""
+brute-force walk, for the torch reference and the Triton kernel; a chain's from its accept
+length alone against the reference."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from eagletree.domain.accepted_path import accepted_path_ranks
+from eagletree.domain.accepted_path import accepted_path_ranks, chain_path_ranks
 from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
 
@@ -74,3 +76,16 @@ def test_ranks_and_offers_equal_a_walk_down_the_path(
         want_offered = [len(children[node]) for node in path]
         assert ranks[b].tolist() == (want_ranks + [-1] * s)[:s]
         assert offered[b].tolist() == (want_offered + [0] * s)[:s]
+
+
+@settings(max_examples=examples(50), deadline=None)
+@given(num_steps=st.integers(1, 8), data=st.data())
+def test_a_chains_ranks_and_offers_follow_from_its_accept_length(
+    num_steps: int, data: st.DataObject
+) -> None:
+    lengths = data.draw(st.lists(st.integers(0, num_steps), min_size=1, max_size=6))
+    chain = list(range(-1, num_steps))  # node d + 1 under node d
+    parents = torch.tensor([chain] * len(lengths))
+    index, length = path_tensors([list(range(a + 1)) for a in lengths], num_steps + 1, num_steps)
+    observed = accepted_path_ranks(parents, index, length)
+    assert [chain_path_ranks(a, num_steps) for a in lengths] == observed.tolist()

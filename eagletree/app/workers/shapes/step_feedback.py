@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from eagletree.app.workers.shapes.step_costs import ReadBackClock
+from eagletree.domain.accepted_path import chain_path_ranks
 
 if TYPE_CHECKING:
     from eagletree.app.engine.worker import StepObserver
@@ -43,7 +44,8 @@ class StepFeedback:
         """What to call when the decode step just launched, of ``shape``, is read back: it
         learns the step's time where ``timed`` (``catch_up``: a plain step that extended the
         draft over its lag; ``sampled``: some request sampled) and with ``paths`` the
-        accepted paths. None where the policy learns nothing."""
+        accepted paths (a tree's in the step's observed columns, a chain's from its emitted
+        counts). None where the policy learns nothing."""
         if not self._policy.observes:
             return None
         # a step inside ``untimed`` does not lap the clock: neither it nor the next is timed
@@ -65,7 +67,7 @@ class StepFeedback:
         if timed and seconds is not None:
             self._policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
-            self._policy.observe(shape, requests, rows)
+            self._policy.observe(shape, requests, _AcceptedPaths(rows, shape))
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -78,3 +80,29 @@ class StepFeedback:
             yield
         finally:
             self._timing = True
+
+
+class _AcceptedPaths(Sequence[list[int]]):
+    """Each request's accepted path, its ranks then its offers (``accepted_path_ranks``), from
+    its read-back row (num_emitted, num_committed, then the observed columns): a tree's are its
+    observed columns; a chain's follow from its accept length (``chain_path_ranks``), so a
+    chain step runs no kernel for them. Made where read: the policy reads a few rows a step."""
+
+    def __init__(self, rows: Sequence[list[int]], shape: DraftShape) -> None:
+        self._rows = rows
+        self._chain_depth = shape.num_steps if shape.topk == 1 else 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> list[int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[list[int]]: ...
+    def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        row = self._rows[index]
+        if self._chain_depth:
+            return chain_path_ranks(row[0] - 1, self._chain_depth)
+        return row[2:]
