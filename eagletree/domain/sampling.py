@@ -58,16 +58,20 @@ def probs_from_logits(
     return filtered_probs(tempered_probs(logits, temperature), top_k, top_p)
 
 
-def tempered_probs(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def tempered_probs(
+    logits: torch.Tensor, temperature: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """(rows, V) logits, (rows,) temperatures → (rows, V) float32: each row's softmax of
-    logits / temperature, or a one-hot on its first maximum where the temperature is <= 0."""
+    logits / temperature, or a one-hot on its first maximum where the temperature is <= 0;
+    written into ``out`` (rows, V) float32 where given (any row stride)."""
     # logits: (rows, V)
     logits = logits.float()
     greedy = temperature <= 0
     safe_t = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     probs = torch.softmax(logits / safe_t.unsqueeze(1), dim=1)
     one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=1, keepdim=True), 1.0)
-    return torch.where(greedy.unsqueeze(1), one_hot, probs)
+    result = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    return result if out is None else out.copy_(result)
 
 
 def filtered_probs(

@@ -65,6 +65,8 @@ class DraftDraws:
         self._shape = shape
         self._kernels = kernels
         self._distributions: list[torch.Tensor] = []  # per depth (bs, rows a request, V_draft)
+        # a chain's: every depth's row written in place (bs, S, V_draft), made at the root
+        self._chain: torch.Tensor | None = None
 
     def __call__(
         self, logits: torch.Tensor, k: int, token_ids: torch.Tensor | None = None
@@ -78,8 +80,15 @@ class DraftDraws:
         per_request = logits.shape[0] // max(bs, 1)  # 1 at the root, k later
         start = 0 if depth == 0 else k + (depth - 1) * k * k
         coins = self._coins[:, start : start + per_request * k].reshape(-1, k)  # (rows, k)
+        out = None
+        if k == 1:  # the verify reads every depth's rows as one block: written there at once
+            if depth == 0:
+                shape = (bs, self._shape.num_steps, logits.shape[1])
+                self._chain = logits.new_empty(shape, dtype=torch.float32)
+            assert self._chain is not None
+            out = self._chain[:, depth]
         # (rows, V_draft)
-        probs = self._sampling.probs(logits, per_request, self._kernels.tempered_probs)
+        probs = self._sampling.probs(logits, per_request, self._kernels.tempered_probs, out=out)
         columns, scores = self._kernels.draw_children(probs, coins)
         if k > 1:  # greedy rows keep their top k (a one-hot draws one child)
             greedy = (self._sampling.temperature <= 0).repeat_interleave(per_request)
@@ -98,13 +107,14 @@ class DraftDraws:
         s, k, n = self._shape.num_steps, self._shape.topk, self._shape.num_draft_tokens
         assert len(self._distributions) == s, f"{len(self._distributions)} of {s} depths drawn"
         bs = candidates.shape[0]
-        draft_probs = torch.cat(self._distributions, dim=1)  # (bs, 1 + (S − 1)·k, V_draft)
         first = _draw_coins(self._shape)
         coins, bonus = self._coins[:, first : first + n - 1], self._coins[:, first + n - 1]
         if k == 1:  # a chain: its own walk, every depth's sums at once
+            assert self._chain is not None
             return self._kernels.verify_chain(
-                candidates, target_probs.view(bs, n, -1), draft_probs, coins, bonus, self._token_ids
+                candidates, target_probs.view(bs, n, -1), self._chain, coins, bonus, self._token_ids
             )
+        draft_probs = torch.cat(self._distributions, dim=1)  # (bs, 1 + (S − 1)·k, V_draft)
         root = torch.full((bs, 1), -1, dtype=torch.int64, device=candidates.device)
         return self._kernels.verify_drawn(
             candidates,

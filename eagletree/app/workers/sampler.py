@@ -70,17 +70,21 @@ class SamplingInputs:
         logits: torch.Tensor,
         rows_per_request: int = 1,
         tempered: TemperedProbs = tempered_probs,
+        *,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(bs·rows_per_request, V) float32 distributions; row r uses request r // rows's
-        parameters (one-hot argmax rows for greedy requests). ``tempered``: the tempered
-        softmax (``StepKernels.tempered_probs``); the filters cut what it made, so a row's
-        distribution is the same bits whether or not its batch filters."""
+        parameters (one-hot argmax rows for greedy requests), written into ``out`` where given
+        (as ``tempered``'s). ``tempered``: the tempered softmax (``StepKernels.tempered_probs``);
+        the filters cut what it made, so a row's distribution is the same bits whether or not
+        its batch filters."""
         r = rows_per_request
-        probs = tempered(logits, self.temperature.repeat_interleave(r))
+        probs = tempered(logits, self.temperature.repeat_interleave(r), out=out)
         if self.mode is not SamplingMode.FILTERED:  # nothing to cut: no sort of the vocabulary
             return probs
         top_k, top_p = self.top_k.repeat_interleave(r), self.top_p.repeat_interleave(r)
-        return filtered_probs(probs, top_k, top_p)
+        filtered = filtered_probs(probs, top_k, top_p)
+        return filtered if out is None else out.copy_(filtered)
 
     def coins(self, source: CoinSource, count: int) -> torch.Tensor:
         """(bs, count) this step's coins of every request (greedy rows get unused coins)."""

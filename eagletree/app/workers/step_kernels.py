@@ -31,9 +31,18 @@ from eagletree.domain.verify import VerifyResult, verify_tree_greedy
 CoinSource = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 # logits (rows, V) -> (rows,) int64, each row's first maximum
 Argmax = Callable[[torch.Tensor], torch.Tensor]
-# domain.sampling.tempered_probs's signature: (logits (rows, V), temperature (rows,)) ->
-# (rows, V) float32, one-hot rows where the temperature is <= 0
-TemperedProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class TemperedProbs(Protocol):
+    """domain.sampling.tempered_probs's signature: (logits (rows, V), temperature (rows,),
+    out (rows, V) float32 or None) -> (rows, V) float32, one-hot rows where the temperature is
+    <= 0, written into ``out`` where given."""
+
+    def __call__(
+        self, logits: torch.Tensor, temperature: torch.Tensor, *, out: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+
 # domain.sampling.sample_from_probs's signature: (probs (rows, V) non-negative, coins (rows,))
 # -> (rows,) int64, each row's inverse-CDF sample
 SampleFromProbs = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent(
     }
     softmax = {
         "logits_ptr": "*bf16", "temperature_ptr": "*fp32", "probs_ptr": "*fp32", "vocab": "i32",
-        "stride_row": "i32", "BLOCK_V": "constexpr",
+        "stride_row": "i32", "stride_out": "i32", "BLOCK_V": "constexpr",
     }
     gemm = {
         **{name: "*bf16" for name in ("x_ptr", "w_ptr", "bias_ptr", "residual_ptr", "out_ptr",

@@ -24,9 +24,10 @@ from eagletree.adapters.kernels.triton.draw_children import row_block
 def _tempered_probs_kernel(
     logits_ptr,  # (rows, V), any float dtype, unit column stride
     temperature_ptr,  # (rows,) float32
-    probs_ptr,  # (rows, V) float32 out
+    probs_ptr,  # (rows, V) float32 out, unit column stride
     vocab,
     stride_row,
+    stride_out,
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -56,7 +57,7 @@ def _tempered_probs_kernel(
         better = block_best > best
         best_col = tl.where(better, first, best_col)
         best = tl.maximum(best, block_best)
-    out = probs_ptr + row * vocab
+    out = probs_ptr + row * stride_out
     for start in range(0, vocab, BLOCK_V):
         cols = start + offs
         ok = cols < vocab
@@ -67,13 +68,26 @@ def _tempered_probs_kernel(
 
 
 def tempered_probs(
-    logits: torch.Tensor, temperature: torch.Tensor, *, block_v: int = 1024
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    block_v: int = 1024,
 ) -> torch.Tensor:
     """``domain.sampling.tempered_probs`` in one launch: (rows, V) logits, (rows,)
-    temperatures → (rows, V) float32. ``block_v``: the columns a pass reads at once (tests
+    temperatures → (rows, V) float32, into ``out`` where given (a unit column stride, any row
+    stride: a row of a larger buffer). ``block_v``: the columns a pass reads at once (tests
     shrink it to cross blocks)."""
     rows, vocab = logits.shape
-    probs = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+    if out is None:
+        probs = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+    else:
+        if out.shape != (rows, vocab) or out.dtype != torch.float32 or out.stride(1) != 1:
+            raise ValueError(
+                f"tempered_probs writes ({rows}, {vocab}) float32 rows of unit column stride, "
+                f"got out {tuple(out.shape)} {out.dtype} strides {out.stride()}"
+            )
+        probs = out
     if rows == 0 or vocab == 0:
         return probs
     if logits.stride(1) != 1:
@@ -84,6 +98,7 @@ def tempered_probs(
         probs,
         vocab,
         logits.stride(0),
+        probs.stride(0),
         BLOCK_V=row_block(vocab, block_v),
         num_warps=4,
     )

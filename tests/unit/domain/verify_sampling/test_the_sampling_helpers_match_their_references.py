@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eagletree.app.workers.step_kernels import TemperedProbs
 from eagletree.domain.sampling import probs_from_logits, sample_from_probs, tempered_probs
 from tests.conftest import requires_triton
 from tests.hypothesis_profiles import examples
@@ -120,6 +121,33 @@ def test_the_triton_tempered_softmax_equals_the_reference(
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
     assert torch.equal(got > 0, expected > 0)  # -inf columns stay impossible
     assert torch.allclose(got.sum(dim=1), torch.ones(rows), atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_tempered_softmax_writes_into_one_depth_of_a_larger_buffer(
+    impl: str, device: str
+) -> None:
+    """A drawn chain's depths go straight into one (bs, S, V) block: each call fills its
+    depth's rows, a strided view, and leaves the other depths' bytes as they were."""
+    probs_of: TemperedProbs = tempered_probs
+    if impl == "triton":
+        requires_triton(device)
+        from eagletree.adapters.kernels.triton import tempered_probs as kernel
+
+        probs_of = kernel.tempered_probs
+    gen = torch.Generator().manual_seed(3)
+    bs, depths, vocab = 5, 3, 40
+    logits = (3 * torch.randn((depths, bs, vocab), generator=gen)).to(device)
+    temperature = torch.tensor([0.0, 0.5, 1.0, 1.3, 0.0], device=device)
+    block = torch.full((bs, depths, vocab), -7.0, device=device)
+    for depth in (2, 0):  # depth 1 stays unwritten
+        got = probs_of(logits[depth], temperature, out=block[:, depth])
+        assert got.data_ptr() == block[:, depth].data_ptr()
+    for depth in (0, 2):
+        expected = tempered_probs(logits[depth].cpu(), temperature.cpu())
+        assert torch.allclose(block[:, depth].cpu(), expected, rtol=1e-5, atol=1e-7)
+    assert bool((block[:, 1] == -7.0).all())
 
 
 @pytest.mark.parametrize("device", DEVICES)
