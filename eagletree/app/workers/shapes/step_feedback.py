@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
+from eagletree.app.engine.worker import ReadRows
 from eagletree.app.workers.shapes.step_costs import ReadBackClock
 from eagletree.domain.accepted_path import chain_path_ranks
 
@@ -67,7 +68,7 @@ class StepFeedback:
         if timed and seconds is not None:
             self._policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
-            self._policy.observe(shape, requests, _AcceptedPaths(rows, shape))
+            self._policy.observe(shape, requests, _accepted_paths(rows, shape))
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -82,27 +83,12 @@ class StepFeedback:
             self._timing = True
 
 
-class _AcceptedPaths(Sequence[list[int]]):
+def _accepted_paths(rows: Sequence[list[int]], shape: DraftShape) -> Sequence[list[int]]:
     """Each request's accepted path, its ranks then its offers (``accepted_path_ranks``), from
     its read-back row (num_emitted, num_committed, then the observed columns): a tree's are its
     observed columns; a chain's follow from its accept length (``chain_path_ranks``), so a
-    chain step runs no kernel for them. Made where read: the policy reads a few rows a step."""
-
-    def __init__(self, rows: Sequence[list[int]], shape: DraftShape) -> None:
-        self._rows = rows
-        self._chain_depth = shape.num_steps if shape.topk == 1 else 0
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @overload
-    def __getitem__(self, index: int) -> list[int]: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[list[int]]: ...
-    def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self))[index]]
-        row = self._rows[index]
-        if self._chain_depth:
-            return chain_path_ranks(row[0] - 1, self._chain_depth)
-        return row[2:]
+    chain step runs no kernel for them. Read where indexed: the policy reads a few rows a step."""
+    depth = shape.num_steps
+    if shape.topk == 1:
+        return ReadRows(rows, lambda row: chain_path_ranks(row[0] - 1, depth))
+    return ReadRows(rows, lambda row: row[2:])
