@@ -21,6 +21,7 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile
 from eagletree.domain.request import FinishReason, Request, RequestStatus
 from eagletree.domain.sampling import SamplingParams
+from tests.integration.spec.eagle_v2.engines import oracle_engine
 from tests.integration.spec.harness import (
     SIZES,
     WEIGHT_STD,
@@ -109,6 +110,45 @@ def test_greedy_requests_beside_sampling_ones_in_drawn_drafts_emit_the_plain_gre
     drawn = {s for s in policy.chosen if s.topk == 1 and not s.is_plain}
     assert drawn == {DraftShape.chain(1), DraftShape.chain(4)}  # drawn chains ran
     assert spec.memory.allocator.available_size() == spec.memory.allocator.size
+
+
+def test_after_deep_paths_of_random_shapes_the_draft_is_the_one_a_prefill_makes(
+    models: ModelCache,
+) -> None:
+    # an oracle draft is accepted deeply, so every step re-extends paths of every length and
+    # each switch leaves one shape's draft KV for another to read: the draft's hidden state
+    # after them is the one a prefill of the same tokens computes (KV left stale by a switch
+    # would keep the outputs lossless but change it, and with it what the draft proposes)
+    loaded = models("eagle3")
+    batch = prompts(3, seed=6)
+    drafting = [shape for shape in SHAPES if not shape.is_plain]  # no lag left unread
+    policy = RandomShapes(drafting, seed=2)
+    spec, _, _ = oracle_engine(loaded, _dims(DEFAULT), batch, 64, policy=policy)
+    requests = [spec.engine.submit(p, SamplingParams(max_new_tokens=64)) for p in batch]
+    for _ in range(12):
+        spec.engine.step()
+    assert all(r.status is RequestStatus.RUNNING for r in requests)
+    assert set(policy.chosen) == set(drafting)
+    assert max(n for r in requests for n in r.emitted_per_step) >= 4  # deep paths
+    fresh, _, _ = oracle_engine(
+        loaded, _dims(DEFAULT), [[*r.prompt_ids, *r.output_ids[:-1]] for r in requests], 4
+    )
+    again = [
+        fresh.engine.submit([*r.prompt_ids, *r.output_ids[:-1]], SamplingParams(max_new_tokens=4))
+        for r in requests
+    ]
+    fresh.engine.step()  # the prefill alone
+    ours, theirs = spec.worker._state, fresh.worker._state
+    rows = torch.tensor([r.row for r in requests])
+    fresh_rows = torch.tensor([r.row for r in again])
+    assert torch.equal(ours.bonus_tokens[rows], theirs.bonus_tokens[fresh_rows])
+    # column 0 is the oracle's mark of the path, the rest the head's own output
+    torch.testing.assert_close(
+        ours.hidden_states[rows, 1:].float(),
+        theirs.hidden_states[fresh_rows, 1:].float(),
+        atol=1e-4,
+        rtol=1e-4,
+    )
 
 
 def test_padded_steps_of_every_shape_emit_the_plain_greedy_tokens(models: ModelCache) -> None:
