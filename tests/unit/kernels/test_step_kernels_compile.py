@@ -30,7 +30,8 @@ SCRIPT = textwrap.dedent(
     target = GPUTarget("cuda", 90, 32)
     draws = {
         "probs_ptr": "*fp32", "coins_ptr": "*fp32", "columns_ptr": "*i64",
-        "scores_ptr": "*fp32", "vocab": "i32", "first_score": "fp32",
+        "scores_ptr": "*fp32", "vocab": "i32", "stride_probs": "i32", "stride_coins": "i32",
+        "first_score": "fp32",
         "K": "constexpr", "BLOCK_K": "constexpr", "BLOCK_V": "constexpr",
         "NUM_BLOCKS": "constexpr",
     }
@@ -54,6 +55,7 @@ SCRIPT = textwrap.dedent(
         "column_of_ptr": "*i64", "sums_ptr": "*fp32", "coins_ptr": "*fp32", "bonus_ptr": "*fp32",
         "predict_ptr": "*i32", "accept_index_ptr": "*i32", "accept_length_ptr": "*i32",
         "vocab": "i32", "draft_vocab": "i32", "num_steps": "i32", "num_blocks": "i32",
+        "stride_coins": "i32", "stride_bonus": "i32",
         "HAS_MAP": "constexpr", "BLOCK_N": "constexpr", "BLOCK_V": "constexpr",
         "NUM_BLOCKS": "constexpr",
     }

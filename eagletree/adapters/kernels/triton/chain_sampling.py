@@ -79,7 +79,7 @@ def _chain_walk_kernel(
     draft_ptr,  # (bs, S, V_draft) float32
     column_of_ptr,  # (V,) int64 (HAS_MAP)
     sums_ptr,  # (bs, S + 1, 2, num_blocks) float32
-    coins_ptr,  # (bs, S) float32
+    coins_ptr,  # (bs, S) float32, unit column stride
     bonus_ptr,  # (bs,) float32
     predict_ptr,  # (bs · (S + 1),) int32 out
     accept_index_ptr,  # (bs, S + 1) int32 out
@@ -88,6 +88,8 @@ def _chain_walk_kernel(
     draft_vocab,
     num_steps,
     num_blocks,
+    stride_coins,
+    stride_bonus,
     HAS_MAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -107,7 +109,7 @@ def _chain_walk_kernel(
             column = tl.load(column_of_ptr + x)
         q_row = draft_ptr + (req * num_steps + depth) * draft_vocab
         q_x = tl.load(q_row + tl.maximum(column, 0), mask=column >= 0, other=0.0)
-        active = active & (tl.load(coins_ptr + req * num_steps + depth) * q_x < p_x)
+        active = active & (tl.load(coins_ptr + req * stride_coins + depth) * q_x < p_x)
         length += active.to(tl.int64)
     # the bonus's row: the residual where the chain stopped, the target after a whole chain;
     # a residual with no mass (p <= q everywhere there) is never reached by a rejection (unless
@@ -119,7 +121,7 @@ def _chain_walk_kernel(
     residual_sums = tl.load(sums_row, mask=in_row, other=0.0)
     drafted = (length < num_steps) & (tl.sum(residual_sums, axis=0) > 0)
     sums = tl.where(drafted, residual_sums, tl.load(sums_row + num_blocks, mask=in_row, other=0.0))
-    threshold = tl.load(bonus_ptr + req) * tl.sum(sums, axis=0)
+    threshold = tl.load(bonus_ptr + req * stride_bonus) * tl.sum(sums, axis=0)
     # the block the coin falls in: the first whose running sum passes the threshold, or, where
     # rounding leaves the coin past every block's, the last with any mass
     running = tl.cumsum(sums, axis=0)
@@ -179,6 +181,11 @@ def verify_chain_drawn(
     num_blocks = triton.cdiv(vocab, block)
     target = target_probs.float().contiguous()
     draft = draft_probs.float().contiguous()
+    # the step's coins in place: a column block and a column of its (bs, coins) tensor
+    coins = coins.float()
+    if coins.stride(1) != 1:
+        coins = coins.contiguous()
+    bonus_coins = bonus_coins.float()
     sums = torch.empty((bs, n, 2, num_blocks), dtype=torch.float32, device=device)
     _chain_block_sums_kernel[(bs * n, num_blocks)](
         target,
@@ -199,8 +206,8 @@ def verify_chain_drawn(
         draft,
         column_of,
         sums,
-        coins.float().contiguous(),
-        bonus_coins.float().contiguous(),
+        coins,
+        bonus_coins,
         predict,
         accept_index,
         accept_length,
@@ -208,6 +215,8 @@ def verify_chain_drawn(
         draft.shape[2],
         num_steps,
         num_blocks,
+        coins.stride(0),
+        bonus_coins.stride(0),
         HAS_MAP=token_ids is not None,
         BLOCK_N=max(16, triton.next_power_of_2(n)),
         BLOCK_V=block,

@@ -25,11 +25,13 @@ from eagletree.domain.tree_sampling import FIRST_DRAW_SCORE
 
 @triton.jit
 def _draw_children_kernel(
-    probs_ptr,  # (rows, V) float32
-    coins_ptr,  # (rows, K) float32
+    probs_ptr,  # (rows, V) float32, unit column stride
+    coins_ptr,  # (rows, K) float32, unit column stride
     columns_ptr,  # (rows, K) int64 out
     scores_ptr,  # (rows, K) float32 out
     vocab,
+    stride_probs,
+    stride_coins,
     first_score,
     K: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -37,7 +39,7 @@ def _draw_children_kernel(
     NUM_BLOCKS: tl.constexpr,  # a power of two at least cdiv(vocab, BLOCK_V)
 ):
     row = tl.program_id(0).to(tl.int64)
-    probs = probs_ptr + row * vocab
+    probs = probs_ptr + row * stride_probs
     offs_v = tl.arange(0, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
     offs_b = tl.arange(0, NUM_BLOCKS)
@@ -58,7 +60,7 @@ def _draw_children_kernel(
         if i > 0:
             bound = tl.minimum(bound, tl.sum(squares, axis=0) / tl.maximum(mass, 1e-30))
         bound = tl.where(live, bound, 0.0)
-        threshold = tl.load(coins_ptr + row * K + i) * mass
+        threshold = tl.load(coins_ptr + row * stride_coins + i) * mass
         # the block: the first whose cumulative mass passes the threshold, or (rounding) the
         # last that has any; its carry from the same cumulative sums, so that carry <= threshold
         cumulative = tl.cumsum(masses, axis=0)
@@ -121,22 +123,28 @@ def draw_children(
     probs: torch.Tensor, coins: torch.Tensor, *, block_v: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``domain.tree_sampling.draw_children`` in one launch; the same arguments and result.
-    ``block_v``: the vocabulary's columns a pass reads at once (tests shrink it to cross
-    blocks)."""
+    Rows of ``probs`` and ``coins`` may be strided (a depth's rows of a drawn chain's block, a
+    depth's column of the step's coins): read in place where their columns are adjacent, no
+    copy launched. ``block_v``: the vocabulary's columns a pass reads at once (tests shrink it
+    to cross blocks)."""
     rows, k = coins.shape
     vocab = probs.shape[1]
     device = probs.device
-    columns = torch.zeros((rows, k), dtype=torch.int64, device=device)
-    scores = torch.zeros((rows, k), dtype=torch.float32, device=device)
+    # every (row, draw) is written
+    columns = torch.empty((rows, k), dtype=torch.int64, device=device)
+    scores = torch.empty((rows, k), dtype=torch.float32, device=device)
     if rows == 0:
         return columns, scores
     block, num_blocks = vocab_blocks(vocab, block_v)
+    probs, coins = _unit_columns(probs.float()), _unit_columns(coins.float())
     _draw_children_kernel[(rows,)](
-        probs.float().contiguous(),
-        coins.float().contiguous(),
+        probs,
+        coins,
         columns,
         scores,
         vocab,
+        probs.stride(0),
+        coins.stride(0),
         FIRST_DRAW_SCORE,
         K=k,
         BLOCK_K=max(16, triton.next_power_of_2(k)),
@@ -145,6 +153,11 @@ def draw_children(
         num_warps=4,
     )
     return columns, scores
+
+
+def _unit_columns(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (rows, C) as they are where their columns are adjacent, else a copy."""
+    return rows if rows.stride(1) == 1 or rows.shape[1] == 1 else rows.contiguous()
 
 
 def sample_from_probs(

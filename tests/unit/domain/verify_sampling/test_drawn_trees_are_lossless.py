@@ -341,6 +341,11 @@ def test_the_triton_draws_equal_the_reference(
     probs[rows // 4 : rows // 2] = hole / hole.sum(dim=1, keepdim=True)
     coins = edgy_coins((rows, k), gen)
     columns, scores = draw_children(probs, coins)
-    got = triton_draw(probs.to(device), coins.to(device), block_v=block_v)
+    # read in place from larger blocks, as a drawn chain's depth and the step's coins are
+    depths = torch.full((rows, 3, vocab), float("nan"), device=device)
+    depths[:, 1] = probs.to(device)
+    step_coins = torch.full((rows, k + 5), float("nan"), device=device)
+    step_coins[:, 2 : 2 + k] = coins.to(device)
+    got = triton_draw(depths[:, 1], step_coins[:, 2 : 2 + k], block_v=block_v)
     assert torch.equal(got[0].cpu(), columns)
     assert torch.allclose(got[1].cpu(), scores, rtol=1e-5, atol=1e-7)

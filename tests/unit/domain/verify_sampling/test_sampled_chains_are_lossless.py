@@ -225,9 +225,13 @@ def test_the_triton_chain_walk_equals_the_reference(
     def on(t: torch.Tensor) -> torch.Tensor:
         return t.to(device)
 
+    # the coins read in place from the step's (bs, coins) block, as a drawn chain's are
+    step_coins = on(torch.full((bs, num_steps + 4), float("nan")))
+    step_coins[:, 1 : 1 + num_steps] = on(coins)
+    step_coins[:, 2 + num_steps] = on(bonus)
     got = triton_verify(
-        on(candidates), on(target), on(draft), on(coins), on(bonus),
-        None if ids is None else on(ids), block_v=block_v,
+        on(candidates), on(target), on(draft), step_coins[:, 1 : 1 + num_steps],
+        step_coins[:, 2 + num_steps], None if ids is None else on(ids), block_v=block_v,
     )  # fmt: skip
     assert torch.equal(got.accept_length.cpu(), expected.accept_length)
     assert torch.equal(got.accept_index.cpu(), expected.accept_index)
