@@ -23,7 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.draw_children import inverse_cdf_block, vocab_blocks
+from eagletree.adapters.kernels.triton.draw_children import (
+    inverse_cdf_block,
+    unit_columns,
+    vocab_blocks,
+)
 from eagletree.domain.tree_sampling import draft_columns
 from eagletree.domain.verify import VerifyResult
 
@@ -182,10 +186,7 @@ def verify_chain_drawn(
     target = target_probs.float().contiguous()
     draft = draft_probs.float().contiguous()
     # the step's coins in place: a column block and a column of its (bs, coins) tensor
-    coins = coins.float()
-    if coins.stride(1) != 1:
-        coins = coins.contiguous()
-    bonus_coins = bonus_coins.float()
+    coins, bonus_coins = unit_columns(coins.float()), bonus_coins.float()
     sums = torch.empty((bs, n, 2, num_blocks), dtype=torch.float32, device=device)
     _chain_block_sums_kernel[(bs * n, num_blocks)](
         target,

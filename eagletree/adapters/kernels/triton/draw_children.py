@@ -136,7 +136,7 @@ def draw_children(
     if rows == 0:
         return columns, scores
     block, num_blocks = vocab_blocks(vocab, block_v)
-    probs, coins = _unit_columns(probs.float()), _unit_columns(coins.float())
+    probs, coins = unit_columns(probs.float()), unit_columns(coins.float())
     _draw_children_kernel[(rows,)](
         probs,
         coins,
@@ -155,8 +155,9 @@ def draw_children(
     return columns, scores
 
 
-def _unit_columns(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` (rows, C) as they are where their columns are adjacent, else a copy."""
+def unit_columns(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` (rows, C) as they are where their columns are adjacent (a kernel then reads
+    them at their row stride), else a contiguous copy."""
     return rows if rows.stride(1) == 1 or rows.shape[1] == 1 else rows.contiguous()
 
 
