@@ -159,6 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "engine started from, where the run recorded them)",
     )
     p.add_argument("--min-requests", type=int, default=16)
+    p.add_argument(
+        "--batch-sizes", type=int, nargs="+", help="replay these batch sizes' cells only"
+    )
     p.add_argument("--seeds", type=int, default=3, help="replays per cell, averaged")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE")
@@ -212,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (", host stalls" if args.host_stalls else "")
         + (f", request spread {args.request_spread:g}" if args.request_spread is not None else "")
         + (f", persistence {args.persistence:g}" if args.persistence is not None else "")
+        + (f", bs {' '.join(map(str, args.batch_sizes))} only" if args.batch_sizes else "")
         + (f", head priors: {', '.join(sorted(priors))}" if priors else ", the default prior")
         + "".join(f", {k}={v:g}" for k, v in options.items())
         + ")",
@@ -222,7 +226,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     ratios = []
     views: list[str] = []
-    for cell in run.cells:
+    cells = [c for c in run.cells if not args.batch_sizes or c.batch_size in args.batch_sizes]
+    if not cells:
+        p.error(f"--batch-sizes {args.batch_sizes}: the run has no such cell")
+    for cell in cells:
         if cell.temperature not in models:
             fitted = fit_model(_pooled(run, cell.temperature))
             if args.request_spread is not None:

@@ -193,6 +193,14 @@ def test_the_report_replays_every_cell_of_a_bench_json(
         "greedy": RankProfile(((0.75, 0.125),)),
         "sampled": RankProfile(((0.5, 0.25),)),
     }
+    # one batch size's cells alone; a batch size the run has not is refused
+    assert policy_replay.main([*argv, "--batch-sizes", "2"]) == 0
+    text = out.read_text()
+    assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| 0 |")] == ["2"]
+    assert ", bs 2 only," in text.splitlines()[0]
+    with pytest.raises(SystemExit):
+        policy_replay.main([*argv, "--batch-sizes", "3"])
+    assert "--batch-sizes [3]: the run has no such cell" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
