@@ -228,7 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     views: list[str] = []
     cells = [c for c in run.cells if not args.batch_sizes or c.batch_size in args.batch_sizes]
     if not cells:
-        p.error(f"--batch-sizes {args.batch_sizes}: the run has no such cell")
+        sizes = " ".join(map(str, args.batch_sizes))
+        p.error(f"--batch-sizes {sizes}: the run has no cell of these batch sizes")
     for cell in cells:
         if cell.temperature not in models:
             fitted = fit_model(_pooled(run, cell.temperature))

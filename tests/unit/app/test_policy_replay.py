@@ -200,7 +200,7 @@ def test_the_report_replays_every_cell_of_a_bench_json(
     assert ", bs 2 only," in text.splitlines()[0]
     with pytest.raises(SystemExit):
         policy_replay.main([*argv, "--batch-sizes", "3"])
-    assert "--batch-sizes [3]: the run has no such cell" in capsys.readouterr().err
+    assert "--batch-sizes 3: the run has no cell of these batch sizes" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
