@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from eagletree.adapters.kernels.triton.draw_children import row_block
+from eagletree.adapters.kernels.triton.draw_children import row_block, unit_columns
 
 
 @triton.jit
@@ -90,8 +90,7 @@ def tempered_probs(
         probs = out
     if rows == 0 or vocab == 0:
         return probs
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
+    logits = unit_columns(logits)
     _tempered_probs_kernel[(rows,)](
         logits,
         temperature.float().contiguous(),

@@ -120,6 +120,11 @@ def test_the_triton_tempered_softmax_equals_the_reference(
     assert torch.equal(got[greedy], expected[greedy])  # one-hot on the first maximum
     assert torch.allclose(got, expected, rtol=1e-5, atol=1e-7)
     assert torch.equal(got > 0, expected > 0)  # -inf columns stay impossible
+    # logits whose columns are not adjacent (a transposed buffer) are read from a copy
+    transposed = logits.to(device).t().contiguous().t()
+    assert transposed.stride(1) != 1
+    again = triton_probs(transposed, temperature.to(device), block_v=block_v).cpu()
+    assert torch.equal(again, got)
     assert torch.allclose(got.sum(dim=1), torch.ones(rows), atol=1e-5)
 
 
