@@ -67,10 +67,11 @@ class LearnedCosts:
     go stale once ``stale_after`` steps were recorded since its last, and it is priced by the
     table and the excess again (a shape that stopped running would otherwise keep whatever its
     last steps said, and never say otherwise). ``median_step``: the median of the last
-    ``recent_steps`` steps at a bucket and sampling, whatever their shape (the adaptive
-    policy's stall limit). ``warm_after``: the first steps at a bucket and sampling teach
-    nothing but its median (an engine's first steps pay one-time host work); nor does a plain
-    step right after a drafting one, which pays that step's host work.
+    ``recent_steps`` steps at a bucket and sampling, whatever their shape, or at the nearest
+    smaller bucket before its first (the adaptive policy's stall limit). ``warm_after``: the
+    first steps at a bucket and sampling teach nothing but its median (an engine's first steps
+    pay one-time host work); nor does a plain step right after a drafting one, which pays that
+    step's host work.
     """
 
     def __init__(
@@ -140,14 +141,19 @@ class LearnedCosts:
 
     def median_step(self, batch_size: int, sampled: bool) -> float | None:
         """The median seconds of the last ``recent_steps`` steps recorded at this batch size's
-        bucket and sampling, whatever their shape (None before the first): the step a request
-        there has mostly been waiting."""
+        bucket and sampling, whatever their shape: the step a request there has mostly been
+        waiting. Before the bucket's first step, the nearest smaller bucket's that has steps
+        (a larger batch's steps take no less), else None: a batch that grows into a bucket
+        has been waiting steps like those, where a limit from the cheapest step alone may
+        refuse its best shape for its first pricing (docs/speculative.md, "No stalls")."""
         (_, bucket, _, _), rows = self._key(PLAIN, batch_size, sampled)
-        recent = self._recent.get((bucket, sampled))
-        if recent is None:
-            return None
-        ordered = recent[1]
-        return ordered[len(ordered) // 2] * rows
+        buckets = self.measured.buckets
+        for below in reversed(buckets[: buckets.index(bucket) + 1]):
+            recent = self._recent.get((below, sampled))
+            if recent is not None:
+                ordered = recent[1]
+                return ordered[len(ordered) // 2] * rows
+        return None
 
     def observations(self, shape: DraftShape, batch_size: int, sampled: bool) -> int:
         """How many steps of ``shape`` were recorded at this batch size's bucket and sampling

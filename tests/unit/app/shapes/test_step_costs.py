@@ -261,7 +261,21 @@ def test_the_median_step_is_that_of_the_last_steps_of_any_shape() -> None:
     for _ in range(2):  # the batch turned to plain steps: three of the last four
         costs.record(PLAIN, 1, False, 1.0)
     assert costs.median_step(1, False) == 1.0  # the tree steps before them are gone
-    assert costs.median_step(16, False) is None  # bucket 8 ran nothing
+
+
+def test_a_bucket_without_steps_yet_has_the_median_of_the_nearest_smaller_one() -> None:
+    costs = LearnedCosts(MEASURED, warm_after=0, recent_steps=4)
+    for seconds in (2.0, 3.0, 4.0):
+        costs.record(CHAIN, 1, False, seconds)
+    # bucket 8 ran nothing: bucket 1's median, per row past bucket 8 as a step there
+    assert costs.median_step(8, False) == 3.0
+    assert costs.median_step(16, False) == 6.0
+    for seconds in (5.0, 7.0, 7.0):
+        costs.record(CHAIN, 8, False, seconds)
+    assert costs.median_step(8, False) == 7.0  # its own steps once it has some
+    fresh = LearnedCosts(MEASURED, warm_after=0)
+    fresh.record(CHAIN, 8, False, 5.0)
+    assert fresh.median_step(1, False) is None  # a larger batch's steps say nothing of it
 
 
 def test_steps_while_the_host_stalls_teach_nothing_of_what_a_shape_costs() -> None:

@@ -147,6 +147,29 @@ def test_the_stall_limit_follows_the_steps_a_batch_has_been_taking() -> None:
     assert policy.choose(batch) == deep
 
 
+def test_a_batch_grown_into_a_new_bucket_is_limited_by_the_steps_below_it() -> None:
+    # as above, over two buckets that cost alike: the shallow chain's steps took 1.5 s at one
+    # bucket; a batch at the other, the first there, may run the deep chain (2.6 < 2.5 × 1.5)
+    # where it grew from the smaller bucket, not where it shrank from the larger
+    shallow, deep = DraftShape.chain(1), DraftShape.chain(6)
+    table = {PLAIN: 1.0, shallow: 1.2, deep: 2.6}
+    both = (False, True)
+    costs = StepCosts((1, 8), {(s, b, x): table[s] for s in table for b in (1, 8) for x in both})
+
+    def chosen(ran_at: int, batch_size: int) -> DraftShape:
+        policy = AdaptiveShapes(
+            (shallow, PLAIN, deep), prior=RankProfile(((0.95,),)), prior_weight=1e6,
+            hysteresis=0.0, reprice_every=1, probe_every=1000, explore_every=1000,
+        )  # fmt: skip
+        policy.use_costs(costs)
+        for _ in range(20):
+            policy.observe_time(shallow, ran_at, False, 1.5)
+        return policy.choose(requests_at([0.0] * batch_size))
+
+    assert chosen(ran_at=1, batch_size=8) == deep
+    assert chosen(ran_at=8, batch_size=1) == shallow
+
+
 def test_a_table_that_overstates_every_step_still_leaves_a_shape_to_choose() -> None:
     # the start-up table: a plain step 1 s at bucket 1 and 4 s at bucket 8, a chain step twice
     # that; the engine's plain steps at bucket 8 take 0.5 s. A batch of one (bucket 1) borrows
