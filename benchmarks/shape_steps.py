@@ -6,7 +6,9 @@ of text, which ``policy_replay --persistence`` models).
 
 A cell's adaptive engine may commit less with a shape than the fixed engine of that shape does
 (it runs the deep chain after the easy stretches that made it look best); the tokens a step of
-each shape inside the adaptive row, against the fixed row's, show whether it does.
+each shape inside the adaptive row, against the fixed row's, show whether it does. Its steps'
+median and mean apart: steps whose read-backs alternate, long after short, keep the fixed
+engine's mean under a longer median; a mean over the fixed one's is time the row lost.
 
     python -m benchmarks.shape_steps --run all.json [--out shape_steps.md]
 
@@ -36,6 +38,7 @@ class ShapeSteps:
     steps: int
     share: float  # of the row's timed steps
     median_ms: float
+    mean_ms: float
     tokens_per_step: float | None  # a request's, on average; None where not recorded
 
 
@@ -59,6 +62,7 @@ def shape_steps(row: Mapping[str, Any]) -> list[ShapeSteps]:
             len(times),
             len(times) / len(ms),
             statistics.median(times),
+            statistics.fmean(times),
             sum(counts) / len(counts) / replica if counts else None,
         )
         for label, (times, counts) in grouped.items()
@@ -83,9 +87,9 @@ def report(data: Mapping[str, Any]) -> str:
     rows: Sequence[Mapping[str, Any]] = data["rows"]
     cells = sorted({(r["temperature"], r["batch_size"]) for r in rows})
     lines = [
-        "| T | bs | shape | adaptive: share | median ms | tokens a step | fixed: median ms "
-        "| tokens a step |",
-        "|---|---|---|---|---|---|---|---|",
+        "| T | bs | shape | adaptive: share | median ms | mean ms | tokens a step "
+        "| fixed: median ms | mean ms | tokens a step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for temperature, batch_size in cells:
         here = [r for r in rows if (r["temperature"], r["batch_size"]) == (temperature, batch_size)]
@@ -101,8 +105,8 @@ def report(data: Mapping[str, Any]) -> str:
                 own = fixed.get(steps.label)
                 lines.append(
                     f"| {temperature:g} | {batch_size} | {steps.label} | {steps.share:.0%} | "
-                    f"{steps.median_ms:.3f} | {_tokens(steps)} | "
-                    f"{'—' if own is None else f'{own.median_ms:.3f}'} | "
+                    f"{steps.median_ms:.3f} | {steps.mean_ms:.3f} | {_tokens(steps)} | "
+                    f"{'— | —' if own is None else f'{own.median_ms:.3f} | {own.mean_ms:.3f}'} | "
                     f"{'—' if own is None else _tokens(own)} |"
                 )
     lines += ["", "Fixed drafting engines at bs 1, lag-1 autocorrelation of tokens a step:", ""]

@@ -30,6 +30,7 @@ def test_an_adaptive_rows_steps_are_split_by_shape_tokens_a_request() -> None:
     assert s3.steps == 2
     assert s3.share == pytest.approx(0.4)
     assert s3.median_ms == pytest.approx(1.1)
+    assert s5.median_ms == pytest.approx(1.5)
     # (6 + 5) tokens over 2 steps of a batch of 2 requests
     assert s3.tokens_per_step == pytest.approx(11 / 2 / 2)
     assert s5.tokens_per_step == pytest.approx(20 / 2 / 2)
@@ -51,15 +52,16 @@ def test_the_report_sets_each_adaptive_shape_beside_its_fixed_engine(
     rows = [
         _row("chain S3", 1, [0.8, 0.8, 0.8, 0.8], [3, 3, 2, 2]),
         _row("plain", 1, [0.4, 0.4], [1, 1]),
-        _row("adaptive", 1, [0.79, 0.81, 1.0], [4, 3, 4],
-             step_shapes=["chain S3", "chain S3", "chain S5"]),
+        _row("adaptive", 1, [0.7, 0.8, 1.2, 1.0], [4, 3, 4, 4],
+             step_shapes=["chain S3", "chain S3", "chain S3", "chain S5"]),
     ]  # fmt: skip
     run = tmp_path / "all.json"
     run.write_text(json.dumps({"rows": rows}))
     assert shape_steps.main(["--run", str(run), "--out", str(tmp_path / "out.md")]) == 0
     printed = capsys.readouterr().out
-    assert "| 0.7 | 1 | chain S3 | 67% | 0.800 | 3.50 | 0.800 | 2.50 |" in printed
-    assert "| 0.7 | 1 | chain S5 | 33% | 1.000 | 4.00 | — | — |" in printed
+    # its chain S3 steps: the fixed engine's median, a mean a tenth longer
+    assert "| 0.7 | 1 | chain S3 | 75% | 0.800 | 0.900 | 3.67 | 0.800 | 0.800 | 2.50 |" in printed
+    assert "| 0.7 | 1 | chain S5 | 25% | 1.000 | 1.000 | 4.00 | — | — | — |" in printed
     # chain S3's 3, 3, 2, 2: mean 2.5, lag-1 (0.25 − 0.25 + 0.25) / 1
     assert "- T 0.7, chain S3: +0.25" in printed
     assert "plain:" not in printed  # plain commits one token a step: nothing persists
