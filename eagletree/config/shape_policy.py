@@ -19,11 +19,15 @@ from eagletree.config.sections import SampledDraftsName, ShapePolicyName
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.errors import ConfigurationError
 
-# plain decoding, chains of 3 / 5 / 7, trees of width 4 over 8 / 16 / 32 nodes (the last 8 deep:
-# the real pair's fastest shape at bs 1, greedy, 1.2 × chain S5 where width 8 over 32 nodes,
-# never a cell's fastest, gained 1.1 ×) and width 8 over 64 nodes
+# plain decoding; chains of 1 / 2 / 3 / 5 / 7 (the shallow ones for sampling at large batches,
+# where a drafted token is accepted about half the time and chain S3 barely pays for its step:
+# on the H100 chain S1 and S2 step at 0.71–0.78 and 0.88–0.91 × chain S3); trees of width 4 over
+# 8 / 16 / 32 nodes (the last 8 deep: the real pair's fastest shape at bs 1, greedy, 1.2 × chain
+# S5, where width 8 over 32 nodes, never a cell's fastest, gained 1.1 ×) and width 8 over 64 nodes
 DEFAULT_CANDIDATES = (
     "plain",
+    "chain:S1",
+    "chain:S2",
     "chain:S3",
     "chain:S5",
     "chain:S7",
