@@ -138,7 +138,9 @@ def _generate(args: argparse.Namespace, settings: EngineSettings, out: TextIO, e
         specs = _prompt_specs(args, note)
         stop_ids = None if args.stop_token_ids is None else parse_ids(args.stop_token_ids)
         engine: Engine | DataParallelEngine = (
-            build_data_parallel_engine(settings) if dp_size > 1 else build_engine(settings)
+            build_data_parallel_engine(settings, note)
+            if dp_size > 1
+            else build_engine(settings, note)
         )
         with engine:
             if engine.tokenizer is None and specs[0][1].fallback_ids is not None:

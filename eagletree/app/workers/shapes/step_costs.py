@@ -51,26 +51,35 @@ def measure_step_costs(
     progress: Callable[[str], None] | None = None,
 ) -> StepCosts:
     """Time every runner's step, and ``catch_up``'s, at every bucket, greedy and sampled
-    (start-up work)."""
+    (start-up work; a line to ``progress`` after each runner: eager steps on the CPU take
+    minutes over a set of shapes)."""
     started = time.perf_counter()
-
-    def timed(runner: DecodeStepRunner, bucket: int, sampled: bool) -> float:
-        mode = SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY
-        return runner.time_step(bucket, mode, repeats)
-
     kinds = [(bucket, sampled) for bucket in buckets for sampled in (False, True)]
+    timed = [(shape.label, runner) for shape, runner in runners.items()]
+    if catch_up is not None:
+        timed.append(("plain with the draft's catch-up", catch_up))
+    measured: list[dict[tuple[int, bool], float]] = []
+    for done, (label, runner) in enumerate(timed, start=1):
+        measured.append({kind: _timed(runner, *kind, repeats) for kind in kinds})
+        if progress is not None:
+            progress(f"measuring the step costs: {done}/{len(timed)} ({label})")
     seconds = {
-        (shape, bucket, sampled): timed(runner, bucket, sampled)
-        for shape, runner in runners.items()
-        for bucket, sampled in kinds
+        (shape, bucket, sampled): t
+        for shape, times in zip(runners, measured[: len(runners)], strict=True)
+        for (bucket, sampled), t in times.items()
     }
-    catch_ups = {} if catch_up is None else {kind: timed(catch_up, *kind) for kind in kinds}
+    catch_ups = measured[-1] if catch_up is not None else {}
     if progress is not None:
         progress(
             f"measured the step costs of {len(runners)} draft shapes at {len(buckets)} batch "
             f"sizes in {time.perf_counter() - started:.1f} s"
         )
     return StepCosts(tuple(sorted(buckets)), seconds, catch_ups, catch_up_every)
+
+
+def _timed(runner: DecodeStepRunner, bucket: int, sampled: bool, repeats: int) -> float:
+    mode = SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY
+    return runner.time_step(bucket, mode, repeats)
 
 
 class ReadBackClock:
