@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from eagletree.domain.draft_shape import DraftShape
 
 
+_MODES = {False: SamplingMode.GREEDY, True: SamplingMode.SAMPLED}  # by ``sampled``
+
+
 @dataclass(frozen=True, slots=True)
 class StepCosts:
     """Seconds of one step per (shape, bucket, sampled); ``buckets`` ascending. The plain
@@ -55,31 +58,32 @@ def measure_step_costs(
     minutes over a set of shapes)."""
     started = time.perf_counter()
     kinds = [(bucket, sampled) for bucket in buckets for sampled in (False, True)]
-    timed = [(shape.label, runner) for shape, runner in runners.items()]
-    if catch_up is not None:
-        timed.append(("plain with the draft's catch-up", catch_up))
-    measured: list[dict[tuple[int, bool], float]] = []
-    for done, (label, runner) in enumerate(timed, start=1):
-        measured.append({kind: _timed(runner, *kind, repeats) for kind in kinds})
+    total = len(runners) + (catch_up is not None)
+
+    def timed(runner: DecodeStepRunner, label: str, done: int) -> dict[tuple[int, bool], float]:
+        """One runner's step at every bucket and sampling, then its progress line."""
+        times = {
+            (bucket, sampled): runner.time_step(bucket, _MODES[sampled], repeats)
+            for bucket, sampled in kinds
+        }
         if progress is not None:
-            progress(f"measuring the step costs: {done}/{len(timed)} ({label})")
+            progress(f"measuring the step costs: {done}/{total} ({label})")
+        return times
+
     seconds = {
         (shape, bucket, sampled): t
-        for shape, times in zip(runners, measured[: len(runners)], strict=True)
-        for (bucket, sampled), t in times.items()
+        for done, (shape, runner) in enumerate(runners.items(), start=1)
+        for (bucket, sampled), t in timed(runner, shape.label, done).items()
     }
-    catch_ups = measured[-1] if catch_up is not None else {}
+    catch_ups = (
+        {} if catch_up is None else timed(catch_up, "plain with the draft's catch-up", total)
+    )
     if progress is not None:
         progress(
             f"measured the step costs of {len(runners)} draft shapes at {len(buckets)} batch "
             f"sizes in {time.perf_counter() - started:.1f} s"
         )
     return StepCosts(tuple(sorted(buckets)), seconds, catch_ups, catch_up_every)
-
-
-def _timed(runner: DecodeStepRunner, bucket: int, sampled: bool, repeats: int) -> float:
-    mode = SamplingMode.SAMPLED if sampled else SamplingMode.GREEDY
-    return runner.time_step(bucket, mode, repeats)
 
 
 class ReadBackClock:
