@@ -169,10 +169,12 @@ class DecodeStepRunner:
         report(f"captured {len(SamplingMode) * len(self.buckets)} {what} in {elapsed:.1f} s")
         return elapsed
 
-    def time_step(self, bucket: int, mode: SamplingMode, repeats: int) -> float:
+    def time_step(
+        self, bucket: int, mode: SamplingMode, repeats: int, *, warm_up: bool = True
+    ) -> float:
         """Seconds one step of ``bucket`` padding rows in ``mode`` takes (its graph's replay
         where one is captured, else the eager step), the median of ``repeats`` runs after one
-        warm-up.
+        warm-up (none where not ``warm_up``: an eager step already run at another size).
         Padding rows read and write only the padding row and slot 0, so live requests are
         untouched. Start-up work: it waits for the device."""
         self._buffers.fill([], bucket, self._num_coins)
@@ -187,7 +189,7 @@ class DecodeStepRunner:
 
         cuda = self._buffers.device.type == "cuda"
         times = []
-        for index in range(repeats + 1):
+        for index in range(0 if warm_up else 1, repeats + 1):  # run 0: the warm-up
             if cuda:
                 torch.cuda.synchronize()  # SYNC: start-up timing of the cost table
             started = time.perf_counter()

@@ -18,6 +18,7 @@ import torch
 from eagletree.adapters.memory.req_to_token import TensorReqToTokenPool
 from eagletree.app.engine.loop import Engine
 from eagletree.app.workers.decode_inputs import DecodeInputBuffers
+from eagletree.app.workers.sampler import SamplingMode
 from eagletree.app.workers.step_graphs import (
     DecodeStepRunner,
     _no_collection_during_capture,
@@ -199,6 +200,23 @@ def test_a_runner_without_buckets_never_pads() -> None:
     assert bucketed.run(requests)[0].tolist() == [0, 2, 4]  # sliced back to the live rows
     assert bucketed.run([])[0].tolist() == []  # idle: eager, unpadded
     assert seen == [3, 4, 0]
+
+
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_a_timed_eager_step_runs_its_repeats_after_one_warm_up_if_asked(warm_up: bool) -> None:
+    pool = TensorReqToTokenPool(4, 32, "cpu")
+    seen: list[int] = []
+
+    def step(inputs: object) -> tuple[torch.Tensor, ...]:
+        rows = inputs.rows  # type: ignore[attr-defined]
+        seen.append(int(rows.shape[0]))
+        return (rows,)
+
+    buffers = DecodeInputBuffers.for_pool(pool, padded=True)
+    runner = DecodeStepRunner(step, buffers, num_coins=1, buckets=(2, 3))
+    seconds = runner.time_step(3, SamplingMode.GREEDY, 3, warm_up=warm_up)
+    assert seen == [3] * (4 if warm_up else 3)  # every run over the bucket's padding rows
+    assert seconds > 0.0
 
 
 def _run_workload(

@@ -12,6 +12,12 @@ that also extends the draft over the lag, once per lag width of plain steps and 
 drafting step that follows plain ones. Both are timed and learned apart, and a plain step is
 priced as their mean over a run of plain steps: a catch-up timed as a plain step would price
 plain decoding, at a batch of 64, at twice what a run of it costs.
+
+A runner with no captured graphs runs its steps eagerly, which on a CPU takes a large share of a
+second at a big bucket (the default set took 9 minutes on a 2-core CPU, timed as replays are):
+it is timed once at three buckets (the smallest, the middle and the largest), warmed up at the
+smallest only, and priced between them along straight lines in the batch size. The table is a
+start; the learned costs correct it from the steps the engine runs.
 """
 
 from __future__ import annotations
@@ -62,13 +68,21 @@ def measure_step_costs(
 
     def timed(runner: DecodeStepRunner, label: str, done: int) -> dict[tuple[int, bool], float]:
         """One runner's step at every bucket and sampling, then its progress line."""
+        eager = runner.num_graphs == 0
+        points = _eager_points(buckets) if eager else buckets
         times = {
-            (bucket, sampled): runner.time_step(bucket, _MODES[sampled], repeats)
-            for bucket, sampled in kinds
+            (bucket, sampled): runner.time_step(
+                bucket,
+                _MODES[sampled],
+                1 if eager else repeats,
+                warm_up=not eager or bucket == points[0],  # the eager step's first run
+            )
+            for bucket in points
+            for sampled in (False, True)
         }
         if progress is not None:
             progress(f"measuring the step costs: {done}/{total} ({label})")
-        return times
+        return {(b, s): _between(times, points, b, s) for b, s in kinds}
 
     seconds = {
         (shape, bucket, sampled): t
@@ -84,6 +98,25 @@ def measure_step_costs(
             f"sizes in {time.perf_counter() - started:.1f} s"
         )
     return StepCosts(tuple(sorted(buckets)), seconds, catch_ups, catch_up_every)
+
+
+def _eager_points(buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The buckets an eager runner is timed at: the smallest, the middle and the largest."""
+    ordered = sorted(buckets)
+    return tuple(sorted({ordered[0], ordered[len(ordered) // 2], ordered[-1]}))
+
+
+def _between(
+    times: Mapping[tuple[int, bool], float], points: tuple[int, ...], bucket: int, sampled: bool
+) -> float:
+    """The step time at ``bucket``: timed there, or on the straight line between the timed
+    ``points`` on either side of it (``points`` ascending, spanning every bucket)."""
+    if (bucket, sampled) in times:
+        return times[bucket, sampled]
+    upper = next(i for i, point in enumerate(points) if point > bucket)
+    low, high = points[upper - 1], points[upper]
+    weight = (bucket - low) / (high - low)
+    return (1 - weight) * times[low, sampled] + weight * times[high, sampled]
 
 
 class ReadBackClock:
