@@ -14,7 +14,7 @@ priced as their mean over a run of plain steps: a catch-up timed as a plain step
 plain decoding, at a batch of 64, at twice what a run of it costs.
 
 A runner with no captured graphs runs its steps eagerly, which on a CPU takes a large share of a
-second at a big bucket (the default set took 9 minutes on a 2-core CPU, timed as replays are):
+second at a big bucket (the default set took 555 s on a 2-core CPU, timed as replays are):
 it is timed once at three buckets (the smallest, the middle and the largest), warmed up at the
 smallest only, and priced between them along straight lines in the batch size. The table is a
 start; the learned costs correct it from the steps the engine runs.
