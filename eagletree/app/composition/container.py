@@ -112,13 +112,11 @@ class Container(PoolProviders):
         ModelProviders.worker_name,
     )
     use_cuda_graphs = cuda_graphs.provided.enabled
-    shape_policy = providers.Singleton(
-        startup.shape_policy_decision, ModelProviders.settings, ModelProviders.speculative
-    )
+    shape_policy = ModelProviders.shape_policy
     graph_buckets = providers.Callable(
         startup.decode_buckets, cuda_graphs, shape_policy, ModelProviders.max_running_requests
     )
-    # the shapes the v2 worker drafts: the configured one, or the fastest candidate each step
+    # the policy that picks each step's shape among them
     policy = providers.Selector(
         shape_policy.provided.policy,
         fixed=providers.Object(None),

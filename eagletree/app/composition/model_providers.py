@@ -158,6 +158,8 @@ class ModelProviders(containers.DeclarativeContainer):
     draft_models = providers.Singleton(load_draft_heads, speculative, target_model, dtype)
     tokenizer = providers.Singleton(load_tokenizer, config.model.target_path)
 
+    # the shapes the v2 worker drafts: the configured one, or the fastest candidate each step
+    shape_policy = providers.Singleton(startup.shape_policy_decision, settings, speculative)
     worker_name = providers.Callable(str, speculative.provided.worker)
     max_running_requests = speculative.provided.max_running_requests
     max_context_len = providers.Callable(

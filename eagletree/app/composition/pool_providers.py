@@ -138,6 +138,7 @@ class PoolProviders(ModelProviders):
             ModelProviders.max_context_len,
             ModelProviders.speculative,
             ModelProviders.config.memory.page_size,
+            ModelProviders.shape_policy.provided.shapes,
         ),
         device=ModelProviders.device,
     )

@@ -6,10 +6,12 @@ They are computed here and passed to the adapters, never written back into the s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from eagletree.config.eagle_hook import ResolvedSpeculative
+    from eagletree.domain.draft_shape import DraftShape
 
 # Slack past the v2 window, as upstream's "+ 4": the bonus token and an off-by-one at the limit.
 ROW_HEADROOM = 4
@@ -31,11 +33,19 @@ def tokens_allocated_per_step(resolved: ResolvedSpeculative, page_size: int) -> 
 
 
 def req_to_token_row_width(
-    max_context_len: int, resolved: ResolvedSpeculative, page_size: int
+    max_context_len: int,
+    resolved: ResolvedSpeculative,
+    page_size: int,
+    shapes: Sequence[DraftShape],
 ) -> int:
     """Columns of req_to_token: the context, two steps' windows (the current one and the next
-    one the scheduler reserves ahead of the committed length) and a little headroom."""
-    return max_context_len + 2 * tokens_allocated_per_step(resolved, page_size) + ROW_HEADROOM
+    one the scheduler reserves ahead of the committed length) of the widest of the ``shapes``
+    the worker may run (an adaptive policy's candidates reserve their widest window) and a
+    little headroom."""
+    per_step = max(
+        [tokens_allocated_per_step(resolved, page_size)] + [s.window_len for s in shapes]
+    )
+    return max_context_len + 2 * per_step + ROW_HEADROOM
 
 
 def req_to_token_rows(max_running_requests: int) -> int:

@@ -20,6 +20,7 @@ from eagletree.app.composition.sizing import (
 from eagletree.config.eagle_hook import ResolvedSpeculative, resolve_speculative
 from eagletree.config.settings import EngineSettings
 from eagletree.config.target import TargetDescription
+from eagletree.domain.draft_shape import DraftShape
 from eagletree.domain.errors import ConfigurationError
 from tests.integration.container.small_settings import settings
 
@@ -32,7 +33,7 @@ def test_the_slot_allocator_and_request_table_are_sized_from_the_settings(device
     table = container.req_to_token_pool()
     assert type(table) is TensorReqToTokenPool
     resolved = container.speculative()
-    width = req_to_token_row_width(32, resolved, page_size=1)
+    width = req_to_token_row_width(32, resolved, 1, container.shape_policy().shapes)
     # one row per running request and the padding row of CUDA-graph batches
     assert table.req_to_token.shape == (4 + 1, width)
     assert table.req_to_token.device.type == device
@@ -54,7 +55,7 @@ def test_the_context_length_defaults_to_the_target_limit() -> None:
     container = build_container(settings(model={"max_context_len": None}), target)
     resolved = container.speculative()
     width = container.req_to_token_pool().req_to_token.shape[1]
-    assert width == req_to_token_row_width(100, resolved, page_size=1)
+    assert width == req_to_token_row_width(100, resolved, 1, container.shape_policy().shapes)
 
 
 def resolved_with(steps: int, topk: int, tokens: int) -> ResolvedSpeculative:
@@ -79,7 +80,10 @@ def test_a_decode_step_claims_the_upstream_slot_count(
 ) -> None:
     resolved = resolved_with(steps, topk, tokens)
     assert tokens_allocated_per_step(resolved, page_size) == per_step
-    assert req_to_token_row_width(32, resolved, page_size) == 32 + 2 * per_step + ROW_HEADROOM
+    shapes = [DraftShape(steps, topk, tokens)]  # a fixed policy's: the configured shape
+    assert (
+        req_to_token_row_width(32, resolved, page_size, shapes) == 32 + 2 * per_step + ROW_HEADROOM
+    )
 
 
 def test_without_speculation_a_step_claims_one_slot() -> None:
