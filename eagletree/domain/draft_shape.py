@@ -28,6 +28,13 @@ from dataclasses import dataclass, field
 RankPath = tuple[int, ...]  # the candidate rank chosen at each depth, root excluded
 
 
+def reserved_slots(shapes: Sequence[DraftShape]) -> int:
+    """Slots kept backed past a request's committed length for steps of ``shapes``: twice the
+    widest window one of them writes, so that a step can launch before the host learns the
+    lengths the one in flight commits (the scheduler's reserve, the request table's rows)."""
+    return 2 * max(s.window_len for s in shapes)
+
+
 def max_draft_tokens(num_steps: int, topk: int) -> int:
     """Largest N: the root plus k first-step candidates plus k² per later step."""
     return 1 + topk + (num_steps - 1) * topk * topk

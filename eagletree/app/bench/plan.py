@@ -24,6 +24,7 @@ from eagletree.app.bench.measure import token_budget
 from eagletree.config.sections import SpeculativeSettings
 from eagletree.config.settings import EngineSettings
 from eagletree.config.shape_policy import shape_spec
+from eagletree.domain.draft_shape import reserved_slots
 from eagletree.domain.errors import ConfigurationError
 
 
@@ -99,7 +100,7 @@ def plan_run(
         budget = token_budget(args.new_tokens, args.warmup_steps, args.profile_steps, most_per_step)
         extra_requests = 0
     context = args.prompt_len + 1 + budget
-    window = max([2 * s.window_len for c in spec for s in (c.shape, *c.candidates)] or [2])
+    window = max([reserved_slots((c.shape, *c.candidates)) for c in spec] or [2])
     context = _within_positions(context, window, target, args, notify)
     max_bs = max([*args.batch_sizes, 1]) + extra_requests
     needed_slots = max_bs * (context + window + 16)

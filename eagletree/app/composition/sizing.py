@@ -9,6 +9,8 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from eagletree.domain.draft_shape import reserved_slots
+
 if TYPE_CHECKING:
     from eagletree.config.eagle_hook import ResolvedSpeculative
     from eagletree.domain.draft_shape import DraftShape
@@ -42,10 +44,8 @@ def req_to_token_row_width(
     one the scheduler reserves ahead of the committed length) of the widest of the ``shapes``
     the worker may run (an adaptive policy's candidates reserve their widest window) and a
     little headroom."""
-    per_step = max(
-        [tokens_allocated_per_step(resolved, page_size)] + [s.window_len for s in shapes]
-    )
-    return max_context_len + 2 * per_step + ROW_HEADROOM
+    allocated = 2 * tokens_allocated_per_step(resolved, page_size)
+    return max_context_len + max(allocated, reserved_slots(shapes)) + ROW_HEADROOM
 
 
 def req_to_token_rows(max_running_requests: int) -> int:

@@ -30,7 +30,7 @@ from eagletree.app.workers.shapes.step_costs import measure_step_costs
 from eagletree.app.workers.shapes.step_feedback import StepFeedback
 from eagletree.app.workers.step_worker import StepWorker
 from eagletree.app.workers.verifier import TreeVerifier
-from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.draft_shape import PLAIN, DraftShape, reserved_slots
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
@@ -155,9 +155,7 @@ class SpeculativeWorker(StepWorker):
 
     @property
     def reserve_per_step(self) -> int:
-        # one step writes window_len slots (of the widest shape it may run); twice that lets
-        # the host learn lengths late
-        return 2 * max(s.window_len for s in self.policy.shapes)
+        return reserved_slots(self.policy.shapes)
 
     def can_run_ahead(self, decode: Sequence[Request]) -> bool:
         # committed lengths live on the device; only FULL_MASK sizes its mask from Σ L_b, and

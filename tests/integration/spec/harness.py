@@ -25,7 +25,7 @@ from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.non_speculative import NonSpeculativeWorker
 from eagletree.app.workers.shapes.policy import ShapePolicy
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
-from eagletree.domain.draft_shape import DraftShape
+from eagletree.domain.draft_shape import DraftShape, reserved_slots
 from eagletree.domain.request import Request
 from eagletree.domain.tree import TreeMaskMode
 from eagletree.ports.model import DraftRunner, ModelRunner
@@ -194,7 +194,7 @@ def speculative_engine(
     shapes = [DraftShape(num_steps, topk, num_draft_tokens)]
     if policy is not None:
         shapes = list(policy.shapes)
-    reserve = 2 * max(s.window_len for s in shapes)
+    reserve = reserved_slots(shapes)
     rows = max_running + (1 if graph_buckets else 0)
     memory = _memory(models.device, pool_size, rows, context_len + reserve + 4)
     real_target = _target_runner(models, memory, backend)
