@@ -28,11 +28,29 @@ from dataclasses import dataclass, field
 RankPath = tuple[int, ...]  # the candidate rank chosen at each depth, root excluded
 
 
+# the most plain steps whose tokens the draft leaves unread (docs/speculative.md): while steps
+# are launch-bound a catch-up costs one draft forward whatever its width (on the H100 the real
+# pair's catch-up over 16 pairs a row took 0.11 / 0.16 ms over a plain step at bs 1 / 64, over
+# 32 pairs 0.12 / 0.20), so the more plain steps share it the less each pays (a lag of 6, chain
+# S5's window, cost a weak head's plain steps 4 %); the buffer holds that many target features
+# per row (200 MB for 256 rows of a Llama-3-8B EAGLE-3 target's 3 x 4096 bf16 aux states,
+# whose catch-up is compute-bound: there a narrower lag would cost as little)
+MAX_LAG = 32
+
+
+def draft_lag_width(shapes: Sequence[DraftShape]) -> int:
+    """How many plain steps' tokens a row's draft may leave unread among steps of ``shapes``:
+    ``MAX_LAG`` where plain decoding is one of them, else 1 (no plain step leaves any)."""
+    return MAX_LAG if any(s.is_plain for s in shapes) else 1
+
+
 def reserved_slots(shapes: Sequence[DraftShape]) -> int:
     """Slots kept backed past a request's committed length for steps of ``shapes``: twice the
-    widest window one of them writes, so that a step can launch before the host learns the
-    lengths the one in flight commits (the scheduler's reserve, the request table's rows)."""
-    return 2 * max(s.window_len for s in shapes)
+    widest block one of them writes there — a drafting step's window, or a catch-up's block as
+    wide as the draft's lag, which starts behind the committed length and reaches up to its
+    width past it — so that a step can launch before the host learns the lengths the one in
+    flight commits (the scheduler's reserve, the request table's rows)."""
+    return 2 * max(draft_lag_width(shapes), *(s.window_len for s in shapes))
 
 
 def max_draft_tokens(num_steps: int, topk: int) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from eagletree.domain.draft_shape import draft_lag_width
 from eagletree.domain.tree import TreeMaskMode
 
 if TYPE_CHECKING:
@@ -200,22 +201,11 @@ class DraftLag:
         self.count.index_fill_(0, rows, 0)  # a fill, not a host scalar copied in a graph
 
 
-# the most plain steps whose tokens the draft leaves unread (docs/speculative.md): while steps
-# are launch-bound a catch-up costs one draft forward whatever its width (on the H100 the real
-# pair's catch-up over 16 pairs a row took 0.11 / 0.16 ms over a plain step at bs 1 / 64, over
-# 32 pairs 0.12 / 0.20), so the more plain steps share it the less each pays; the buffer holds
-# that many target features per row (200 MB for 256 rows of a Llama-3-8B EAGLE-3 target's
-# 3 x 4096 bf16 aux states, whose catch-up is compute-bound: there a narrower lag would cost as
-# little)
-MAX_LAG = 32
-
-
 def lag_width(shapes: Sequence[DraftShape], mask_mode: TreeMaskMode) -> int:
-    """How many plain steps' tokens a row's draft may leave unread: up to ``MAX_LAG``, within the
-    widest window a step may write past the committed length (the slots the scheduler keeps
-    backed there hold the catch-up's draft KV); 1 — a catch-up every plain step — where the
-    tree mask is sized from the host's lengths (``FULL_MASK``), which a catch-up starting
-    behind them does not have."""
+    """How many plain steps' tokens a row's draft may leave unread (``draft_lag_width``; the
+    scheduler keeps the slots a catch-up's block writes backed); 1 — a catch-up every plain
+    step — where the tree mask is sized from the host's lengths (``FULL_MASK``), which a
+    catch-up starting behind them does not have."""
     if mask_mode is not TreeMaskMode.QLEN_ONLY:
         return 1
-    return min(MAX_LAG, max(s.window_len for s in shapes))
+    return draft_lag_width(shapes)

@@ -1,6 +1,7 @@
 """An adaptive engine serves a request as long as its context allows, as a fixed one does: its
-request table's rows hold two steps' windows of the widest shape it may run, the reserve its
-scheduler keeps past every committed length, not the configured shape's alone."""
+request table's rows hold two of the widest blocks a step it may run writes past a committed
+length (a drafting shape's window, or the draft's catch-up over its lag), the reserve its
+scheduler keeps there, not the configured shape's window alone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from eagletree.adapters.models.random_checkpoint import write_random_checkpoint
 from eagletree.app.composition.container import build_engine
 from eagletree.config.settings import EngineSettings
-from eagletree.domain.draft_shape import DraftShape
+from eagletree.domain.draft_shape import MAX_LAG, DraftShape
 from tests.integration.spec.harness import SIZES, WEIGHT_STD
 
 CONTEXT = 64
@@ -40,7 +41,9 @@ def test_an_adaptive_request_runs_to_the_context_end_whatever_its_widest_candida
     engine = build_engine(settings)
     engine.eos_token_ids = frozenset()  # random weights: an EOS would end it at a random step
     scheduler = engine.scheduler
-    assert scheduler.reserve_per_step == 2 * WIDE.window_len
+    # two of the widest blocks a step writes past a committed length: the catch-up's, as wide as
+    # the draft's lag, is wider than the tree's window
+    assert scheduler.reserve_per_step == 2 * MAX_LAG > 2 * WIDE.window_len
     assert scheduler.capacity_problem(CONTEXT) is None
     prompt = list(range(1, 9))
     (result,) = engine.generate([prompt], max_new_tokens=CONTEXT)

@@ -7,14 +7,16 @@ that joined mid-run, a run longer than the lag, a drafting step that must wait f
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
-from eagletree.app.workers.draft_state import DraftLag, DraftStateStore, lag_width
+from eagletree.app.workers.decode_window import DecodeWindow
+from eagletree.app.workers.draft_state import DraftInput, DraftLag, DraftStateStore, lag_width
+from eagletree.app.workers.eagle_v2 import EagleWorkerV2
 from eagletree.app.workers.step_kernels import REFERENCE_KERNELS, StepKernels
-from eagletree.domain.draft_shape import PLAIN, DraftShape
+from eagletree.domain.draft_shape import PLAIN, DraftShape, reserved_slots
 from eagletree.domain.request import Request
 from eagletree.domain.sampling import SamplingParams
 from eagletree.domain.tree import TreeMaskMode
@@ -60,19 +62,30 @@ def _run(
     lag_width: int | None,
     kernels: StepKernels = REFERENCE_KERNELS,
     graph_buckets: Sequence[int] = (),
+    watch: Callable[[SpecEngine], None] | None = None,
 ) -> tuple[SpecEngine, ScriptedShapes, list[Request]]:
     """Three requests (the third joins at the fourth decode step) stepped through ``script``;
     with ``lag_width`` the worker's lag is replaced by one that wide (1: a catch-up every
-    step); ``graph_buckets``: steps padded to them (eagerly, on the CPU)."""
+    step); ``graph_buckets``: steps padded to them (eagerly, on the CPU); ``watch`` is given
+    the engine before its first step."""
     policy = ScriptedShapes((TREE, PLAIN, CHAIN), script)
     spec = speculative_engine(
-        models, 3, 2, 6, policy=policy, kernels=kernels, graph_buckets=graph_buckets
+        models,
+        3,
+        2,
+        6,
+        policy=policy,
+        kernels=kernels,
+        graph_buckets=graph_buckets,
+        context_len=192,
     )
     if lag_width is not None:
         state = spec.worker._state
         state.lag = DraftLag(state.bonus_tokens.shape[0], lag_width, state.bonus_tokens.device)
+    if watch is not None:
+        watch(spec)
     prompts = ragged_prompts(SIZES.vocab_size, [5, 9, 7], seed=4)
-    params = SamplingParams(max_new_tokens=60)
+    params = SamplingParams(max_new_tokens=160)  # past the longest script's steps
     requests = [spec.engine.submit(p, params) for p in prompts[:2]]
     while policy.calls < len(script):
         if policy.calls == 3:
@@ -120,6 +133,41 @@ def test_a_run_of_plain_steps_leaves_the_draft_as_extending_after_each_would(
     assert lagging_policy.observed == eager_policy.observed
     assert len(lagging_policy.observed) >= 3 * 3  # three requests through the last three trees
     assert torch.all(lagging.worker._state.lag.count == 0)  # the draft read every pair
+
+
+def test_a_catch_up_writes_no_slot_its_request_does_not_own(
+    models: SpecModels, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a catch-up's block, as wide as the lag (wider here than any shape's window), starts
+    # behind the committed length and reaches up to its width past it: the scheduler keeps
+    # that much backed, or the draft's KV would land in slots of other requests or of none
+    watched: list[SpecEngine] = []
+    blocks: list[tuple[dict[int | None, int], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    extend = EagleWorkerV2._extend_over_lag
+
+    def recorded(worker: EagleWorkerV2, window: DecodeWindow, rows: torch.Tensor) -> DraftInput:
+        # read back after the run: the step runs under the host-sync tripwire
+        owned = {r.row: r.allocated_len for r in watched[0].engine.scheduler.running}
+        lag = worker._state.lag
+        ends = window.seq_lens + 1 - lag.count[rows] + lag.width  # (bs,) past the block's end
+        blocks.append((owned, window.req_pool_indices.clone(), window.seq_lens.clone(), ends))
+        return extend(worker, window, rows)
+
+    def watch(spec: SpecEngine) -> None:
+        watched.append(spec)
+        spec.engine.scheduler.grow_ahead = 0  # as while requests wait: windows hold the reserve
+
+    monkeypatch.setattr(EagleWorkerV2, "_extend_over_lag", recorded)
+    script = [TREE, *[PLAIN] * 3, TREE, *[PLAIN] * (LAG + 3), CHAIN, TREE]
+    _run(models, script, None, watch=watch)
+    past = []  # how far past its committed length each request's block reached
+    for owned, rows, lengths, ends in blocks:
+        for row, length, end in zip(rows.tolist(), lengths.tolist(), ends.tolist(), strict=True):
+            if row in owned:  # not a padding row
+                assert end <= owned[row], (row, end, owned[row])
+                past.append(end - length)
+    assert len(blocks) >= 3  # after the first run, before the tree; the lag filling; the chain
+    assert max(past) > reserved_slots((TREE, CHAIN))  # past two of the widest windows
 
 
 @pytest.mark.parametrize("graph_buckets", [(), (4,)], ids=["exact", "padded"])
@@ -181,7 +229,7 @@ def test_steps_inside_untimed_steps_and_the_first_after_them_teach_no_step_time(
     # interval spans them)
     policy = ScriptedShapes((TREE, PLAIN, CHAIN), [TREE])
     spec = speculative_engine(models, 3, 2, 6, policy=policy)
-    params = SamplingParams(max_new_tokens=60)
+    params = SamplingParams(max_new_tokens=160)  # past the longest script's steps
     for prompt in ragged_prompts(SIZES.vocab_size, [5, 9], seed=4):
         spec.engine.submit(prompt, params)
     for _ in range(4):

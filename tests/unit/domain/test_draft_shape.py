@@ -10,12 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eagletree.domain.draft_shape import (
+    MAX_LAG,
     PLAIN,
     DraftShape,
     RankProfile,
     choose_shape,
+    draft_lag_width,
     expected_accepted,
     mean_profile,
+    reserved_slots,
     tree_rank_paths,
     with_lower_ranks,
 )
@@ -211,3 +214,17 @@ def test_a_profile_of_the_first_ranks_takes_the_lower_ones_from_another_scaled_t
     # the first profile's chain stays its own
     lined = RankProfile(drawn.hit_rates, (0.7, 0.95))
     assert with_lower_ranks(lined, top_k).line_rates == (0.7, 0.95)
+
+
+def test_the_reserve_holds_two_of_the_widest_blocks_a_step_writes_past_the_committed_length() -> (
+    None
+):
+    chain, wide_tree = DraftShape.chain(3), DraftShape(8, 8, 64)
+    assert (chain.window_len, wide_tree.window_len) == (4, 64)
+    # without plain decoding no step leaves the draft behind: a chain's window is the widest
+    assert draft_lag_width([chain]) == 1 and reserved_slots([chain]) == 8
+    # plain steps leave their tokens in a lag of MAX_LAG, whose catch-up block reaches that
+    # far past the committed length: wider than the chain's window, narrower than the tree's
+    assert draft_lag_width([PLAIN, chain]) == MAX_LAG == 32
+    assert reserved_slots([PLAIN, chain]) == 64
+    assert reserved_slots([PLAIN, chain, wide_tree]) == 128
