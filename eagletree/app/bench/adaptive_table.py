@@ -21,9 +21,10 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
     """Markdown lines (empty without an adaptive row): per (temperature, batch size) the
     adaptive engine's tok/s over the best fixed drafting shape's (named) and over plain
     decoding's, each with its standard error where both rows measured the same draws of
-    prompts (``paired_error``), the two shapes it ran most with their shares of its steps and
-    its worst over median step; then, per configuration, the geometric mean over the cells of
-    its tok/s over the cell's best fixed engine (plain included)."""
+    prompts (``paired_error``) and the median of the draws' ratios to the best
+    (``median_draw_ratio``), the two shapes it ran most with their shares of its steps and
+    its worst over median step (and plain decoding's); then, per configuration, the geometric
+    mean over the cells of its tok/s over the cell's best fixed engine (plain included)."""
     cells: dict[tuple[float, int], dict[str, BenchRow]] = {}
     for row in rows:
         cells.setdefault((row.temperature, row.batch_size), {})[row.config] = row
@@ -34,9 +35,9 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
         "",
         "The adaptive policy against the fixed configurations of each cell:",
         "",
-        "| T | bs | ÷ best fixed shape (which) | ÷ plain | ran (share of its steps) "
-        "| worst ÷ median step |",
-        "|---|---|---|---|---|---|",
+        "| T | bs | ÷ best fixed shape (which) | median draw | ÷ plain | ran (share of its "
+        "steps) | worst ÷ median step (plain's) |",
+        "|---|---|---|---|---|---|---|",
     ]
     paired = False
     over_best: dict[str, list[float]] = {}
@@ -47,9 +48,11 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
         best = max(drafting, key=lambda r: r.tokens_per_s, default=None)
         plain = fixed.get(PLAIN.name)
         paired = paired or any(paired_error(adaptive, b) is not None for b in (best, plain))
+        median = median_draw_ratio(adaptive, best)
         lines.append(
             f"| {temperature:g} | {batch_size} | {_over(adaptive, best, named=True)} "
-            f"| {_over(adaptive, plain)} | {_ran(adaptive)} | {_worst(adaptive)} |"
+            f"| {'n/a' if median is None else f'{median:.2f}'} | {_over(adaptive, plain)} "
+            f"| {_ran(adaptive)} | {_worst(adaptive)} ({_worst(plain)}) |"
         )
         if fixed:
             top = max(row.tokens_per_s for row in fixed.values())
@@ -59,7 +62,11 @@ def adaptive_lines(rows: Sequence[BenchRow]) -> list[str]:
         lines += [
             "",
             "± is the standard error of the ratio from its windows: both engines decoded each "
-            "draw of prompts, so a draw's text, easy or hard, weighs on both alike.",
+            "draw of prompts, so a draw's text, easy or hard, weighs on both alike. The median "
+            "draw is the median over the draws of the two engines' ratio: a host stall lands in "
+            "one engine's window of a draw, which moves the ratio of the totals by the stall's "
+            "length and the median by one draw at most. The worst ÷ median step of plain "
+            "decoding in the same cell tells the host's stalls from the policy's.",
         ]
     complete = {name: ratios for name, ratios in over_best.items() if len(ratios) == len(measured)}
     if complete:
@@ -89,6 +96,17 @@ def paired_error(row: BenchRow, base: BenchRow | None) -> float | None:
     return statistics.stdev(logs) / math.sqrt(len(logs))
 
 
+def median_draw_ratio(row: BenchRow, base: BenchRow | None) -> float | None:
+    """The median over the draws of prompts both rows decoded of ``row``'s tok/s ÷ ``base``'s
+    (None for fewer than three draws, or rows not measured over the same draws)."""
+    if base is None:
+        return None
+    ours, theirs = row.window_tokens_per_s, base.window_tokens_per_s
+    if len(ours) < 3 or len(ours) != len(theirs) or min(*ours, *theirs) <= 0:
+        return None
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+
+
 def _over(row: BenchRow, base: BenchRow | None, named: bool = False) -> str:
     if base is None or base.tokens_per_s <= 0:
         return "n/a"
@@ -106,6 +124,6 @@ def _ran(row: BenchRow) -> str:
     return ", ".join(f"{shape} {100 * steps / total:.0f} %" for shape, steps in most)
 
 
-def _worst(row: BenchRow) -> str:
-    worst = row.worst_over_median
+def _worst(row: BenchRow | None) -> str:
+    worst = None if row is None else row.worst_over_median
     return "n/a" if worst is None else f"{worst:.2f}"
