@@ -51,6 +51,12 @@ def _config(engine: str) -> BenchConfig:
     return BenchConfig(next(s for s in shapes if not s.is_plain), shapes)
 
 
+def most_tokens_per_step(engine: str) -> int:
+    """The most tokens one step of ``engine`` commits (its deepest shape's depth and bonus)."""
+    config = _config(engine)
+    return max(s.tokens_per_step for s in (config.shape, *config.candidates))
+
+
 def engine_settings(
     target: Path, draft: Path, algorithm: DraftKind, engine: str, batch_size: int, context: int
 ) -> EngineSettings:
@@ -58,9 +64,10 @@ def engine_settings(
     the pool sized for ``batch_size`` requests of ``context`` tokens."""
     from eagletree.app.bench.plan import BenchPlan, settings_for
     from eagletree.config.settings import EngineSettings
+    from eagletree.domain.draft_shape import reserved_slots
 
     config = _config(engine)
-    window = 2 * max(s.window_len for s in (config.shape, *config.candidates))
+    window = reserved_slots((config.shape, *config.candidates))
     base = EngineSettings()
     cuda = torch.cuda.is_available()
     model = base.model.model_copy(

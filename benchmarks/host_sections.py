@@ -32,6 +32,7 @@ from benchmarks.host_profile import (
     add_checkpoint_options,
     checkpoint,
     engine_settings,
+    most_tokens_per_step,
 )
 
 if TYPE_CHECKING:
@@ -111,11 +112,14 @@ def measure_engine(
     from eagletree.app.composition.container import build_engine
     from eagletree.domain.sampling import SamplingParams
 
-    budget = args.warmup + args.steps + 8
+    # every request decodes through the timed steps whatever a step commits (a drafting step
+    # of an easy random model commits its whole depth)
+    budget = most_tokens_per_step(engine) * (args.warmup + args.steps) + 8
     context = args.prompt_len + budget
     built = build_engine(
         engine_settings(target, draft, algorithm, engine, args.batch_size, context)
     )
+    built.eos_token_ids = frozenset()  # as the bench: an EOS would end a request mid-timing
     generator = torch.Generator().manual_seed(0)
     for index in range(args.batch_size):
         prompt = torch.randint(0, built.vocab_size, (args.prompt_len,), generator=generator)
@@ -127,6 +131,12 @@ def measure_engine(
         built.step()
     with timed_sections(sections()) as totals:
         for _ in range(args.steps):
+            if len(built.scheduler.running) < args.batch_size:
+                raise RuntimeError(
+                    f"{engine}: {len(built.scheduler.running)} of {args.batch_size} requests "
+                    "still decoding at a timed step: their sections would be times of a smaller "
+                    "batch, or of none"
+                )
             built.step()
     built.close()
     per_step = {label: 1e6 * seconds / args.steps for label, seconds in totals.items()}

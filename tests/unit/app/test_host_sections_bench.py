@@ -48,3 +48,17 @@ def test_each_engine_gets_the_host_time_of_each_section(
     # only the adaptive engine has a policy to choose and to learn
     assert rows["policy: choose"][0] == 0 and rows["policy: choose"][1] > 0
     assert rows["policy: learn"][0] == 0 and rows["policy: learn"][1] > 0
+
+
+def test_a_batch_that_thins_within_the_timed_steps_is_refused(
+    tiny_eagle_pair: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # requests given 8 tokens, 2 steps of warm-up and 12 timed: the batch empties while timed
+    target, draft = tiny_eagle_pair
+    monkeypatch.setattr(host_sections, "most_tokens_per_step", lambda engine: 0)
+    with pytest.raises(RuntimeError, match=r"plain: [0-2] of 3 requests still decoding"):
+        host_sections.main([
+            "--target", str(target), "--draft-dir", str(draft), "--algorithm", "eagle",
+            "--engines", "plain", "--batch-size", "3", "--prompt-len", "4", "--warmup", "2",
+            "--steps", "12",
+        ])  # fmt: skip
