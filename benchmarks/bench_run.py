@@ -26,6 +26,8 @@ class Cell:
     seconds: dict[DraftShape, list[float]]
     tokens_per_step: dict[DraftShape, float]
     tokens_per_s: dict[DraftShape, float]  # as the GPU measured them
+    # each fixed row's windows (draws of prompts), whose steps ``seconds`` holds in order
+    windows: dict[DraftShape, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,7 @@ def read_run(path: Path) -> Run:
         cell.seconds[shape] = [ms / 1e3 for ms in row["step_ms"]]
         cell.tokens_per_step[shape] = row["tokens_per_step"]
         cell.tokens_per_s[shape] = row["tokens_per_s"]
+        cell.windows[shape] = max(1, len(row.get("window_tokens_per_s") or ()))
     speculative = engine["speculative"]
     argv = data["settings"]["argv"]
     return Run(

@@ -99,7 +99,8 @@ def replay_cell(
                 shape, lag, catch_up = PLAIN, 0, True  # a drafting shape waits one step
             else:
                 shape = chosen
-            step_seconds = clock(shape, catch_up)
+            place = float(generated.double().mean()) / run.new_tokens
+            step_seconds = clock(shape, catch_up, min(place, 0.999))
             steps.append(clock.mean(shape, catch_up))
             rows: list[list[int]] = []
             if shape.is_plain:

@@ -13,10 +13,12 @@ from eagletree.domain.draft_shape import PLAIN, DraftShape
 
 
 class StepClock:
-    """A step's seconds, drawn from the cell's measured steps of its shape; with
-    ``host_stalls``, drawn from its calm steps (at most ``_CALM`` × its median) and stretched
-    by the host's slowdown at that point of the cell's timeline (``_slowdowns``), whatever
-    shape runs there, as a host that stalls stretches every shape's steps."""
+    """A step's seconds, drawn from the cell's measured steps of its shape — those at the same
+    place in their window where the caller says where in its window the step is (a step's time
+    grows with its window's contexts); with ``host_stalls``, drawn from its calm steps (at most
+    ``_CALM`` × its median) and stretched by the host's slowdown at that point of the cell's
+    timeline (``_slowdowns``), whatever shape runs there, as a host that stalls stretches
+    every shape's steps."""
 
     def __init__(
         self, cell: Cell, costs: StepCosts, rng: random.Random, host_stalls: bool = False
@@ -36,13 +38,26 @@ class StepClock:
                 for shape, seconds in cell.seconds.items()
             }
         self._at = rng.randrange(len(self._slowdowns)) if self._slowdowns else 0
+        drawn = self._calm or cell.seconds
+        self._parts = {
+            shape: _by_part(cell.seconds[shape], cell.windows.get(shape, 1), set(kept))
+            for shape, kept in drawn.items()
+        }
 
-    def __call__(self, shape: DraftShape, catch_up: bool = False) -> float:
+    def __call__(
+        self, shape: DraftShape, catch_up: bool = False, place: float | None = None
+    ) -> float:
+        """A step of ``shape`` (a catch-up's where ``catch_up``); ``place``: how far into its
+        window the step is, in [0, 1)."""
         excess = self.catch_up_excess if catch_up else 0.0
+        pool = (self._calm or self._cell.seconds)[shape]
+        if place is not None:
+            part = self._parts[shape][min(_PARTS - 1, int(place * _PARTS))]
+            pool = part or pool
         if not self._slowdowns:
-            return self._rng.choice(self._cell.seconds[shape]) + excess
+            return self._rng.choice(pool) + excess
         self._at = (self._at + 1) % len(self._slowdowns)
-        return (self._rng.choice(self._calm[shape]) + excess) * self._slowdowns[self._at]
+        return (self._rng.choice(pool) + excess) * self._slowdowns[self._at]
 
     def mean(self, shape: DraftShape, catch_up: bool = False) -> float:
         measured = self._cell.seconds[shape]
@@ -51,6 +66,20 @@ class StepClock:
 
 # a measured step over this many times its row's median ran while the host stalled
 _CALM = 1.4
+# the parts of a window a step is drawn by its place in: on the H100 a fixed engine's median
+# step rose 4-5 % from its windows' first quarter to their last, as the contexts grew
+_PARTS = 8
+
+
+def _by_part(seconds: list[float], windows: int, kept: set[float]) -> list[list[float]]:
+    """A row's steps (those in ``kept``) by the part of its window each ran in, the row's
+    ``windows`` windows of equal steps."""
+    per_window = max(1, len(seconds) // windows)
+    parts: list[list[float]] = [[] for _ in range(_PARTS)]
+    for index, step in enumerate(seconds):
+        if step in kept:
+            parts[min(_PARTS - 1, (index % per_window) * _PARTS // per_window)].append(step)
+    return parts
 
 
 def _slowdowns(cell: Cell, medians: Mapping[DraftShape, float]) -> list[float]:

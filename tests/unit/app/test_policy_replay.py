@@ -239,3 +239,16 @@ def test_host_stalls_stretch_whatever_shape_runs_where_the_cell_met_them() -> No
     # without host stalls a step is any of its shape's measured ones
     plain = StepClock(cell, costs, random.Random(3))
     assert {plain(CHAIN3) for _ in range(200)} == set(chain)
+
+
+def test_a_step_is_drawn_from_the_steps_at_its_place_in_their_windows() -> None:
+    # two windows of eight steps, each window's steps the longer the later (their contexts)
+    window = [1.0, 1.0, 1.1, 1.1, 1.2, 1.2, 1.3, 1.4]
+    cell = Cell(4, 0.0, {CHAIN3: window * 2, PLAIN: [0.5] * 4}, {}, {}, {CHAIN3: 2})
+    costs = StepCosts((4,), {(s, 4, False): 1.0 for s in (CHAIN3, PLAIN)}, {}, 1)
+    clock = StepClock(cell, costs, random.Random(3))
+    for index, seconds in enumerate(window):
+        place = (index + 0.5) / len(window)
+        assert {clock(CHAIN3, place=place) for _ in range(20)} == {seconds}
+    # without a place, any step of the row
+    assert {clock(CHAIN3) for _ in range(200)} == set(window)
