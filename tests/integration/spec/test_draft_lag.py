@@ -229,7 +229,7 @@ def test_steps_inside_untimed_steps_and_the_first_after_them_teach_no_step_time(
     # interval spans them)
     policy = ScriptedShapes((TREE, PLAIN, CHAIN), [TREE])
     spec = speculative_engine(models, 3, 2, 6, policy=policy)
-    params = SamplingParams(max_new_tokens=160)  # past the longest script's steps
+    params = SamplingParams(max_new_tokens=60)
     for prompt in ragged_prompts(SIZES.vocab_size, [5, 9], seed=4):
         spec.engine.submit(prompt, params)
     for _ in range(4):
