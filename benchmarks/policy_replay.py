@@ -100,7 +100,7 @@ def replay_cell(
             else:
                 shape = chosen
             place = float(generated.double().mean()) / run.new_tokens
-            step_seconds = clock(shape, catch_up, min(place, 0.999))
+            step_seconds = clock(shape, catch_up, place)
             steps.append(clock.mean(shape, catch_up))
             rows: list[list[int]] = []
             if shape.is_plain:

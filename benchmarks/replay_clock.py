@@ -29,28 +29,28 @@ class StepClock:
         plain = costs.seconds[(PLAIN, bucket, sampled)]
         self.catch_up_excess = max(0.0, costs.catch_up.get((bucket, sampled), plain) - plain)
         self._slowdowns: list[float] = []
-        self._calm: dict[DraftShape, list[float]] = {}
+        # the steps drawn from, per shape: every measured one, or with host stalls the calm ones
+        self._drawn: dict[DraftShape, list[float]] = cell.seconds
         if host_stalls:
             medians = {s: statistics.median(seconds) for s, seconds in cell.seconds.items()}
             self._slowdowns = _slowdowns(cell, medians)
-            self._calm = {
+            self._drawn = {
                 shape: [t for t in seconds if t <= _CALM * medians[shape]]
                 for shape, seconds in cell.seconds.items()
             }
         self._at = rng.randrange(len(self._slowdowns)) if self._slowdowns else 0
-        drawn = self._calm or cell.seconds
         self._parts = {
             shape: _by_part(cell.seconds[shape], cell.windows.get(shape, 1), set(kept))
-            for shape, kept in drawn.items()
+            for shape, kept in self._drawn.items()
         }
 
     def __call__(
         self, shape: DraftShape, catch_up: bool = False, place: float | None = None
     ) -> float:
         """A step of ``shape`` (a catch-up's where ``catch_up``); ``place``: how far into its
-        window the step is, in [0, 1)."""
+        window the step is, from 0 (1 or more: its last part)."""
         excess = self.catch_up_excess if catch_up else 0.0
-        pool = (self._calm or self._cell.seconds)[shape]
+        pool = self._drawn[shape]
         if place is not None:
             part = self._parts[shape][min(_PARTS - 1, int(place * _PARTS))]
             pool = part or pool

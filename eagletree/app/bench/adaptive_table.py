@@ -87,24 +87,29 @@ def paired_error(row: BenchRow, base: BenchRow | None) -> float | None:
     by draw (None for fewer than two windows, or rows not measured over the same draws): at
     T > 0 a row's tokens per step move by a few per cent between runs with the text its
     requests happened to write, and a ratio is a miss only where it stands clear of that."""
-    if base is None:
+    ratios = _draw_ratios(row, base, least=2)
+    if ratios is None:
         return None
-    ours, theirs = row.window_tokens_per_s, base.window_tokens_per_s
-    if len(ours) < 2 or len(ours) != len(theirs) or min(*ours, *theirs) <= 0:
-        return None
-    logs = [math.log(a / b) for a, b in zip(ours, theirs, strict=True)]
+    logs = [math.log(ratio) for ratio in ratios]
     return statistics.stdev(logs) / math.sqrt(len(logs))
 
 
 def median_draw_ratio(row: BenchRow, base: BenchRow | None) -> float | None:
     """The median over the draws of prompts both rows decoded of ``row``'s tok/s ÷ ``base``'s
     (None for fewer than three draws, or rows not measured over the same draws)."""
+    ratios = _draw_ratios(row, base, least=3)
+    return None if ratios is None else statistics.median(ratios)
+
+
+def _draw_ratios(row: BenchRow, base: BenchRow | None, *, least: int) -> list[float] | None:
+    """``row``'s tok/s ÷ ``base``'s, draw by draw, where both measured the same ``least`` draws
+    or more (else None)."""
     if base is None:
         return None
     ours, theirs = row.window_tokens_per_s, base.window_tokens_per_s
-    if len(ours) < 3 or len(ours) != len(theirs) or min(*ours, *theirs) <= 0:
+    if len(ours) < least or len(ours) != len(theirs) or min(*ours, *theirs) <= 0:
         return None
-    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def _over(row: BenchRow, base: BenchRow | None, named: bool = False) -> str:
