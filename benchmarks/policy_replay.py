@@ -67,10 +67,11 @@ def replay_cell(
     min_requests: int,
     seed: int,
     host_stalls: bool = False,
+    switches: bool = False,
 ) -> Replayed:
     """``policy`` (a fixed shape, or the adaptive policy) over the cell's windows."""
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    clock = StepClock(cell, run.costs, rng, host_stalls)
+    clock = StepClock(cell, run.costs, rng, host_stalls, switches)
     worst = 1.0
     # an adaptive engine's plain steps leave their tokens in the draft's lag (where it has a
     # catch-up step), as ``SpeculativeWorker._runner_of`` runs them
@@ -90,6 +91,7 @@ def replay_cell(
         lag = 0
         steps: list[float] = []
         pending: Callable[[], None] | None = None  # the step in flight, read back next step
+        previous: DraftShape | None = None
         while int(generated.min()) < run.new_tokens:
             chosen = policy if isinstance(policy, DraftShape) else policy.choose(decode)
             catch_up = False
@@ -100,7 +102,8 @@ def replay_cell(
             else:
                 shape = chosen
             place = float(generated.double().mean()) / run.new_tokens
-            step_seconds = clock(shape, catch_up, place)
+            step_seconds = clock(shape, catch_up, place, previous)
+            previous = shape
             steps.append(clock.mean(shape, catch_up))
             rows: list[list[int]] = []
             if shape.is_plain:
@@ -173,6 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "show the host stalling at that point (runs of slow steps hit whatever runs)",
     )
     p.add_argument(
+        "--switches",
+        action="store_true",
+        help="a step right after one of another shape takes the offset the run's adaptive "
+        "steps showed after that switch (the host work of the step before, read back with it)",
+    )
+    p.add_argument(
         "--request-spread",
         type=float,
         help="how far requests' ease differs (each request's factor on it is uniform in 1 ± "
@@ -214,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = [
         f"Policy replay of {args.run} (min requests {args.min_requests}, {args.seeds} seeds"
         + (", host stalls" if args.host_stalls else "")
+        + (", switch offsets" if args.switches else "")
         + (f", request spread {args.request_spread:g}" if args.request_spread is not None else "")
         + (f", persistence {args.persistence:g}" if args.persistence is not None else "")
         + (f", bs {' '.join(map(str, args.batch_sizes))} only" if args.batch_sizes else "")
@@ -245,13 +255,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for shape in cell.seconds:
                 replayed = replay_cell(run, cell, model, shape, min_requests=args.min_requests,
-                                       seed=seed, host_stalls=args.host_stalls)  # fmt: skip
+                                       seed=seed, host_stalls=args.host_stalls,
+                                       switches=args.switches)  # fmt: skip
                 fixed[shape] = fixed.get(shape, 0.0) + replayed.tokens_per_s / args.seeds
             policy = AdaptiveShapes(run.candidates, head_priors=priors, drawn_drafts=run.drawn,
                                     **options)  # fmt: skip
             policy.use_costs(run.costs)
             replayed = replay_cell(run, cell, model, policy, min_requests=args.min_requests,
-                                   seed=seed, host_stalls=args.host_stalls)  # fmt: skip
+                                   seed=seed, host_stalls=args.host_stalls,
+                                   switches=args.switches)  # fmt: skip
             adaptive += replayed.tokens_per_s / args.seeds
             ran += replayed.ran
             stall = max(stall, replayed.worst_over_median)

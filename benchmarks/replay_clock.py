@@ -1,5 +1,6 @@
 """A replayed step's seconds (``benchmarks.policy_replay``): drawn from the steps a GPU bench
-run measured for that shape in that cell, optionally stretched where the run's host stalled."""
+run measured for that shape in that cell, optionally stretched where the run's host stalled
+and lengthened (or shortened) after a switch of shape as the run's adaptive steps were."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ class StepClock:
     grows with its window's contexts); with ``host_stalls``, drawn from its calm steps (at most
     ``_CALM`` × its median) and stretched by the host's slowdown at that point of the cell's
     timeline (``_slowdowns``), whatever shape runs there, as a host that stalls stretches
-    every shape's steps."""
+    every shape's steps. With ``switches``, a step right after one of another shape takes the
+    offset the cell's adaptive steps showed for that switch (``Cell.switch_offsets``)."""
 
     def __init__(
-        self, cell: Cell, costs: StepCosts, rng: random.Random, host_stalls: bool = False
+        self,
+        cell: Cell,
+        costs: StepCosts,
+        rng: random.Random,
+        host_stalls: bool = False,
+        switches: bool = False,
     ) -> None:
         self._cell, self._rng = cell, rng
+        self._offsets = cell.switch_offsets if switches else {}
         bucket = min(b for b in costs.buckets if b >= cell.batch_size)
         sampled = cell.temperature > 0
         plain = costs.seconds[(PLAIN, bucket, sampled)]
@@ -45,11 +53,18 @@ class StepClock:
         }
 
     def __call__(
-        self, shape: DraftShape, catch_up: bool = False, place: float | None = None
+        self,
+        shape: DraftShape,
+        catch_up: bool = False,
+        place: float | None = None,
+        after: DraftShape | None = None,
     ) -> float:
         """A step of ``shape`` (a catch-up's where ``catch_up``); ``place``: how far into its
-        window the step is, from 0 (1 or more: its last part)."""
+        window the step is, from 0 (1 or more: its last part); ``after``: the shape of the step
+        before it."""
         excess = self.catch_up_excess if catch_up else 0.0
+        if after is not None:
+            excess += self._offsets.get((after, shape), 0.0)
         pool = self._drawn[shape]
         if place is not None:
             part = self._parts[shape][min(_PARTS - 1, int(place * _PARTS))]

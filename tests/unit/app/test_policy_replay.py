@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks import policy_replay, replay_drafts
-from benchmarks.bench_run import Cell, Run, read_run
+from benchmarks.bench_run import Cell, Run, read_run, switch_offsets
 from benchmarks.policy_replay import replay_cell
 from benchmarks.replay_clock import StepClock
 from benchmarks.replay_drafts import DraftModel, accepted_drafts
@@ -252,3 +252,24 @@ def test_a_step_is_drawn_from_the_steps_at_its_place_in_their_windows() -> None:
         assert {clock(CHAIN3, place=place) for _ in range(20)} == {seconds}
     # without a place, any step of the row
     assert {clock(CHAIN3) for _ in range(200)} == set(window)
+
+
+def test_a_switch_offset_is_a_switched_steps_median_over_its_shapes_own() -> None:
+    # chain S3 steps take 1.0 after their own and 1.3 after chain S5's, chain S5 steps 2.0
+    # after either (11 switches each way); a catch-up (None) breaks the sequence
+    steps: list[tuple[DraftShape | None, float]] = [(CHAIN3, 1.0)]
+    for _ in range(11):
+        steps += [(CHAIN3, 1.0), (CHAIN5, 2.0), (CHAIN5, 2.0), (CHAIN3, 1.3), (CHAIN3, 1.0)]
+    steps += [(None, 5.0), (CHAIN3, 9.0)]
+    assert switch_offsets(steps) == {(CHAIN5, CHAIN3): pytest.approx(0.3), (CHAIN3, CHAIN5): 0.0}
+    assert switch_offsets(steps[:-12]) == {}  # nine switches each way: too few to read
+
+
+def test_with_switches_a_step_after_another_shape_takes_the_cells_offset() -> None:
+    cell = Cell(4, 0.0, {CHAIN3: [1.0], CHAIN5: [2.0], PLAIN: [0.5]}, {}, {})
+    cell.switch_offsets[(CHAIN5, CHAIN3)] = 0.25
+    costs = StepCosts((4,), {(s, 4, False): 1.0 for s in (CHAIN3, CHAIN5, PLAIN)}, {}, 1)
+    clock = StepClock(cell, costs, random.Random(3), switches=True)
+    assert clock(CHAIN3, after=CHAIN5) == 1.25
+    assert clock(CHAIN3, after=CHAIN3) == clock(CHAIN5, after=CHAIN3) - 1.0 == 1.0
+    assert StepClock(cell, costs, random.Random(3))(CHAIN3, after=CHAIN5) == 1.0

@@ -59,11 +59,12 @@ class AdaptiveShapes:
     paths teach its band's profile but calibrate no shape (its first steps continue a prompt
     cut anywhere). ``probe_every``: a band whose estimate keeps choosing plain drafts once after
     that many plain steps, or the draft's lag where longer (``Trials.probe_due``).
-    ``explore_every``: a close drafting runner-up not timed at the batch's size runs once after
-    that many drafting steps, ever more rarely while the choice stands
-    (``Trials.untried_near``); plain steps explore nothing and plain is never explored (from
-    plain a drafting step also pays a catch-up; a lone plain step among drafting ones teaches
-    no time). ``observe_per_step`` requests are recorded a step and
+    ``explore_every``: a close drafting runner-up not timed at the batch's size runs two steps
+    after that many drafting steps (the first, right after a switch, teaches no time:
+    ``LearnedCosts``), ever more rarely while the choice stands (``Trials.untried_near``);
+    plain steps explore nothing and plain is never explored (from plain a drafting step also
+    pays a catch-up; a lone plain step among drafting ones teaches no time).
+    ``observe_per_step`` requests are recorded a step and
     ``rows_per_stride`` spreads a pricing and a record over more steps in a larger batch
     (``HostCadence``). The shapes are priced again every ``reprice_every`` steps, when the batch
     moves to another bucket of the step costs and after a probe is read back: pricing every
@@ -121,6 +122,7 @@ class AdaptiveShapes:
             explore_margin=explore_margin,
         )
         self._probe: DraftShape | None = None  # a probe chosen and not yet read back
+        self._exploring: DraftShape | None = None  # an exploration's shape, for its second step
         self._reprice_every = reprice_every
         self._cadence = HostCadence(
             observe_per_step=observe_per_step, rows_per_stride=rows_per_stride
@@ -183,6 +185,7 @@ class AdaptiveShapes:
         priced.age += 1
         chosen, bands = priced.choice, priced.bands
         choice = self._current = chosen.shape
+        exploring, self._exploring = self._exploring, None
         if choice.is_plain and self._probe is not None:
             choice = self._probe  # until a drafting step is read back (a catch-up may delay it)
         elif choice.is_plain and self._trials.probe_due(bands, chosen, priced.short):
@@ -193,12 +196,16 @@ class AdaptiveShapes:
                 choice = self._probe = self.shapes[best]
         elif not choice.is_plain:
             self._trials.chose(choice)
-            if self._trials.explore_due():
+            due = self._trials.explore_due()  # every drafting step counts, explored ones too
+            if exploring is not None and priced.short[self._index[exploring]]:
+                choice = exploring
+            elif due:
                 size, sampled = priced.batch_size, priced.sampled
                 untried = self._trials.untried_near(
                     chosen, priced.short, lambda s: costs.observations(s, size, sampled), bucket
                 )
-                choice = untried or choice
+                if untried is not None:
+                    choice = self._exploring = untried
         return choice
 
     def _price(self, decode: Sequence[Request], costs: LearnedCosts, bucket: int) -> _Pricing:

@@ -70,8 +70,8 @@ class LearnedCosts:
     ``recent_steps`` steps at a bucket and sampling, whatever their shape, or at the nearest
     smaller bucket before its first (the adaptive policy's stall limit). ``warm_after``: the
     first steps at a bucket and sampling teach nothing but its median (an engine's first steps
-    pay one-time host work); nor does a plain step right after a drafting one, which pays that
-    step's host work.
+    pay one-time host work); nor does a step right after a drafting step of another shape,
+    which pays part of that step's host work.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class LearnedCosts:
         # a catch-up's alike: a run of plain steps keeps both kinds fresh)
         self._recorded_at: dict[tuple[DraftShape, int, bool], int] = {}
         self._records = 0
-        self._drafted_last = False
+        self._last_drafting: DraftShape | None = None  # the last step's shape, if it drafted
         # per (bucket, sampled, plain): the excess of plain steps (and catch-ups) and that of
         # drafting steps, apart (a drafting step's host work is the larger by far)
         self._excess: dict[tuple[int, bool, bool], _Smoothed] = {}
@@ -175,10 +175,10 @@ class LearnedCosts:
         (shape, bucket, sampled, _), rows = self._key(shape, batch_size, sampled)
         key = (shape, bucket, sampled, catch_up)
         window, ordered = self._recent.setdefault((bucket, sampled), (deque(), []))
-        # a plain step right after a drafting one paid that one's host work
-        after_drafting = shape.is_plain and self._drafted_last
-        self._drafted_last = not shape.is_plain
-        teaches = len(window) >= self._warm_after and not after_drafting
+        # a step right after a drafting step of another shape paid part of that one's host work
+        after_other = self._last_drafting not in (None, shape)
+        self._last_drafting = None if shape.is_plain else shape
+        teaches = len(window) >= self._warm_after and not after_other
         observed = self._fresh(key)
         if observed is None and teaches:  # a new average, its estimate the first sample
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)

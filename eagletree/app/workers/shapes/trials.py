@@ -18,8 +18,9 @@ class Trials:
 
     ``probe_every``: a band whose estimate keeps choosing plain drafts once after that many
     plain steps (``probe_due``); every ``explore_every`` drafting steps a close runner-up
-    (within ``explore_margin`` of the choice) not timed at the batch's size runs once
-    (``untried_near``), each shape at a bucket ever more rarely while the choice stands."""
+    (within ``explore_margin`` of the choice) not timed at the batch's size is explored
+    (``untried_near``; the policy runs it two steps), each shape at a bucket ever more rarely
+    while the choice stands."""
 
     def __init__(
         self,
@@ -109,7 +110,7 @@ class Trials:
         """The best-looking drafting shape other than the choice whose steps were timed fewer
         than twice (``observations``: at this batch's ``bucket`` and sampling), if its estimate
         is within ``explore_margin`` of the choice's: until it runs, its time is the start-up
-        table's guess, which can rank two close shapes wrongly (one step of it settles that, at
+        table's guess, which can rank two close shapes wrongly (two steps of it settle that, at
         a cost of that margin at most). Never plain: a lone plain step among drafting ones is
         not timed (it pays their host work, ``LearnedCosts``), so it stayed untried and ran
         every ``explore_every`` steps for good, each with the catch-up the next drafting step

@@ -88,14 +88,14 @@ def test_a_close_runner_up_never_timed_runs_and_its_real_time_decides() -> None:
     policy.use_costs(costs, warm_after=0)
     batch = requests_at([0.0])
     ran = []
-    for _ in range(16):
+    for _ in range(24):
         ran.append(policy.choose(batch))
         policy.observe_time(ran[-1], 1, False, real[ran[-1]])
     # the tree's time, learned, lifts the chain's guess as much (the excess is shared), so
-    # the tree still looks best until the fourth step explores the chain; timed, the chain
-    # wins on its own time (a second exploration while the tree's average settles); plain,
-    # far behind, is never tried
-    assert ran[:4] == [tree] * 3 + [CHAIN]
+    # the tree still looks best until the fourth step explores the chain, for two steps (the
+    # first, right after a tree step, teaches no time); timed, the chain wins on its own time
+    # (a second exploration while the averages settle); plain, far behind, is never tried
+    assert ran[:5] == [tree] * 3 + [CHAIN] * 2
     assert ran[-8:] == [CHAIN] * 8 and PLAIN not in ran
     assert policy.costs is not None
     assert policy.costs.of(CHAIN, 1, False) == pytest.approx(2.0, rel=0.05)
@@ -159,12 +159,12 @@ def test_drafting_steps_never_explore_plain_however_close_and_untimed() -> None:
         )  # fmt: skip
         policy.use_costs(costs_of(table), warm_after=0)
         batch = requests_at([0.0])
-        ran = [policy.choose(batch) for _ in range(32)]  # nothing timed: untried throughout
+        ran = [policy.choose(batch) for _ in range(33)]  # nothing timed: untried throughout
         assert PLAIN not in ran
-        explored = [(step, shape) for step, shape in enumerate(ran) if shape != CHAIN]
-        # after 4 drafting steps, then 4, 8 and 16 more
-        assert explored == ([(3, tree), (7, tree), (15, tree), (31, tree)] if tree in shapes
-                            else [])  # fmt: skip
+        explored = [step for step, shape in enumerate(ran) if shape != CHAIN]
+        assert all(ran[step] == tree for step in explored)
+        # two steps after 4 drafting steps, then after 4, 8 and 16 more
+        assert explored == ([3, 4, 7, 8, 15, 16, 31, 32] if tree in shapes else [])
 
 
 def test_a_runner_up_is_explored_ever_more_rarely_until_the_choice_changes() -> None:
@@ -180,18 +180,20 @@ def test_a_runner_up_is_explored_ever_more_rarely_until_the_choice_changes() -> 
     )  # fmt: skip
     policy.use_costs(costs_of({CHAIN: 1.9, tree: tree_tokens / 0.95, PLAIN: 1.0}), warm_after=0)
     batch = requests_at([0.0])
-    ran = [policy.choose(batch) for _ in range(256)]
+    ran = [policy.choose(batch) for _ in range(257)]
     explored = [step + 1 for step, shape in enumerate(ran) if shape == tree]
-    assert explored == [4, 8, 16, 32, 64, 128, 192, 256]
+    # two steps each time: the first, right after a chain step, teaches no time
+    assert explored == [n + second for n in (4, 8, 16, 32, 64, 128, 192, 256) for second in (0, 1)]
     costs = policy.costs
     assert costs is not None
     # timed, the tree's steps take half their estimate: it becomes the choice; then as long as
     # the table says: the chain again; once the tree's times are stale (16 steps later), it is
     # explored within 4 drafting steps, not 64
     for seconds in (0.5, 1.0):
-        for _ in range(40):
-            costs.record(CHAIN, 1, False, 1.9)
-            costs.record(tree, 1, False, seconds * tree_tokens / 0.95)
+        for _ in range(10):  # runs of four steps: the first of each teaches nothing
+            for shape, took in ((CHAIN, 1.9), (tree, seconds * tree_tokens / 0.95)):
+                for _ in range(4):
+                    costs.record(shape, 1, False, took)
         assert policy.choose(batch) == (tree if seconds < 1 else CHAIN)
     for _ in range(16):
         costs.record(CHAIN, 1, False, 1.9)

@@ -167,6 +167,28 @@ def test_a_plain_step_right_after_a_drafting_one_teaches_nothing() -> None:
     assert costs.of(PLAIN, 8, True) == pytest.approx(2.5 + 0.25, abs=0.02)
 
 
+def test_a_drafting_step_right_after_one_of_another_shape_teaches_nothing() -> None:
+    # with overlap, where the host loop is the bottleneck, a step's read-back interval carries
+    # part of the host work of the step before: on the H100 at T 1, bs 32 chain S1 steps right
+    # after chain S2 ones took 0.771 ms, after chain S1 ones 0.697, and an adaptive engine
+    # switching between them priced chain S1 6 % over its time
+    costs = LearnedCosts(MEASURED, warm_after=0, weight=0.5)
+    for _ in range(4):
+        for _ in range(3):
+            costs.record(TREE, 1, False, 3.0)  # as its table says
+        costs.record(CHAIN, 1, False, 5.0)  # a lone chain step, 3 s over its table
+    assert costs.observations(CHAIN, 1, False) == 0
+    assert costs.of(CHAIN, 1, False) == 2.0  # its table, and the tree's excess (0)
+    assert costs.observations(TREE, 1, False) == 3 + 3 * 2  # runs after the first: 2 steps each
+    costs.record(CHAIN, 1, False, 2.5)  # the first chain step after a chain step
+    assert costs.observations(CHAIN, 1, False) == 1
+    assert costs.of(CHAIN, 1, False) == pytest.approx((2.0 + 2.5) / 2)
+    costs.record(PLAIN, 1, False, 4.0)  # a plain step right after a drafting one, as before
+    costs.record(CHAIN, 1, False, 4.0)  # a drafting step after a plain one still teaches
+    assert costs.observations(PLAIN, 1, False) == 0
+    assert costs.observations(CHAIN, 1, False) == 2
+
+
 # catch-ups: 5 s at every bucket and sampling, one every 4 plain steps
 WITH_CATCH_UP = StepCosts(
     BUCKETS,
@@ -212,7 +234,10 @@ def test_a_shape_that_stopped_running_is_priced_by_the_table_and_the_excess_agai
     # stale: the chain's table (4) plus the excess the steps at bucket 8 show now (about 1)
     assert costs.observations(CHAIN, 8, False) == 0
     assert costs.of(CHAIN, 8, False) == pytest.approx(4.0 + 1.0, abs=0.05)
-    # its next step starts a new average from that estimate, not from the stale one
+    # its next step, right after a tree step, teaches nothing (it paid part of the tree's
+    # host work); the one after starts a new average from that estimate, not the stale one
+    costs.record(CHAIN, 8, False, 9.0)
+    assert costs.observations(CHAIN, 8, False) == 0
     costs.record(CHAIN, 8, False, 5.0)
     assert costs.observations(CHAIN, 8, False) == 1
     assert costs.of(CHAIN, 8, False) == pytest.approx(5.0, abs=0.05)
