@@ -84,12 +84,12 @@ def read_run(path: Path) -> Run:
         cell.tokens_per_s[shape] = row["tokens_per_s"]
         cell.windows[shape] = max(1, len(row.get("window_tokens_per_s") or ()))
     for row in adaptive_rows:
-        replayed = cells.get((row["batch_size"], row["temperature"]))
-        if replayed is not None and row.get("step_shapes"):
+        row_cell = cells.get((row["batch_size"], row["temperature"]))
+        if row_cell is not None and row.get("step_shapes"):
             names, times = row["step_shapes"], row["step_ms"]
             # a catch-up is no candidate's step: None, and no switch is read across it
             steps = [(shapes.get(name), ms / 1e3) for name, ms in zip(names, times, strict=True)]
-            replayed.switch_offsets.update(switch_offsets(steps))
+            row_cell.switch_offsets.update(switch_offsets(steps))
     speculative = engine["speculative"]
     argv = data["settings"]["argv"]
     return Run(
