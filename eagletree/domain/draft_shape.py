@@ -72,9 +72,13 @@ class DraftShape:
     is_plain: bool = field(init=False, compare=False, repr=False)
     tokens_per_step: int = field(init=False, compare=False, repr=False)
     window_len: int = field(init=False, compare=False, repr=False)
+    # the adaptive policy keys its tables by shape and compares shapes every step: a hash
+    # computed once, and equality by identity first, spare it the generated methods' tuples
+    _hash: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         s, k, n = self.num_steps, self.topk, self.num_draft_tokens
+        object.__setattr__(self, "_hash", hash((s, k, n)))
         object.__setattr__(self, "is_plain", s == 0)
         object.__setattr__(self, "tokens_per_step", min(s + 1, n))
         object.__setattr__(self, "window_len", max(s * k, n))
@@ -91,6 +95,20 @@ class DraftShape:
                 f"{self.label}: N - 1 = {n - 1} exceeds the {max_draft_tokens(s, k) - 1} "
                 f"candidates a depth-{s}, width-{k} beam drafts"
             )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True
+        if not isinstance(other, DraftShape):
+            return NotImplemented
+        return self._hash == other._hash and (
+            self.num_steps == other.num_steps
+            and self.topk == other.topk
+            and self.num_draft_tokens == other.num_draft_tokens
+        )
 
     @staticmethod
     def chain(num_steps: int) -> DraftShape:

@@ -228,3 +228,21 @@ def test_the_reserve_holds_two_of_the_widest_blocks_a_step_writes_past_the_commi
     assert draft_lag_width([PLAIN, chain]) == MAX_LAG == 32
     assert reserved_slots([PLAIN, chain]) == 64
     assert reserved_slots([PLAIN, chain, wide_tree]) == 128
+
+
+# shapes alike in one or two of their numbers, and not in the rest
+_NUMBERS = [(0, 1, 1), (1, 1, 2), (2, 1, 3), (2, 2, 4), (2, 2, 5), (5, 4, 8), (5, 4, 16)]
+
+
+@given(st.sampled_from(_NUMBERS), st.sampled_from(_NUMBERS))
+def test_shapes_are_equal_and_hash_alike_by_their_three_numbers(
+    first: tuple[int, int, int], second: tuple[int, int, int]
+) -> None:
+    a, b = DraftShape(*first), DraftShape(*second)
+    assert (a == b) is (first == second)
+    assert (a != b) is (first != second)
+    assert (a < b) is (first < second)
+    if first == second:
+        assert hash(a) == hash(b)
+        assert {a: 1}[b] == 1  # a table keyed by one shape finds it by an equal one
+    assert a != first  # a shape is no tuple, though its numbers are
