@@ -128,6 +128,8 @@ class AdaptiveShapes:
             observe_per_step=observe_per_step, rows_per_stride=rows_per_stride
         )
         self._priced: _Pricing | None = None
+        # per batch size, its costs' bucket and its cadence's stride (read every step)
+        self._by_size: dict[int, tuple[int, int]] = {}
         self._stall_ratio = stall_ratio
         self._drawn = drawn_drafts  # sampling requests' rates learned apart (``drawn_band``)
         self._settle_tokens = settle_tokens
@@ -142,6 +144,7 @@ class AdaptiveShapes:
         sampling are not learned from (``LearnedCosts``). Probes come no sooner than the draft's
         lag fills (``Trials.probe_no_sooner_than``)."""
         self._costs = LearnedCosts(costs, warm_after=warm_after)
+        self._by_size.clear()  # its buckets may be others
         if costs.catch_up:
             self._trials.probe_no_sooner_than(costs.catch_up_every)
 
@@ -178,8 +181,11 @@ class AdaptiveShapes:
         if not decode or costs is None:
             return self._current
         priced = self._priced
-        bucket = costs.bucket(len(decode))
-        every = self._reprice_every * self._cadence.stride(len(decode))
+        sized = self._by_size.get(len(decode))
+        if sized is None:
+            stride = self._cadence.stride(len(decode))
+            sized = self._by_size[len(decode)] = (costs.bucket(len(decode)), stride)
+        bucket, every = sized[0], self._reprice_every * sized[1]
         if priced is None or priced.bucket != bucket or priced.age >= every:
             priced = self._priced = self._price(decode, costs, bucket)
         priced.age += 1

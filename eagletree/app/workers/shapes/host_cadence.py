@@ -40,5 +40,7 @@ class HostCadence:
         steps, self._unrecorded = self._unrecorded, 0
         count = min(self._observe_per_step * steps, batch_size)
         start = self._next_row % batch_size
-        self._next_row = start + count
-        return [(start + k) % batch_size for k in range(count)], steps
+        end = self._next_row = start + count
+        if end <= batch_size:
+            return list(range(start, end)), steps
+        return [*range(start, batch_size), *range(end - batch_size)], steps  # wrapped once

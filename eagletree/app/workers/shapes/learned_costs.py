@@ -28,7 +28,8 @@ class _Smoothed:
 
     def add(self, value: float, weight: float) -> None:
         self.count += 1
-        self.mean += max(weight, 1.0 / self.count) * (value - self.mean)
+        plain_mean = 1.0 / self.count
+        self.mean += (weight if weight > plain_mean else plain_mean) * (value - self.mean)
 
 
 _Key = tuple["DraftShape", int, bool, bool]  # shape, bucket, sampled, a plain step's catch-up
@@ -172,13 +173,18 @@ class LearnedCosts:
     ) -> None:
         """A step of ``shape`` over ``batch_size`` requests took ``seconds``; ``catch_up``: a
         plain step that also extended the draft over its lag."""
-        (shape, bucket, sampled, _), rows = self._key(shape, batch_size, sampled)
-        key = (shape, bucket, sampled, catch_up)
-        window, ordered = self._recent.setdefault((bucket, sampled), (deque(), []))
+        key, rows = self._key(shape, batch_size, sampled)
+        bucket = key[1]
+        if catch_up:
+            key = (shape, bucket, sampled, True)
+        recent = self._recent.get((bucket, sampled))
+        if recent is None:
+            recent = self._recent[(bucket, sampled)] = (deque(), [])
+        window, ordered = recent
         # a step right after a drafting step of another shape paid part of that one's host work
-        after_other = self._last_drafting not in (None, shape)
-        self._last_drafting = None if shape.is_plain else shape
-        teaches = len(window) >= self._warm_after and not after_other
+        last, self._last_drafting = self._last_drafting, None if shape.is_plain else shape
+        after_other = last is not None and last is not shape and last != shape
+        teaches = not after_other and len(window) >= self._warm_after
         observed = self._fresh(key)
         if observed is None and teaches:  # a new average, its estimate the first sample
             observed = self._observed[key] = _Smoothed(self._per_bucket(key), 1)

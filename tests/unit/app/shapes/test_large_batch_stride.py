@@ -4,11 +4,12 @@ step, a record standing for the steps it covers, a probe recorded at once."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import pytest
 
 from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
-from eagletree.app.workers.shapes.host_cadence import MAX_STRIDE
+from eagletree.app.workers.shapes.host_cadence import MAX_STRIDE, HostCadence
 from eagletree.app.workers.shapes.learned_costs import LearnedCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import PLAIN, DraftShape
@@ -113,3 +114,19 @@ def test_a_probe_of_a_large_batch_is_recorded_at_once(monkeypatch: pytest.Monkey
     assert recorded == [(4, 1)]
     assert policy.choose(batch) == CHAIN  # every draft accepted: the chain pays
     assert policy.choose(batch) != PLAIN
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 8, 33, 64])
+@pytest.mark.parametrize("observe_per_step", [1, 4, 5])
+def test_a_records_sample_rotates_through_the_batch(batch_size: int, observe_per_step: int) -> None:
+    cadence = HostCadence(observe_per_step=observe_per_step, rows_per_stride=16)
+    sampled: list[int] = []
+    for step in range(40):
+        sample = cadence.sample(batch_size, now=step % 7 == 0)  # probes recorded at once too
+        if sample is not None:
+            indices, _ = sample
+            assert len(set(indices)) == len(indices) <= batch_size
+            sampled += indices
+    # row after row, wrapping at the batch's end: every request sampled in its turn
+    assert sampled[0] == 0
+    assert all(later == (earlier + 1) % batch_size for earlier, later in pairwise(sampled))
