@@ -7,6 +7,7 @@ launched by the engine's previous step); ``Engine.step`` calls ``count_step`` on
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from eagletree.app.engine.worker import ReadRows
@@ -52,7 +53,9 @@ def commit_step(
     if output.observer is not None:  # requests finished meanwhile still tell what was accepted
         decode = slice(output.num_prefill, None)
         # each decode row from its counts on: the observer may learn from them alone
-        output.observer(output.requests[decode], ReadRows(rows[decode], lambda row: row[width:]))
+        output.observer(
+            output.requests[decode], ReadRows(rows[decode], itemgetter(slice(width, None)))
+        )
 
 
 def count_step(

@@ -18,25 +18,27 @@ if TYPE_CHECKING:
 # what a step's observer is called with: its decode requests and, per request, its row read
 # back from the emitted count on: num_emitted, num_committed, then the step's observed columns
 # (``StepOutput``)
-StepObserver = Callable[[Sequence["Request"], Sequence[list[int]]], None]
+StepObserver = Callable[[Sequence["Request"], Sequence[Sequence[int]]], None]
 
 
-class ReadRows(Sequence[list[int]]):
+class ReadRows(Sequence[Sequence[int]]):
     """Each of ``rows`` through ``read``, applied only where indexed: an observer reads a few
     rows of a large batch (the shape policy 4 of 64), and cutting all of them cost the host
     5 µs a step at bs 64, where a small model's loop is host-bound."""
 
-    def __init__(self, rows: Sequence[list[int]], read: Callable[[list[int]], list[int]]) -> None:
+    def __init__(
+        self, rows: Sequence[Sequence[int]], read: Callable[[Sequence[int]], Sequence[int]]
+    ) -> None:
         self._rows, self._read = rows, read
 
     def __len__(self) -> int:
         return len(self._rows)
 
     @overload
-    def __getitem__(self, index: int) -> list[int]: ...
+    def __getitem__(self, index: int) -> Sequence[int]: ...
     @overload
-    def __getitem__(self, index: slice) -> list[list[int]]: ...
-    def __getitem__(self, index: int | slice) -> list[int] | list[list[int]]:
+    def __getitem__(self, index: slice) -> list[Sequence[int]]: ...
+    def __getitem__(self, index: int | slice) -> Sequence[int] | list[Sequence[int]]:
         if isinstance(index, slice):
             return [self._read(row) for row in self._rows[index]]
         return self._read(self._rows[index])

@@ -16,14 +16,14 @@ from eagletree.domain.request import FinishReason, Request
 from eagletree.domain.sampling import SamplingParams
 
 
-def _step(observed: torch.Tensor | None) -> tuple[StepOutput, list[tuple[list[int], ...]]]:
+def _step(observed: torch.Tensor | None) -> tuple[StepOutput, list[tuple[Sequence[int], ...]]]:
     params = SamplingParams(max_new_tokens=8, temperature=0.0, seed=0)
     requests = [Request(i, [1, 2, 3], params, 64) for i in range(3)]  # one prefill, two decode
     for request in requests:  # finished while the step ran: it still tells what was accepted
         request.finish_reason = FinishReason.ABORT
-    seen: list[tuple[list[int], ...]] = []
+    seen: list[tuple[Sequence[int], ...]] = []
 
-    def observer(decode: Sequence[Request], rows: Sequence[list[int]]) -> None:
+    def observer(decode: Sequence[Request], rows: Sequence[Sequence[int]]) -> None:
         assert [r.request_id for r in decode] == [1, 2]
         assert len(rows) == len(decode)
         seen.append((*(rows[i] for i in range(len(rows))), *rows[::-1]))
@@ -54,7 +54,7 @@ def test_the_observer_reads_each_decode_rows_counts_and_observed_columns() -> No
 
 def test_a_step_without_observed_columns_hands_over_the_counts() -> None:
     output, seen = _step(None)
-    got: list[list[list[int]]] = []
+    got: list[list[Sequence[int]]] = []
     output = replace(output, observer=lambda decode, rows: got.append(list(rows)))
     commit_step(StepReadback().start(output), set(), lambda: 0.0, EngineStats())
     assert got == [[[2, 2], [1, 1]]] and not seen

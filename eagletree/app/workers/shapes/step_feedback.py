@@ -34,6 +34,8 @@ class StepFeedback:
         self._clock = ReadBackClock() if clock is None else clock
         self._launched = 0
         self._timing = True  # False inside ``untimed``
+        # per chain depth, its path by accepted length (read a few times every step)
+        self._chain_paths: dict[int, tuple[tuple[int, ...], ...]] = {}
 
     def launched(self) -> None:
         """A step (prefill, decode or both) was launched."""
@@ -62,13 +64,13 @@ class StepFeedback:
         catch_up: bool,
         sampled: bool,
         requests: Sequence[Request],
-        rows: Sequence[list[int]],
+        rows: Sequence[Sequence[int]],
     ) -> None:
         seconds = None if launched is None else self._clock.lap(launched)
         if timed and seconds is not None:
             self._policy.observe_time(shape, len(requests), sampled, seconds, catch_up=catch_up)
         if paths:
-            self._policy.observe(shape, requests, _accepted_paths(rows, shape))
+            self._policy.observe(shape, requests, self._accepted_paths(rows, shape))
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
@@ -82,13 +84,20 @@ class StepFeedback:
         finally:
             self._timing = True
 
-
-def _accepted_paths(rows: Sequence[list[int]], shape: DraftShape) -> Sequence[list[int]]:
-    """Each request's accepted path, its ranks then its offers (``accepted_path_ranks``), from
-    its read-back row (num_emitted, num_committed, then the observed columns): a tree's are its
-    observed columns; a chain's follow from its accept length (``chain_path_ranks``), so a
-    chain step runs no kernel for them. Read where indexed: the policy reads a few rows a step."""
-    depth = shape.num_steps
-    if shape.topk == 1:
-        return ReadRows(rows, lambda row: chain_path_ranks(row[0] - 1, depth))
-    return ReadRows(rows, lambda row: row[2:])
+    def _accepted_paths(
+        self, rows: Sequence[Sequence[int]], shape: DraftShape
+    ) -> Sequence[Sequence[int]]:
+        """Each request's accepted path, its ranks then its offers (``accepted_path_ranks``),
+        from its read-back row (num_emitted, num_committed, then the observed columns): a
+        tree's are its observed columns; a chain's follow from its accept length
+        (``chain_path_ranks``, one row per length made once), so a chain step runs no kernel
+        for them. Read where indexed: the policy reads a few rows a step."""
+        depth = shape.num_steps
+        if shape.topk > 1:
+            return ReadRows(rows, lambda row: row[2:])
+        by_length = self._chain_paths.get(depth)
+        if by_length is None:
+            by_length = self._chain_paths[depth] = tuple(
+                tuple(chain_path_ranks(accepted, depth)) for accepted in range(depth + 1)
+            )
+        return ReadRows(rows, lambda row: by_length[row[0] - 1])
