@@ -15,38 +15,16 @@ from eagletree.app.workers.shapes.step_feedback import StepFeedback
 from eagletree.domain.accepted_path import chain_path_ranks
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 from eagletree.domain.request import Request
+from tests.integration.spec.harness import RecordingPolicy
 
 from .policy_fixtures import requests_at
 
 
-class _Recording:
-    """A policy that keeps what it is handed."""
+class _Recording(RecordingPolicy):
+    """Keeps what it is handed (the harness's recording policy; it never drafts itself)."""
 
-    observes = True
-    shapes = (PLAIN,)
-
-    def __init__(self) -> None:
-        self.paths: list[list[list[int]]] = []
-        self.times: list[tuple[DraftShape, int, float]] = []
-
-    def choose(self, decode: Sequence[Request]) -> DraftShape:
+    def pick(self, decode: Sequence[Request]) -> DraftShape:
         return PLAIN
-
-    def observe(
-        self, shape: DraftShape, requests: Sequence[Request], paths: Sequence[Sequence[int]]
-    ) -> None:
-        self.paths.append([list(paths[i]) for i in range(len(paths))])
-
-    def observe_time(
-        self,
-        shape: DraftShape,
-        batch_size: int,
-        sampled: bool,
-        seconds: float,
-        *,
-        catch_up: bool = False,
-    ) -> None:
-        self.times.append((shape, batch_size, seconds))
 
 
 def _read_back(
@@ -63,28 +41,28 @@ def _read_back(
 
 @pytest.mark.parametrize("depth", [1, 3, 5])
 def test_a_chains_path_follows_from_its_emitted_count_at_every_length(depth: int) -> None:
-    policy = _Recording()
+    policy = _Recording([PLAIN])
     feedback = StepFeedback(policy)
     # one row per accepted length 0..depth: emitted = accepted + 1; tokens before the counts
     rows = [[7] * (depth + 1) + [accepted + 1, accepted + 1] for accepted in range(depth + 1)]
     for _ in range(2):  # the second read goes through the paths made for the first
         _read_back(feedback, DraftShape.chain(depth), rows, depth + 1)
     expected = [chain_path_ranks(accepted, depth) for accepted in range(depth + 1)]
-    assert policy.paths == [expected, expected]
+    assert [path for _, _, path in policy.observed] == expected + expected
 
 
 def test_a_trees_path_is_its_observed_columns() -> None:
-    policy = _Recording()
+    policy = _Recording([PLAIN])
     feedback = StepFeedback(policy)
     tree = DraftShape(2, 2, 4)
     observed = [[0, -1, 2, 0], [1, 0, 2, 2]]  # ranks then offers, S = 2 each
     rows = [[5, 6, 0] + [2, 2] + observed[0], [5, 6, 9] + [3, 3] + observed[1]]
     _read_back(feedback, tree, rows, 3)
-    assert policy.paths == [observed]
+    assert [path for _, _, path in policy.observed] == observed
 
 
 def test_a_step_is_timed_from_the_read_back_of_the_one_before() -> None:
-    policy = _Recording()
+    policy = _Recording([PLAIN])
     now = iter([1.0, 1.5, 3.0])
     feedback = StepFeedback(policy, ReadBackClock(lambda: next(now)))
     chain = DraftShape.chain(1)
@@ -92,4 +70,4 @@ def test_a_step_is_timed_from_the_read_back_of_the_one_before() -> None:
     for _ in range(3):
         _read_back(feedback, chain, rows, 2)
     # the first has no read-back before it; the next two took 0.5 and 1.5 s
-    assert policy.times == [(chain, 1, 0.5), (chain, 1, 1.5)]
+    assert policy.timed == [(chain, 1, False, 0.5, False), (chain, 1, False, 1.5, False)]
