@@ -128,7 +128,7 @@ class AdaptiveShapes:
             observe_per_step=observe_per_step, rows_per_stride=rows_per_stride
         )
         self._priced: _Pricing | None = None
-        # per batch size, its costs' bucket and its cadence's stride (read every step)
+        # per batch size, its costs' bucket and the steps a pricing stands for (read every step)
         self._by_size: dict[int, tuple[int, int]] = {}
         self._stall_ratio = stall_ratio
         self._drawn = drawn_drafts  # sampling requests' rates learned apart (``drawn_band``)
@@ -183,9 +183,9 @@ class AdaptiveShapes:
         priced = self._priced
         sized = self._by_size.get(len(decode))
         if sized is None:
-            stride = self._cadence.stride(len(decode))
-            sized = self._by_size[len(decode)] = (costs.bucket(len(decode)), stride)
-        bucket, every = sized[0], self._reprice_every * sized[1]
+            every = self._reprice_every * self._cadence.stride(len(decode))
+            sized = self._by_size[len(decode)] = (costs.bucket(len(decode)), every)
+        bucket, every = sized
         if priced is None or priced.bucket != bucket or priced.age >= every:
             priced = self._priced = self._price(decode, costs, bucket)
         priced.age += 1

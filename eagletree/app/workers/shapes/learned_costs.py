@@ -183,7 +183,7 @@ class LearnedCosts:
         window, ordered = recent
         # a step right after a drafting step of another shape paid part of that one's host work
         last, self._last_drafting = self._last_drafting, None if shape.is_plain else shape
-        after_other = last is not None and last is not shape and last != shape
+        after_other = last is not None and last != shape  # equality tests identity first
         teaches = not after_other and len(window) >= self._warm_after
         observed = self._fresh(key)
         if observed is None and teaches:  # a new average, its estimate the first sample
