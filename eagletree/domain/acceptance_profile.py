@@ -66,14 +66,15 @@ class AcceptanceProfile:
         self._weight = 1.0
 
     def record(
-        self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+        self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: float = 1.0
     ) -> int:
         """One verify step: per request ``(ranks, offered)``, ``ranks[d]`` the rank accepted
         at depth d + 1 (−1: none, the path ended there or before), ``offered[d]`` the
         candidates the tree offered at that depth under the accepted path (0 where the path did
         not reach it). The counts so far decay by ``steps`` steps first: the steps since the
-        one recorded last (a caller may record one step in several), 0 for more paths of that
-        step. Returns the drafts the paths accepted, within the profile's depths."""
+        one recorded last (a caller may record one step in several, or count a step of fewer
+        paths as part of one), 0 for more paths of that step. Returns the drafts the paths
+        accepted, within the profile's depths."""
         if steps < 0:
             raise ValueError(f"steps must be at least 0, got {steps}")
         if steps:

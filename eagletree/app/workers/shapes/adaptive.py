@@ -64,7 +64,8 @@ class AdaptiveShapes:
     ``LearnedCosts``), ever more rarely while the choice stands (``Trials.untried_near``);
     plain steps explore nothing and plain is never explored (from plain a drafting step also
     pays a catch-up; a lone plain step among drafting ones teaches no time).
-    ``observe_per_step`` requests are recorded a step and
+    ``observe_per_step`` requests are recorded a step (a step of fewer counts as that share
+    of one: the profiles forget by paths read) and
     ``rows_per_stride`` spreads a pricing and a record over more steps in a larger batch
     (``HostCadence``). The shapes are priced again every ``reprice_every`` steps, when the batch
     moves to another bucket of the step costs and after a probe is read back: pricing every

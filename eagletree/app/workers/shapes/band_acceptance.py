@@ -59,7 +59,8 @@ class BandAcceptance:
     head), which replace it: greedy and T ≤ 0.5 requests start from the greedy one, T > 0.85
     from the sampled one (their drawn drafts from the drawn one), those between from the
     means. Expected tokens are recomputed after ``refresh_steps`` steps of a band were
-    recorded (a record of one step in several counting them all), then after twice as many, up
+    recorded (a record of one step in several counting them all, a step of fewer paths than
+    a full sample its share), then after twice as many, up
     to 16 times as many (a tree's expected tokens cost the host a tenth of a millisecond per
     shape and band; a settled estimate moves slowly), at once when ``record`` is told to (a
     probe was read back), and at once with the cadence restarted when the rank-0 chain's
@@ -94,7 +95,7 @@ class BandAcceptance:
         self._depth = max(s.num_steps for s in self.shapes)
         self._rank = max(s.topk for s in self.shapes)
         self._profiles: dict[str, AcceptanceProfile] = {}
-        self._stale: Counter[str] = Counter()
+        self._stale: dict[str, float] = {}  # per band, the steps recorded since its refresh
         self._refreshes: Counter[str] = Counter()
         self._expected: dict[str, list[float | None]] = {}  # per band, per shape
         self._refreshed_at: dict[str, float] = {}  # per band, at its last refresh
@@ -127,14 +128,15 @@ class BandAcceptance:
         refresh: bool = False,
         shape: int | None = None,
         starting: Sequence[RankedPath] = (),
-        steps: int = 1,
+        steps: float = 1.0,
     ) -> bool:
         """One step's ``paths`` of ``band``'s requests, of ``shapes[shape]`` if given (a tree's
         calibration then compares them with what its model expected of them); ``starting``:
         more of the step's paths, of requests in their first tokens, which the profile learns
         from and the calibration does not; ``steps``: the steps this record stands for
-        (``AcceptanceProfile.record``). Returns whether its expected tokens are to be
-        recomputed before they are next read: the estimate drifted, or ``refresh``."""
+        (``AcceptanceProfile.record``; in steps of a full sample, ``HostCadence.sample``).
+        Returns whether its expected tokens are to be recomputed before they are next read:
+        the estimate drifted, or ``refresh``."""
         # a tree's steps calibrate it: what the model expects of it before the profile learns
         # these paths
         tree = shape if shape is not None and paths and self.shapes[shape].topk > 1 else None
@@ -155,7 +157,7 @@ class BandAcceptance:
                     len(self.shapes), prior_weight=self._calibration_weight
                 )
             calibration.record(tree, accepted, modelled, len(paths))
-        self._stale[band] += steps
+        self._stale[band] = self._stale.get(band, 0.0) + steps
         drifted = self._drifted(band, profile)
         if drifted:  # new text, new requests: follow them closely
             self._refreshes[band] = 0
@@ -172,7 +174,7 @@ class BandAcceptance:
         the most to compute, and past the policy's stall ratio at a batch's size it is never
         priced there); not ``calibrated``: as the profile's model alone expects them."""
         cached = self._expected.get(band)
-        if cached is None or self._stale[band] >= self._refresh_threshold(band):
+        if cached is None or self._stale.get(band, 0.0) >= self._refresh_threshold(band):
             # what drift is measured from: the prior's too, so that a band's first paths, which
             # can move it far off the prior that priced the batch, price it again at once
             learned = self._profiles.get(band)

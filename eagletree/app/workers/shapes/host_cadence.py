@@ -29,18 +29,24 @@ class HostCadence:
         """The steps one pricing's and one record's host work is spread over."""
         return min(max(batch_size // self._rows_per_stride, 1), MAX_STRIDE)
 
-    def sample(self, batch_size: int, *, now: bool) -> tuple[list[int], int] | None:
-        """One more step read back: the batch indices to record now and the steps the record
-        stands for (those since the last one), or None while the step waits for its stride's
-        last; ``now``: record this step whatever the stride (a probe's paths decide the next
-        step)."""
+    def sample(self, batch_size: int, *, now: bool) -> tuple[list[int], float] | None:
+        """One more step read back: the batch indices to record now and the steps their paths
+        are worth (``observe_per_step`` paths a step: the steps since the last record, fewer
+        where the batch holds fewer requests than that), or None while the step waits for its
+        stride's last; ``now``: record this step whatever the stride (a probe's paths decide
+        the next step).
+
+        The profiles forget by this worth, so by paths read rather than steps taken: on the
+        real pair at bs 1, a half-life of 64 steps averaged a quarter of the paths a larger
+        batch's did, and the shape chosen followed the noise (docs/speculative.md)."""
         self._unrecorded += 1
         if self._unrecorded < self.stride(batch_size) and not now:
             return None
         steps, self._unrecorded = self._unrecorded, 0
         count = min(self._observe_per_step * steps, batch_size)
+        worth = count / self._observe_per_step
         start = self._next_row % batch_size
         end = self._next_row = start + count
         if end <= batch_size:
-            return list(range(start, end)), steps
-        return [*range(start, batch_size), *range(end - batch_size)], steps  # wrapped once
+            return list(range(start, end)), worth
+        return [*range(start, batch_size), *range(end - batch_size)], worth  # wrapped once

@@ -91,7 +91,7 @@ def test_the_sample_rotates_through_the_batch_so_each_band_gets_its_share(
 
     class Counting(AcceptanceProfile):
         def record(
-            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: float = 1.0
         ) -> int:
             recorded.append((id(self), len(paths)))
             return super().record(paths, steps=steps)

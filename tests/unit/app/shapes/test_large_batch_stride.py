@@ -1,5 +1,6 @@
 """A large batch's pricing and recording spread over several steps: the same paths recorded a
-step, a record standing for the steps it covers, a probe recorded at once."""
+step, a record standing for the steps it covers, a probe recorded at once; a small batch's
+record standing for its share of a step."""
 
 from __future__ import annotations
 
@@ -54,16 +55,18 @@ def test_the_stride_stops_at_its_most(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _pricings(64, 128, monkeypatch, rows_per_stride=2) == 128 // (4 * MAX_STRIDE)
 
 
-def _records(batch_size: int, steps: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+def _records(
+    batch_size: int, steps: int, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[int, float]]:
     """(paths, steps) of each record a policy makes over ``steps`` drafting steps of a batch of
     ``batch_size`` that accepts every draft."""
     import eagletree.app.workers.shapes.band_acceptance as module
 
-    recorded: list[tuple[int, int]] = []
+    recorded: list[tuple[int, float]] = []
 
     class Counting(AcceptanceProfile):
         def record(
-            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: float = 1.0
         ) -> int:
             if steps:  # not the starting requests' part of the same step
                 recorded.append((len(paths), steps))
@@ -81,24 +84,52 @@ def _records(batch_size: int, steps: int, monkeypatch: pytest.MonkeyPatch) -> li
 
 @pytest.mark.parametrize(
     ("batch_size", "records"),
-    [(2, [(2, 1)] * 8), (8, [(4, 1)] * 8), (32, [(8, 2)] * 4), (64, [(16, 4)] * 2)],
+    [
+        (1, [(1, 0.25)] * 8),
+        (2, [(2, 0.5)] * 8),
+        (8, [(4, 1)] * 8),
+        (32, [(8, 2)] * 4),
+        (64, [(16, 4)] * 2),
+    ],
 )
 def test_a_large_batch_is_recorded_one_step_in_several_with_as_many_more_paths(
-    batch_size: int, records: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+    batch_size: int, records: list[tuple[int, float]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # 4 paths a step where the batch has them, whatever its size: 8 steps of a batch of 64 are
-    # two records of 16 paths, each standing for 4 steps (the counts decay by all of them)
+    # two records of 16 paths, each standing for 4 steps (the counts decay by all of them); a
+    # batch of fewer than 4 is recorded every step, each its share of a step of 4 paths
     assert _records(batch_size, 8, monkeypatch) == records
+
+
+REJECTING = [[-1, -1, -1, 1, 0, 0]]  # a chain S3's first draft refused
+
+
+def test_a_small_batch_forgets_by_the_paths_it_reads_as_a_large_one_does() -> None:
+    # 256 paths that accept every draft, then 256 that accept none: 1 a step at bs 1, 4 at bs 4.
+    # The profile after them is the same: a lone request's estimate averages as many paths
+    # as a batch's (by steps, bs 1 would keep 6 % of the accepting paths' weight, bs 4 33 %)
+    rates = []
+    for batch_size in (1, 4):
+        policy = AdaptiveShapes(SHAPES, observe_per_step=4, probe_every=10**6, drift=float("inf"))
+        policy.use_costs(COSTS)
+        batch = requests_at([0.0] * batch_size)
+        for paths in (ACCEPTING, REJECTING):
+            for _ in range(256 // batch_size):
+                policy.choose(batch)
+                policy.observe(CHAIN, batch, paths * batch_size)
+        rates.append(policy.profile("greedy").chain_rate(0))
+    assert 0.3 < rates[1] < 0.37  # a half-life of 64 steps of 4 paths: a third still accepting
+    assert rates[0] == pytest.approx(rates[1], rel=0.02)
 
 
 def test_a_probe_of_a_large_batch_is_recorded_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import eagletree.app.workers.shapes.band_acceptance as module
 
-    recorded: list[tuple[int, int]] = []
+    recorded: list[tuple[int, float]] = []
 
     class Counting(AcceptanceProfile):
         def record(
-            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int = 1
+            self, paths: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: float = 1.0
         ) -> int:
             recorded.append((len(paths), steps))
             return super().record(paths, steps=steps)
