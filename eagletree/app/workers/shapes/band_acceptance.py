@@ -60,9 +60,9 @@ class BandAcceptance:
     from the sampled one (their drawn drafts from the drawn one), those between from the
     means. Expected tokens are recomputed after ``refresh_steps`` steps of a band were
     recorded (a record of one step in several counting them all, a step of fewer paths than
-    a full sample its share), then after twice as many, up
-    to 16 times as many (a tree's expected tokens cost the host a tenth of a millisecond per
-    shape and band; a settled estimate moves slowly), at once when ``record`` is told to (a
+    a full sample its share), then after twice as many, up to 16 times as many (a tree's
+    expected tokens cost the host a tenth of a millisecond per shape and band; a settled
+    estimate moves slowly), at once when ``record`` is told to (a
     probe was read back), and at once with the cadence restarted when the rank-0 chain's
     expected accepted drafts moved by ``drift`` (relative;
     ``_drifted``). Each tree's expectation is scaled by what its own steps accepted against
