@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 
@@ -45,18 +45,19 @@ _STEP_MS = {"plain": 0.47, "chain:S1": 0.68, "chain:S2": 0.84, "chain:S3": 0.95,
 _OTHER_MS = 2.3
 
 
-def _seconds(shape: DraftShape) -> float:
+def _step_seconds(shapes: Sequence[DraftShape]) -> dict[DraftShape, float]:
+    """Each of ``shapes``' step, in seconds."""
     by_shape = {parse_shape(spec): ms for spec, ms in _STEP_MS.items()}
-    return 1e-3 * by_shape.get(shape, _OTHER_MS)
+    return {shape: 1e-3 * by_shape.get(shape, _OTHER_MS) for shape in shapes}
 
 
-def _costs(shapes: Sequence[DraftShape], buckets: Sequence[int]) -> StepCosts:
+def _costs(step_seconds: Mapping[DraftShape, float], buckets: Sequence[int]) -> StepCosts:
     """Every bucket and sampling priced alike: the choice is the acceptance's to make."""
     return StepCosts(
         tuple(buckets),
         {
-            (shape, bucket, sampled): _seconds(shape)
-            for shape in shapes
+            (shape, bucket, sampled): seconds
+            for shape, seconds in step_seconds.items()
             for bucket in buckets
             for sampled in (False, True)
         },
@@ -82,7 +83,8 @@ def time_policy(
     """Median µs of one step's choice and of its read-back."""
     shapes = [parse_shape(spec) for spec in DEFAULT_CANDIDATES]
     policy = AdaptiveShapes(shapes)
-    policy.use_costs(_costs(shapes, graph_buckets(max(BATCH_SIZES))))
+    step_seconds = _step_seconds(shapes)
+    policy.use_costs(_costs(step_seconds, graph_buckets(max(BATCH_SIZES))))
     elapsed = [0.0]  # the read-back clock: each step as long as its shape's
     feedback = StepFeedback(policy, ReadBackClock(lambda: elapsed[0]))
     params = SamplingParams(max_new_tokens=64, temperature=temperature, seed=0)
@@ -93,7 +95,6 @@ def time_policy(
     # every shape's rows, made outside the timing (the engine's read-back makes them whatever
     # the policy)
     rows = {shape: [_rows(batch_size, shape, step) for step in range(8)] for shape in shapes}
-    step_seconds = {shape: _seconds(shape) for shape in shapes}
     in_flight: list[tuple[StepObserver | None, list[list[int]], int]] = []
 
     def run(count: int, offset: int) -> tuple[float, float]:
