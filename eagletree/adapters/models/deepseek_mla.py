@@ -23,10 +23,9 @@ from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLay
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding, yarn_mscale
 from eagletree.adapters.models.stack import (
+    DecoderOnlyLM,
     MLALayout,
-    TargetHidden,
     check_aux_layer_ids,
-    run_decoder_stack,
 )
 from eagletree.adapters.models.tensor_parallel import (
     SINGLE,
@@ -218,7 +217,7 @@ def mla_rotary(config: MLAConfig, fused_kernels: bool = False) -> RotaryEmbeddin
     )
 
 
-class DeepseekMLAForCausalLM(nn.Module):
+class DeepseekMLAForCausalLM(DecoderOnlyLM):
     """Embedding, MLA decoder layers with dense MLPs, final norm and lm_head; tensor-parallel
     over ``tp`` as ``LlamaForCausalLM`` is (attention by heads over a replicated latent), or
     with ``dense`` its embedding, MLPs and lm_head over that data-parallel group."""
@@ -247,26 +246,3 @@ class DeepseekMLAForCausalLM(nn.Module):
         self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
         self.rotary = mla_rotary(config, fused_kernels)
         self.tie_weights()
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
-    ) -> TargetHidden:
-        return run_decoder_stack(
-            self.embed_tokens,
-            self.layers,
-            self.norm,
-            self.rotary,
-            self.aux_layer_ids,
-            input_ids,
-            positions,
-            ctx,
-        )
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) final-normed hidden states -> (rows, V) logits in the model's dtype."""
-        logits: torch.Tensor = self.lm_head(hidden)
-        return logits

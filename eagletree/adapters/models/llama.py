@@ -34,10 +34,9 @@ from eagletree.adapters.models.llama_attention import (
 )
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.stack import (
-    TargetHidden,
+    DecoderOnlyLM,
     check_aux_layer_ids,
     mha_layout,
-    run_decoder_stack,
 )
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
 
@@ -155,7 +154,7 @@ def fold_layer_norms(layers: nn.ModuleList) -> None:
             layers[i] = layer.folded()
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(DecoderOnlyLM):
     """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured).
 
     Tensor-parallel over ``tp``: embedding and lm_head by vocabulary (the logits are gathered,
@@ -191,26 +190,3 @@ class LlamaForCausalLM(nn.Module):
         """Each layer's norms folded into its projections (``LlamaDecoderLayer.folded``): with
         fused kernels a decode step then runs no norm kernel before the final norm."""
         fold_layer_norms(self.layers)
-
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
-    ) -> TargetHidden:
-        return run_decoder_stack(
-            self.embed_tokens,
-            self.layers,
-            self.norm,
-            self.rotary,
-            self.aux_layer_ids,
-            input_ids,
-            positions,
-            ctx,
-        )
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(rows, H) final-normed hidden states -> (rows, V) logits in the model's dtype."""
-        logits: torch.Tensor = self.lm_head(hidden)
-        return logits

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -121,3 +121,40 @@ def run_decoder_stack(
     for column in last[1:]:
         column.copy_(stream)
     return TargetHidden(normed, aux)
+
+
+class DecoderOnlyLM(nn.Module):
+    """What a decoder-only target does once a subclass has built its parts: the embedding, the
+    layers, the final norm, the rotary tables and the lm_head (tied to the embedding when the
+    config says so), with the capture layers' ids already checked."""
+
+    config: LlamaConfig | MLAConfig
+    embed_tokens: VocabParallelEmbedding
+    layers: nn.ModuleList
+    norm: RMSNorm
+    rotary: RotaryEmbedding
+    lm_head: ColumnParallelLinear
+    aux_layer_ids: tuple[int, ...]
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext
+    ) -> TargetHidden:
+        return run_decoder_stack(
+            self.embed_tokens,
+            self.layers,
+            self.norm,
+            self.rotary,
+            self.aux_layer_ids,
+            input_ids,
+            positions,
+            ctx,
+        )
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, H) final-normed hidden states -> (rows, V) logits in the model's dtype."""
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits
