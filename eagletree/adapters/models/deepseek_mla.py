@@ -18,14 +18,13 @@ from torch import nn
 from eagletree.adapters.kernels.triton.mla_rope_kv_store import mla_rope_kv_store
 from eagletree.adapters.models.config import MLAConfig
 from eagletree.adapters.models.dense_group import DenseGroup
-from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
+from eagletree.adapters.models.dense_layers import swiglu_over
 from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, rms_norm
 from eagletree.adapters.models.merged_linear import MergedLinear
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding, yarn_mscale
 from eagletree.adapters.models.stack import (
     DecoderOnlyLM,
     MLALayout,
-    check_aux_layer_ids,
 )
 from eagletree.adapters.models.tensor_parallel import (
     SINGLE,
@@ -222,6 +221,8 @@ class DeepseekMLAForCausalLM(DecoderOnlyLM):
     over ``tp`` as ``LlamaForCausalLM`` is (attention by heads over a replicated latent), or
     with ``dense`` its embedding, MLPs and lm_head over that data-parallel group."""
 
+    config: MLAConfig
+
     def __init__(
         self,
         config: MLAConfig,
@@ -230,19 +231,14 @@ class DeepseekMLAForCausalLM(DecoderOnlyLM):
         tp: TensorParallel = SINGLE,
         dense: DenseGroup | None = None,
     ) -> None:
-        super().__init__()
-        self.config = config
-        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
-        self.tp = tp
+        super().__init__(
+            config,
+            aux_layer_ids,
+            fused_kernels,
+            tp,
+            dense,
+            layer=lambda i: MLADecoderLayer(config, i, fused_kernels, tp, dense),
+            rotary=mla_rotary(config, fused_kernels),
+        )
         layers, rank, rope = config.num_hidden_layers, config.kv_lora_rank, config.qk_rope_head_dim
         self.kv_layout = MLALayout(layers, rank, rope)
-        self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
-        self.layers = nn.ModuleList(
-            MLADecoderLayer(config, i, fused_kernels, tp, dense)
-            for i in range(config.num_hidden_layers)
-        )
-        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
-        self.rotary = mla_rotary(config, fused_kernels)
-        self.tie_weights()

@@ -18,7 +18,7 @@ from torch import nn
 from eagletree.adapters.kernels.triton.skinny_gemm import MAX_ROWS
 from eagletree.adapters.models.config import LlamaConfig
 from eagletree.adapters.models.dense_group import DenseGroup
-from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over, swiglu_over
+from eagletree.adapters.models.dense_layers import swiglu_over
 from eagletree.adapters.models.layers import (
     AttentionContext,
     PreNormDecoderLayer,
@@ -35,7 +35,6 @@ from eagletree.adapters.models.llama_attention import (
 from eagletree.adapters.models.rotary import RopeTables, RotaryEmbedding
 from eagletree.adapters.models.stack import (
     DecoderOnlyLM,
-    check_aux_layer_ids,
     mha_layout,
 )
 from eagletree.adapters.models.tensor_parallel import SINGLE, TensorParallel
@@ -155,12 +154,11 @@ def fold_layer_norms(layers: nn.ModuleList) -> None:
 
 
 class LlamaForCausalLM(DecoderOnlyLM):
-    """Embedding, decoder layers, final norm and lm_head (tied to the embedding when configured).
-
-    Tensor-parallel over ``tp``: embedding and lm_head by vocabulary (the logits are gathered,
-    so every rank sees all of them), attention by heads, the MLP by intermediate features.
-    With ``dense`` (data-parallel attention) the embedding, the MLPs and the lm_head are sharded
+    """Llama decoder layers in a ``DecoderOnlyLM``: tensor-parallel attention by heads and the
+    MLP by intermediate features; with ``dense`` (data-parallel attention) the MLPs are sharded
     over that group while attention stays whole on each rank (``tp`` is then the single rank)."""
+
+    config: LlamaConfig
 
     def __init__(
         self,
@@ -170,21 +168,18 @@ class LlamaForCausalLM(DecoderOnlyLM):
         tp: TensorParallel = SINGLE,
         dense: DenseGroup | None = None,
     ) -> None:
-        super().__init__()
-        self.config = config
-        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
-        self.tp = tp
-        self.kv_layout = mha_layout(config, config.num_hidden_layers, tp, fused_kernels)
-        self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
-        self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
-        self.layers = nn.ModuleList(
-            llama_decoder_layer(config, i, fused_kernels=fused_kernels, tp=tp, dense=dense)
-            for i in range(config.num_hidden_layers)
+        super().__init__(
+            config,
+            aux_layer_ids,
+            fused_kernels,
+            tp,
+            dense,
+            layer=lambda i: llama_decoder_layer(
+                config, i, fused_kernels=fused_kernels, tp=tp, dense=dense
+            ),
+            rotary=RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels),
         )
-        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
-        self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
-        self.rotary = RotaryEmbedding(config.rope, config.head_dim, fused_kernels=fused_kernels)
-        self.tie_weights()
+        self.kv_layout = mha_layout(config, config.num_hidden_layers, tp, fused_kernels)
 
     def fold_norms(self) -> None:
         """Each layer's norms folded into its projections (``LlamaDecoderLayer.folded``): with

@@ -1,17 +1,28 @@
-"""Adapter: what every decoder-only target shares — the layer loop and the hidden-state capture."""
+"""Adapter: what every decoder-only target shares — its parts around the layers, the layer loop
+and the hidden-state capture."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import nn
 
 from eagletree.adapters.models.config import LlamaConfig
-from eagletree.adapters.models.layers import AttentionContext, PreNormDecoderLayer, RMSNorm
+from eagletree.adapters.models.dense_layers import embedding_over, lm_head_over
+from eagletree.adapters.models.layers import (
+    AttentionContext,
+    PreNormDecoderLayer,
+    RMSNorm,
+    rms_norm,
+)
 from eagletree.adapters.models.rotary import RotaryEmbedding
 from eagletree.adapters.models.tensor_parallel import TensorParallel
+
+if TYPE_CHECKING:
+    from eagletree.adapters.models.config import MLAConfig
+    from eagletree.adapters.models.dense_group import DenseGroup
 
 
 class MHALayout(NamedTuple):
@@ -124,17 +135,34 @@ def run_decoder_stack(
 
 
 class DecoderOnlyLM(nn.Module):
-    """What a decoder-only target does once a subclass has built its parts: the embedding, the
-    layers, the final norm, the rotary tables and the lm_head (tied to the embedding when the
-    config says so), with the capture layers' ids already checked."""
+    """A decoder-only target: the embedding, the layers ``layer`` builds by index, the final
+    norm, ``rotary`` and the lm_head (tied to the embedding when the config says so).
 
-    config: LlamaConfig | MLAConfig
-    embed_tokens: VocabParallelEmbedding
-    layers: nn.ModuleList
-    norm: RMSNorm
-    rotary: RotaryEmbedding
-    lm_head: ColumnParallelLinear
-    aux_layer_ids: tuple[int, ...]
+    Tensor-parallel over ``tp``: embedding and lm_head by vocabulary (the logits are gathered,
+    so every rank sees all of them), the layers as they split themselves. With ``dense``
+    (data-parallel attention) the embedding and the lm_head are sharded over that group."""
+
+    def __init__(
+        self,
+        config: LlamaConfig | MLAConfig,
+        aux_layer_ids: Sequence[int],
+        fused_kernels: bool,
+        tp: TensorParallel,
+        dense: DenseGroup | None,
+        layer: Callable[[int], PreNormDecoderLayer],
+        rotary: RotaryEmbedding,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size, self.hidden_size = config.vocab_size, config.hidden_size
+        self.tp = tp
+        self.aux_layer_ids = check_aux_layer_ids(aux_layer_ids, config.num_hidden_layers)
+        self.embed_tokens = embedding_over(config.vocab_size, config.hidden_size, tp, dense)
+        self.layers = nn.ModuleList(layer(i) for i in range(config.num_hidden_layers))
+        self.norm = rms_norm(config.hidden_size, config.rms_norm_eps, fused_kernels)
+        self.lm_head = lm_head_over(config.hidden_size, config.vocab_size, tp, fused_kernels, dense)
+        self.rotary = rotary
+        self.tie_weights()
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
