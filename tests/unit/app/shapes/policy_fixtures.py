@@ -21,6 +21,7 @@ COSTS = StepCosts(
 )  # fmt: skip
 PESSIMISTIC = RankProfile(((0.2,),))  # the chain would commit 1.25 tokens: plain wins
 ACCEPTING = [[0, 0, 0, 1, 1, 1]]  # every draft of a chain S3 accepted
+REJECTING = [[-1, -1, -1, 1, 0, 0]]  # a chain S3's first draft refused: nothing accepted
 
 
 def costs_of(table: dict[DraftShape, float]) -> StepCosts:

@@ -15,7 +15,15 @@ from eagletree.app.workers.shapes.learned_costs import LearnedCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 
-from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+from .policy_fixtures import (
+    ACCEPTING,
+    CHAIN,
+    COSTS,
+    PESSIMISTIC,
+    REJECTING,
+    SHAPES,
+    requests_at,
+)
 
 
 def _pricings(
@@ -99,9 +107,6 @@ def test_a_large_batch_is_recorded_one_step_in_several_with_as_many_more_paths(
     # two records of 16 paths, each standing for 4 steps (the counts decay by all of them); a
     # batch of fewer than 4 is recorded every step, each its share of a step of 4 paths
     assert _records(batch_size, 8, monkeypatch) == records
-
-
-REJECTING = [[-1, -1, -1, 1, 0, 0]]  # a chain S3's first draft refused
 
 
 def test_a_small_batch_forgets_by_the_paths_it_reads_as_a_large_one_does() -> None:

@@ -10,7 +10,15 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
-from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, requests_at
+from .policy_fixtures import (
+    ACCEPTING,
+    CHAIN,
+    COSTS,
+    PESSIMISTIC,
+    REJECTING,
+    SHAPES,
+    requests_at,
+)
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -80,7 +88,7 @@ def _steps_until_plain(drift: float) -> int:
     for step in range(200):
         if policy.choose(eight) == PLAIN:
             return step
-        policy.observe(CHAIN, eight, [[-1, -1, -1, 1, 0, 0]] * 8)
+        policy.observe(CHAIN, eight, REJECTING * 8)
     raise AssertionError("never turned to plain")
 
 

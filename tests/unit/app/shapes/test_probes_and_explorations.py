@@ -10,7 +10,16 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
-from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, SHAPES, costs_of, requests_at
+from .policy_fixtures import (
+    ACCEPTING,
+    CHAIN,
+    COSTS,
+    PESSIMISTIC,
+    REJECTING,
+    SHAPES,
+    costs_of,
+    requests_at,
+)
 
 
 def test_a_band_kept_on_plain_steps_probes_drafting_and_learns_from_it() -> None:
@@ -37,7 +46,7 @@ def test_probes_thin_out_while_plain_stays_right() -> None:
     for step in range(4 + 8 + 16 + 32):
         if policy.choose(batch) == CHAIN:
             probes.append(step)
-            policy.observe(CHAIN, batch, [[-1, -1, -1, 1, 0, 0]])  # nothing accepted
+            policy.observe(CHAIN, batch, REJECTING)
     assert probes == [3, 11, 27, 59]  # after 4, 8, 16, 32 plain steps
 
 
