@@ -15,15 +15,7 @@ from eagletree.app.workers.shapes.learned_costs import LearnedCosts
 from eagletree.domain.acceptance_profile import AcceptanceProfile
 from eagletree.domain.draft_shape import PLAIN, DraftShape
 
-from .policy_fixtures import (
-    ACCEPTING,
-    CHAIN,
-    COSTS,
-    PESSIMISTIC,
-    REJECTING,
-    SHAPES,
-    requests_at,
-)
+from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, REJECTING, SHAPES, requests_at
 
 
 def _pricings(

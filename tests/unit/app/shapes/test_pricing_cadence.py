@@ -10,15 +10,7 @@ from eagletree.app.workers.shapes.adaptive import AdaptiveShapes
 from eagletree.app.workers.shapes.step_costs import StepCosts
 from eagletree.domain.draft_shape import PLAIN, DraftShape, RankProfile, expected_accepted
 
-from .policy_fixtures import (
-    ACCEPTING,
-    CHAIN,
-    COSTS,
-    PESSIMISTIC,
-    REJECTING,
-    SHAPES,
-    requests_at,
-)
+from .policy_fixtures import ACCEPTING, CHAIN, COSTS, PESSIMISTIC, REJECTING, SHAPES, requests_at
 
 
 def test_expected_tokens_are_recomputed_ever_more_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
